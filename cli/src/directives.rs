@@ -1,0 +1,218 @@
+//! `#SBATCH` directives: finding them in a batch script and splitting them into arguments.
+//!
+//! Pure: text in, argument lists out. What the arguments mean is [`crate::opts`]'s business.
+//!
+//! # Rules (Slurm's, see `man sbatch`)
+//!
+//! - The script must start with `#!`; otherwise it is not a batch script.
+//! - A directive is a line that starts with `#SBATCH` followed by whitespace. `# SBATCH` or
+//!   `##SBATCH` are ordinary comments (the usual way to switch a directive off).
+//! - Scanning stops at the first line that is neither blank nor a comment: directives after
+//!   the first command are ignored, as Slurm ignores them.
+//! - Arguments are split like a shell does for words: whitespace separates, `'...'` and
+//!   `"..."` quote, `\` escapes. An unquoted `#` that starts a word begins a trailing comment.
+
+use thiserror::Error;
+
+const MAGIC: &str = "#SBATCH";
+
+/// The arguments of one `#SBATCH` line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Directive {
+    /// 1-based line number in the script, for error messages.
+    pub line: usize,
+    pub args: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum DirectiveError {
+    #[error(
+        "This does not look like a batch script. The first line must start with #! followed by the path to an interpreter. For instance: #!/bin/sh"
+    )]
+    NoShebang,
+    #[error("line {line}: unterminated quote in #SBATCH directive")]
+    UnterminatedQuote { line: usize },
+    #[error("line {line}: #SBATCH directive ends with a lone backslash")]
+    TrailingBackslash { line: usize },
+}
+
+/// Checks the `#!` line and collects the directives before the first command.
+pub fn parse(script: &str) -> Result<Vec<Directive>, DirectiveError> {
+    if !script.starts_with("#!") {
+        return Err(DirectiveError::NoShebang);
+    }
+    let mut directives = Vec::new();
+    // The shebang line itself is skipped: it is a comment to this scan.
+    for (idx, raw) in script.lines().enumerate().skip(1) {
+        let line = idx + 1;
+        let trimmed = raw.trim();
+        if trimmed.is_empty() {
+            continue;
+        }
+        if !trimmed.starts_with('#') {
+            break;
+        }
+        let Some(rest) = raw.strip_prefix(MAGIC) else {
+            continue;
+        };
+        if !rest.is_empty() && !rest.starts_with(char::is_whitespace) {
+            // "#SBATCHX" is a comment, not a directive.
+            continue;
+        }
+        let args = split_words(rest, line)?;
+        if !args.is_empty() {
+            directives.push(Directive { line, args });
+        }
+    }
+    Ok(directives)
+}
+
+/// Shell-like word splitting of one directive's text.
+fn split_words(text: &str, line: usize) -> Result<Vec<String>, DirectiveError> {
+    let mut words = Vec::new();
+    let mut chars = text.chars().peekable();
+    loop {
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        match chars.peek() {
+            None | Some('#') => break,
+            Some(_) => {}
+        }
+        let mut word = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                c if c.is_whitespace() => break,
+                '\'' => loop {
+                    match chars.next() {
+                        Some('\'') => break,
+                        Some(c) => word.push(c),
+                        None => return Err(DirectiveError::UnterminatedQuote { line }),
+                    }
+                },
+                '"' => loop {
+                    match chars.next() {
+                        Some('"') => break,
+                        Some('\\') => match chars.next() {
+                            Some(c @ ('"' | '\\' | '$' | '`')) => word.push(c),
+                            Some(c) => {
+                                word.push('\\');
+                                word.push(c);
+                            }
+                            None => return Err(DirectiveError::UnterminatedQuote { line }),
+                        },
+                        Some(c) => word.push(c),
+                        None => return Err(DirectiveError::UnterminatedQuote { line }),
+                    }
+                },
+                '\\' => match chars.next() {
+                    Some(c) => word.push(c),
+                    None => return Err(DirectiveError::TrailingBackslash { line }),
+                },
+                c => word.push(c),
+            }
+        }
+        words.push(word);
+    }
+    Ok(words)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn directive_forms() {
+        struct Case {
+            name: &'static str,
+            script: &'static str,
+            want: Vec<(usize, Vec<&'static str>)>,
+        }
+        let cases = [
+            Case {
+                name: "equals and space forms, short options",
+                script: "#!/bin/bash\n#SBATCH --job-name=train\n#SBATCH -N 2\n#SBATCH -n4\n#SBATCH --time 10:00\necho hi\n",
+                want: vec![
+                    (2, vec!["--job-name=train"]),
+                    (3, vec!["-N", "2"]),
+                    (4, vec!["-n4"]),
+                    (5, vec!["--time", "10:00"]),
+                ],
+            },
+            Case {
+                name: "comments and blank lines between directives are skipped",
+                script: "#!/bin/sh\n\n# a comment\n#SBATCH -J a\n   \n## SBATCH -J disabled\n# SBATCH -J disabled\n#SBATCH -p gpu\n",
+                want: vec![(4, vec!["-J", "a"]), (8, vec!["-p", "gpu"])],
+            },
+            Case {
+                name: "scanning stops at the first command",
+                script: "#!/bin/sh\n#SBATCH -J a\nmodule load cuda\n#SBATCH -J ignored\n",
+                want: vec![(2, vec!["-J", "a"])],
+            },
+            Case {
+                name: "trailing comment after the option",
+                script: "#!/bin/sh\n#SBATCH --mem=4G   # four gigs\n#SBATCH -t 5 #no space\n",
+                want: vec![(2, vec!["--mem=4G"]), (3, vec!["-t", "5"])],
+            },
+            Case {
+                name: "quotes keep spaces and hashes",
+                script: "#!/bin/sh\n#SBATCH --comment=\"a # b\"\n#SBATCH -J 'my job'\n#SBATCH --wrap=\"echo \\\"x\\\"\"\n",
+                want: vec![
+                    (2, vec!["--comment=a # b"]),
+                    (3, vec!["-J", "my job"]),
+                    (4, vec!["--wrap=echo \"x\""]),
+                ],
+            },
+            Case {
+                name: "a hash inside a word is literal",
+                script: "#!/bin/sh\n#SBATCH -J run#3\n",
+                want: vec![(2, vec!["-J", "run#3"])],
+            },
+            Case {
+                name: "#SBATCH glued to text is a comment; indented #SBATCH is a comment",
+                script: "#!/bin/sh\n#SBATCHX -J no\n  #SBATCH -J no\n#SBATCH\n#SBATCH\t-J tab\n",
+                want: vec![(5, vec!["-J", "tab"])],
+            },
+            Case {
+                name: "no directives at all",
+                script: "#!/bin/sh\necho hello\n",
+                want: vec![],
+            },
+            Case {
+                name: "CRLF line endings",
+                script: "#!/bin/sh\r\n#SBATCH -J crlf\r\necho\r\n",
+                want: vec![(2, vec!["-J", "crlf"])],
+            },
+        ];
+        for case in cases {
+            let got = parse(case.script).unwrap();
+            let got: Vec<(usize, Vec<&str>)> = got
+                .iter()
+                .map(|d| (d.line, d.args.iter().map(String::as_str).collect()))
+                .collect();
+            assert_eq!(got, case.want, "case: {}", case.name);
+        }
+    }
+
+    #[test]
+    fn errors_name_the_line() {
+        let cases = [
+            ("echo no shebang\n", DirectiveError::NoShebang),
+            ("", DirectiveError::NoShebang),
+            (
+                "#!/bin/sh\n#SBATCH -J ok\n#SBATCH -J 'open\n",
+                DirectiveError::UnterminatedQuote { line: 3 },
+            ),
+            (
+                "#!/bin/sh\n#SBATCH -J x\\",
+                DirectiveError::TrailingBackslash { line: 2 },
+            ),
+        ];
+        for (script, want) in cases {
+            assert_eq!(parse(script).unwrap_err(), want, "script: {script:?}");
+        }
+        assert!(
+            DirectiveError::UnterminatedQuote { line: 3 }
+                .to_string()
+                .contains("line 3")
+        );
+    }
+}

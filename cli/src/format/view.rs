@@ -1,0 +1,512 @@
+//! Display models: what the commands show about jobs, nodes and partitions, derived once from
+//! the wire types. The human columns and the JSON output both read these, so they cannot
+//! disagree about a state name, a time or an id.
+
+use serde::Serialize;
+use tandem_proto::v1::{JobInfo, JobState, NodeInfo, PartitionInfo, StepInfo};
+use tandem_sched::time::{format_duration, format_timestamp};
+
+/// A job, an array task, a folded pending array record, or a step (sacct).
+#[derive(Debug, Clone, Serialize)]
+pub struct JobView {
+    /// `12`, `12_3`, `12_[6-99]`, or `12.batch` / `12.0` for steps.
+    pub job_id: String,
+    /// The numeric id of the job record.
+    pub job_id_raw: u64,
+    pub array_job_id: Option<u64>,
+    /// Task index, or the folded pending indices.
+    pub array_task_id: Option<String>,
+    pub step_id: Option<String>,
+    pub name: String,
+    pub user: String,
+    pub uid: u32,
+    pub account: String,
+    pub partition: String,
+    pub qos: String,
+    /// Slurm's full state name (`RUNNING`).
+    pub state: &'static str,
+    /// Slurm's compact state code (`R`).
+    pub state_compact: &'static str,
+    pub reason: String,
+    pub priority: u64,
+    pub submit_time: Option<i64>,
+    pub eligible_time: Option<i64>,
+    pub start_time: Option<i64>,
+    pub end_time: Option<i64>,
+    /// Seconds the job has run (to `now` while running).
+    pub elapsed_s: u64,
+    /// `None` = UNLIMITED.
+    pub time_limit_s: Option<u64>,
+    pub nodes: u32,
+    pub nodelist: String,
+    pub cpus: u32,
+    pub tasks: u32,
+    pub cpus_per_task: u32,
+    pub mem_mb: u64,
+    pub gpus: u32,
+    pub gpu_type: String,
+    /// `cpu=4,mem=1G,node=1,gres/gpu=2` (sacct's AllocTRES).
+    pub tres: String,
+    /// `exit:signal`.
+    pub exit_code: String,
+    pub workdir: String,
+    pub stdout: String,
+    pub stderr: String,
+    pub command: String,
+    pub dependency: String,
+    pub comment: String,
+    pub constraint: String,
+    pub exclusive: bool,
+    pub requeue: bool,
+    pub restarts: u32,
+    pub submit_host: String,
+}
+
+/// Slurm's name for a state: the proto enum names are Slurm's with a prefix.
+pub fn state_name(s: JobState) -> &'static str {
+    match s {
+        JobState::Unspecified => "UNKNOWN",
+        JobState::Pending => "PENDING",
+        JobState::Running => "RUNNING",
+        JobState::Completed => "COMPLETED",
+        JobState::Failed => "FAILED",
+        JobState::Cancelled => "CANCELLED",
+        JobState::Timeout => "TIMEOUT",
+        JobState::Preempted => "PREEMPTED",
+        JobState::NodeFail => "NODE_FAIL",
+        JobState::Suspended => "SUSPENDED",
+        JobState::Completing => "COMPLETING",
+        JobState::OutOfMemory => "OUT_OF_MEMORY",
+        JobState::Requeued => "REQUEUED",
+    }
+}
+
+/// squeue's two-letter codes.
+pub fn state_compact(s: JobState) -> &'static str {
+    match s {
+        JobState::Unspecified => "??",
+        JobState::Pending => "PD",
+        JobState::Running => "R",
+        JobState::Completed => "CD",
+        JobState::Failed => "F",
+        JobState::Cancelled => "CA",
+        JobState::Timeout => "TO",
+        JobState::Preempted => "PR",
+        JobState::NodeFail => "NF",
+        JobState::Suspended => "S",
+        JobState::Completing => "CG",
+        JobState::OutOfMemory => "OOM",
+        JobState::Requeued => "RQ",
+    }
+}
+
+/// Parses a state as users type it for `-t`: full name or code, any case.
+pub fn parse_state(s: &str) -> Option<JobState> {
+    let up = s.trim().to_ascii_uppercase();
+    let all = [
+        JobState::Pending,
+        JobState::Running,
+        JobState::Completed,
+        JobState::Failed,
+        JobState::Cancelled,
+        JobState::Timeout,
+        JobState::Preempted,
+        JobState::NodeFail,
+        JobState::Suspended,
+        JobState::Completing,
+        JobState::OutOfMemory,
+        JobState::Requeued,
+    ];
+    all.into_iter()
+        .find(|st| state_name(*st) == up || state_compact(*st) == up)
+        .or_else(|| (up == "CANCELED").then_some(JobState::Cancelled))
+}
+
+fn opt_time(t: i64) -> Option<i64> {
+    (t > 0).then_some(t)
+}
+
+/// `cpu=..,mem=..,node=..,gres/gpu=..` as sacct prints AllocTRES.
+fn tres_string(cpus: u32, mem_mb: u64, nodes: u32, gpus: u32) -> String {
+    let mut s = format!(
+        "cpu={cpus},mem={},node={nodes}",
+        tandem_sched::tres::format_mem_mb(mem_mb)
+    );
+    if gpus > 0 {
+        s.push_str(&format!(",gres/gpu={gpus}"));
+    }
+    s
+}
+
+fn exit_code(code: i32, signal: i32) -> String {
+    format!("{code}:{signal}")
+}
+
+impl JobView {
+    pub fn from_job(j: &JobInfo, now: i64) -> JobView {
+        let state = j.state();
+        let tres = j.tres.clone().unwrap_or_default();
+        let (job_id, array_job_id, array_task_id) = if !j.array_pending.is_empty() {
+            let base = if j.array_job_id > 0 { j.array_job_id } else { j.job_id };
+            (
+                format!("{base}_[{}]", j.array_pending),
+                Some(base),
+                Some(j.array_pending.clone()),
+            )
+        } else if j.array_task_id >= 0 {
+            (
+                format!("{}_{}", j.array_job_id, j.array_task_id),
+                Some(j.array_job_id),
+                Some(j.array_task_id.to_string()),
+            )
+        } else {
+            (j.job_id.to_string(), None, None)
+        };
+        let elapsed_s = match (opt_time(j.start_time), opt_time(j.end_time)) {
+            (Some(s), Some(e)) => (e - s).max(0) as u64,
+            (Some(s), None) => (now - s).max(0) as u64,
+            _ => 0,
+        };
+        JobView {
+            job_id,
+            job_id_raw: j.job_id,
+            array_job_id,
+            array_task_id,
+            step_id: None,
+            name: j.name.clone(),
+            user: j.user.clone(),
+            uid: j.uid,
+            account: j.account.clone(),
+            partition: j.partition.clone(),
+            qos: j.qos.clone(),
+            state: state_name(state),
+            state_compact: state_compact(state),
+            reason: if j.reason.is_empty() {
+                "None".to_string()
+            } else {
+                j.reason.clone()
+            },
+            priority: j.priority,
+            submit_time: opt_time(j.submit_time),
+            eligible_time: opt_time(j.eligible_time),
+            start_time: opt_time(j.start_time),
+            end_time: opt_time(j.end_time),
+            elapsed_s,
+            time_limit_s: (j.time_limit_s > 0).then_some(j.time_limit_s),
+            nodes: j.num_nodes,
+            nodelist: j.nodelist.clone(),
+            cpus: j.num_cpus,
+            tasks: j.num_tasks,
+            cpus_per_task: j.cpus_per_task,
+            mem_mb: tres.mem_mb,
+            gpus: tres.gpus,
+            gpu_type: tres.gpu_type.clone(),
+            tres: tres_string(j.num_cpus, tres.mem_mb, j.num_nodes, tres.gpus),
+            exit_code: exit_code(j.exit_code, j.exit_signal),
+            workdir: j.workdir.clone(),
+            stdout: j.stdout.clone(),
+            stderr: j.stderr.clone(),
+            command: j.command.clone(),
+            dependency: j.dependency.clone(),
+            comment: j.comment.clone(),
+            constraint: j.constraint.clone(),
+            exclusive: j.exclusive,
+            requeue: j.requeue,
+            restarts: j.restarts,
+            submit_host: j.submit_host.clone(),
+        }
+    }
+
+    /// A step row for sacct: it inherits the job's identity and reports its own use.
+    pub fn from_step(job: &JobView, s: &StepInfo, now: i64) -> JobView {
+        let tres = s.tres.clone().unwrap_or_default();
+        let elapsed_s = match (opt_time(s.start_time), opt_time(s.end_time)) {
+            (Some(a), Some(b)) => (b - a).max(0) as u64,
+            (Some(a), None) => (now - a).max(0) as u64,
+            _ => 0,
+        };
+        let nodes = if s.nodelist.is_empty() {
+            0
+        } else {
+            tandem_sched::hostlist::expand(&s.nodelist).map_or(0, |v| v.len() as u32)
+        };
+        JobView {
+            job_id: format!("{}.{}", job.job_id, s.step_id),
+            step_id: Some(s.step_id.clone()),
+            name: if s.name.is_empty() {
+                s.step_id.clone()
+            } else {
+                s.name.clone()
+            },
+            state: state_name(s.state()),
+            state_compact: state_compact(s.state()),
+            start_time: opt_time(s.start_time),
+            end_time: opt_time(s.end_time),
+            elapsed_s,
+            nodes,
+            nodelist: s.nodelist.clone(),
+            cpus: tres.cpus,
+            tasks: s.ntasks,
+            mem_mb: tres.mem_mb,
+            gpus: tres.gpus,
+            tres: tres_string(tres.cpus, tres.mem_mb, nodes, tres.gpus),
+            exit_code: exit_code(s.exit_code, s.signal),
+            ..job.clone()
+        }
+    }
+
+    pub fn is_pending(&self) -> bool {
+        self.state == "PENDING"
+    }
+
+    /// squeue's `%R`: the reason in parentheses while pending, else the node list.
+    pub fn reason_or_nodes(&self) -> String {
+        if self.is_pending() || self.nodelist.is_empty() {
+            format!("({})", self.reason)
+        } else {
+            self.nodelist.clone()
+        }
+    }
+
+    pub fn time_used(&self) -> String {
+        format_duration(Some(self.elapsed_s))
+    }
+
+    pub fn time_limit(&self) -> String {
+        format_duration(self.time_limit_s)
+    }
+
+    pub fn time_left(&self) -> String {
+        match self.time_limit_s {
+            None => "UNLIMITED".to_string(),
+            Some(l) => format_duration(Some(l.saturating_sub(self.elapsed_s))),
+        }
+    }
+}
+
+/// Prints optional timestamps as Slurm does (`Unknown` when unset).
+pub fn timestamp(t: Option<i64>, utc_offset_s: i32) -> String {
+    match t {
+        Some(t) => format_timestamp(t, utc_offset_s),
+        None => "Unknown".to_string(),
+    }
+}
+
+/// A node as sinfo and scontrol show it.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeView {
+    pub name: String,
+    /// Slurm's long state, upper case (`IDLE`, `MIXED`, `ALLOCATED`, `DOWN`, `DRAINED`).
+    pub state: String,
+    pub mode: &'static str,
+    pub cpus: u32,
+    pub cpus_alloc: u32,
+    pub mem_mb: u64,
+    pub mem_alloc_mb: u64,
+    pub gpus: u32,
+    pub gpus_alloc: u32,
+    pub gpu_type: String,
+    pub partitions: Vec<String>,
+    pub features: Vec<String>,
+    pub reason: String,
+    pub address: String,
+    pub boot_time: Option<i64>,
+    pub last_heartbeat: Option<i64>,
+    pub running_jobs: Vec<u64>,
+    pub version: String,
+}
+
+impl NodeView {
+    pub fn from_node(n: &NodeInfo) -> NodeView {
+        let total = n.total.clone().unwrap_or_default();
+        let alloc = n.allocated.clone().unwrap_or_default();
+        NodeView {
+            name: n.name.clone(),
+            state: n.state.to_ascii_uppercase(),
+            mode: match n.mode() {
+                tandem_proto::v1::NodeMode::Kube => "kube",
+                _ => "batch",
+            },
+            cpus: total.cpus,
+            cpus_alloc: alloc.cpus,
+            mem_mb: total.mem_mb,
+            mem_alloc_mb: alloc.mem_mb,
+            gpus: total.gpus,
+            gpus_alloc: alloc.gpus,
+            gpu_type: total.gpu_type.clone(),
+            partitions: n.partitions.clone(),
+            features: n.features.clone(),
+            reason: n.reason.clone(),
+            address: n.address.clone(),
+            boot_time: opt_time(n.boot_time),
+            last_heartbeat: opt_time(n.last_heartbeat),
+            running_jobs: n.running_jobs.clone(),
+            version: n.worker_version.clone(),
+        }
+    }
+
+    /// sinfo's compact state (`idle`, `mix`, `alloc`, `down`, `drain`, `drng`).
+    pub fn state_compact(&self) -> String {
+        let s = self.state.as_str();
+        let base = s.split('+').next().unwrap_or(s);
+        let short = match base {
+            "IDLE" => "idle",
+            "MIXED" => "mix",
+            "ALLOCATED" => "alloc",
+            "DOWN" => "down",
+            "DRAINED" => "drain",
+            "DRAINING" => "drng",
+            "COMPLETING" => "comp",
+            "UNKNOWN" => "unk",
+            "FUTURE" => "futr",
+            other => return other.to_ascii_lowercase(),
+        };
+        short.to_string()
+    }
+
+    /// `gpu:8` or `gpu:h100:8`, `(null)` without GPUs (sinfo `%G`, scontrol `Gres=`).
+    pub fn gres(&self) -> String {
+        match (self.gpus, self.gpu_type.as_str()) {
+            (0, _) => "(null)".to_string(),
+            (n, "") => format!("gpu:{n}"),
+            (n, t) => format!("gpu:{t}:{n}"),
+        }
+    }
+}
+
+/// A partition as sinfo and scontrol show it.
+#[derive(Debug, Clone, Serialize)]
+pub struct PartitionView {
+    pub name: String,
+    pub is_default: bool,
+    /// `UP`, `DOWN`, `DRAIN`, `INACTIVE`.
+    pub state: String,
+    pub max_time_s: Option<u64>,
+    pub default_time_s: Option<u64>,
+    pub max_nodes: Option<u32>,
+    pub nodes: Vec<String>,
+    pub total_cpus: u32,
+    pub total_gpus: u32,
+    pub priority_tier: u32,
+    pub priority_job_factor: u32,
+    pub allowed_accounts: Vec<String>,
+}
+
+impl PartitionView {
+    pub fn from_partition(p: &PartitionInfo) -> PartitionView {
+        PartitionView {
+            name: p.name.clone(),
+            is_default: p.is_default,
+            state: if p.state.is_empty() {
+                "UP".to_string()
+            } else {
+                p.state.to_ascii_uppercase()
+            },
+            max_time_s: (p.max_time_s > 0).then_some(p.max_time_s),
+            default_time_s: (p.default_time_s > 0).then_some(p.default_time_s),
+            max_nodes: (p.max_nodes > 0).then_some(p.max_nodes),
+            nodes: p.nodes.clone(),
+            total_cpus: p.total_cpus,
+            total_gpus: p.total_gpus,
+            priority_tier: p.priority_tier,
+            priority_job_factor: p.priority_job_factor,
+            allowed_accounts: p.allowed_accounts.clone(),
+        }
+    }
+
+    /// sinfo's TIMELIMIT: `infinite` or `D-HH:MM:SS`.
+    pub fn time_limit(&self) -> String {
+        match self.max_time_s {
+            None => "infinite".to_string(),
+            Some(s) => {
+                let (d, h, m, sec) = (s / 86_400, s % 86_400 / 3600, s % 3600 / 60, s % 60);
+                if d > 0 {
+                    format!("{d}-{h:02}:{m:02}:{sec:02}")
+                } else {
+                    format!("{h}:{m:02}:{sec:02}")
+                }
+            }
+        }
+    }
+
+    /// Name with `*` for the default partition, as sinfo marks it.
+    pub fn display_name(&self) -> String {
+        if self.is_default {
+            format!("{}*", self.name)
+        } else {
+            self.name.clone()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandem_proto::v1::Tres;
+
+    pub(crate) fn job(id: u64, state: JobState) -> JobInfo {
+        JobInfo {
+            job_id: id,
+            array_task_id: -1,
+            name: "train".into(),
+            user: "alice".into(),
+            partition: "batch".into(),
+            state: state as i32,
+            num_nodes: 1,
+            num_cpus: 4,
+            tres: Some(Tres {
+                cpus: 4,
+                mem_mb: 2048,
+                gpus: 2,
+                gpu_type: String::new(),
+            }),
+            ..JobInfo::default()
+        }
+    }
+
+    #[test]
+    fn ids_of_plain_jobs_array_tasks_and_folded_arrays() {
+        let plain = JobView::from_job(&job(7, JobState::Running), 0);
+        assert_eq!(plain.job_id, "7");
+        let task = JobInfo {
+            array_job_id: 12,
+            array_task_id: 3,
+            ..job(15, JobState::Running)
+        };
+        assert_eq!(JobView::from_job(&task, 0).job_id, "12_3");
+        let folded = JobInfo {
+            array_job_id: 12,
+            array_pending: "6-99%4".into(),
+            ..job(12, JobState::Pending)
+        };
+        assert_eq!(JobView::from_job(&folded, 0).job_id, "12_[6-99%4]");
+    }
+
+    #[test]
+    fn times_and_reasons() {
+        let running = JobInfo {
+            start_time: 1000,
+            time_limit_s: 3600,
+            nodelist: "node-1".into(),
+            ..job(1, JobState::Running)
+        };
+        let v = JobView::from_job(&running, 1000 + 65);
+        assert_eq!((v.time_used(), v.time_limit(), v.time_left()), ("1:05".into(), "1:00:00".into(), "58:55".into()));
+        assert_eq!(v.reason_or_nodes(), "node-1");
+        assert_eq!(v.tres, "cpu=4,mem=2G,node=1,gres/gpu=2");
+        let pending = JobInfo {
+            reason: "Resources".into(),
+            ..job(2, JobState::Pending)
+        };
+        let v = JobView::from_job(&pending, 5);
+        assert_eq!((v.reason_or_nodes(), v.time_used(), v.time_limit()), ("(Resources)".into(), "0:00".into(), "UNLIMITED".into()));
+    }
+
+    #[test]
+    fn states_parse_by_name_and_code() {
+        assert_eq!(parse_state("pd"), Some(JobState::Pending));
+        assert_eq!(parse_state("RUNNING"), Some(JobState::Running));
+        assert_eq!(parse_state("canceled"), Some(JobState::Cancelled));
+        assert_eq!(parse_state("nope"), None);
+    }
+}

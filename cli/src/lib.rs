@@ -1,0 +1,1 @@
+//! The tandem binary: controller, worker, all-in-one cluster and the Slurm commands (sbatch, squeue, ...) by argv[0].

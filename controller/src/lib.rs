@@ -1,0 +1,1 @@
+//! Tandem's batch controller daemon: gRPC API, durable store, scheduling loop, accounting.

@@ -1,0 +1,1 @@
+//! Process kubelet (see the crate docs).

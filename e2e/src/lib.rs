@@ -1,0 +1,13 @@
+//! Test harness for Tandem's Kubernetes parts, not a product.
+//!
+//! # Layout
+//! - [`apiserver`]: an in-memory Kubernetes API server speaking the REST API over HTTP/JSON
+//!   (also the `kube-sim` binary).
+//! - [`kubelet`]: a process kubelet that runs the containers of pods bound to declared nodes as
+//!   local processes and drives their status.
+//! - [`testkit`]: what e2e tests use: start the server, declare nodes, get a client, wait for
+//!   conditions; or a real cluster when `KUBECONFIG` is set.
+
+pub mod apiserver;
+pub mod kubelet;
+pub mod testkit;

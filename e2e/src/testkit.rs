@@ -1,0 +1,1 @@
+//! Test kit for e2e tests (see the crate docs).

@@ -1,0 +1,321 @@
+//! How a client finds its cluster, and authenticated channels to it.
+//!
+//! # Resolution order
+//!
+//! 1. The cluster file at `$TANDEM_CONFIG`, else `$HOME/.tandem/cluster.json`:
+//!    `{ "cluster_name": "...", "controller": "http://127.0.0.1:PORT", "key_file": "/path/key" }`.
+//!    `tandem up --state-dir DIR` writes `DIR/cluster.json` (and the home one by default).
+//! 2. `$TANDEM_CONTROLLER` overrides the address and `$TANDEM_KEY_FILE` the key file; with
+//!    both set no file is needed at all (how pods and tests are wired).
+//!
+//! Environment variables are read through a lookup function so tests pass a map instead of
+//! mutating the process environment (`set_var` is racy and banned by `clippy.toml`).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+use crate::auth::{ClientAuth, ClusterKey, Identity, KeyError};
+
+pub const ENV_CONFIG: &str = "TANDEM_CONFIG";
+pub const ENV_CONTROLLER: &str = "TANDEM_CONTROLLER";
+pub const ENV_KEY_FILE: &str = "TANDEM_KEY_FILE";
+pub const DEFAULT_CLUSTER_NAME: &str = "tandem";
+
+/// A channel whose every request carries a signed token. Wrap it in any generated client:
+/// `JobsClient::new(channel.clone())`.
+pub type AuthChannel = InterceptedService<Channel, ClientAuth>;
+
+/// The on-disk cluster file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterFile {
+    pub cluster_name: String,
+    /// `http://HOST:PORT` of the controller's gRPC server.
+    pub controller: String,
+    pub key_file: PathBuf,
+}
+
+impl ClusterFile {
+    /// Writes the file atomically (temp file + rename) so a reader never sees half of it.
+    pub fn write(&self, path: &Path) -> Result<(), EndpointError> {
+        let err = |source| EndpointError::Write {
+            path: path.to_owned(),
+            source,
+        };
+        let json = serde_json::to_vec_pretty(self).map_err(|e| err(std::io::Error::other(e)))?;
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, json).map_err(err)?;
+        std::fs::rename(&tmp, path).map_err(err)
+    }
+
+    pub fn read(path: &Path) -> Result<Self, EndpointError> {
+        let text = std::fs::read_to_string(path).map_err(|source| EndpointError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        serde_json::from_str(&text).map_err(|source| EndpointError::Parse {
+            path: path.to_owned(),
+            source,
+        })
+    }
+}
+
+/// Where the controller is and which key proves membership.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub cluster_name: String,
+    pub controller: String,
+    pub key_file: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    #[error(
+        "no Tandem cluster found: {path} does not exist; start one with `tandem up` or set {ENV_CONFIG} (or {ENV_CONTROLLER} and {ENV_KEY_FILE})"
+    )]
+    NotFound { path: PathBuf },
+    #[error("cannot locate the cluster file: neither {ENV_CONFIG} nor HOME is set")]
+    NoHome,
+    #[error("{ENV_CONTROLLER} is set but no key file is known; set {ENV_KEY_FILE}")]
+    NoKeyFile,
+    #[error("cannot read cluster file {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot write cluster file {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cluster file {path} is malformed")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("invalid controller address {address:?} (expected http://HOST:PORT)")]
+    InvalidAddress { address: String },
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    #[error("cannot connect to the controller at {address}")]
+    Connect {
+        address: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+/// Finds the cluster from the process environment.
+pub fn discover() -> Result<Endpoint, EndpointError> {
+    discover_with(&|k| std::env::var(k).ok())
+}
+
+/// Finds the cluster using `env` to read environment variables.
+pub fn discover_with(env: &dyn Fn(&str) -> Option<String>) -> Result<Endpoint, EndpointError> {
+    let nonempty = |k: &str| env(k).filter(|v| !v.is_empty());
+    let addr_override = nonempty(ENV_CONTROLLER);
+    let key_override = nonempty(ENV_KEY_FILE).map(PathBuf::from);
+
+    let explicit = nonempty(ENV_CONFIG).map(PathBuf::from);
+    let path = match (&explicit, nonempty("HOME")) {
+        (Some(p), _) => Some(p.clone()),
+        (None, Some(home)) => Some(Path::new(&home).join(".tandem").join("cluster.json")),
+        (None, None) => None,
+    };
+
+    let file = match &path {
+        Some(p) if p.exists() => Some(ClusterFile::read(p)?),
+        // An explicitly named file must exist; the default one is optional when both
+        // overrides are given.
+        Some(p) if explicit.is_some() || addr_override.is_none() || key_override.is_none() => {
+            return Err(EndpointError::NotFound { path: p.clone() });
+        }
+        None if addr_override.is_none() || key_override.is_none() => {
+            return Err(EndpointError::NoHome);
+        }
+        _ => None,
+    };
+
+    let (cluster_name, controller, key_file) = match file {
+        Some(f) => (f.cluster_name, f.controller, f.key_file),
+        None => (
+            DEFAULT_CLUSTER_NAME.to_owned(),
+            String::new(),
+            PathBuf::new(),
+        ),
+    };
+    let controller = addr_override.unwrap_or(controller);
+    let key_file = key_override.unwrap_or(key_file);
+    if key_file.as_os_str().is_empty() {
+        return Err(EndpointError::NoKeyFile);
+    }
+    Ok(Endpoint {
+        cluster_name,
+        controller: normalize_address(&controller)?,
+        key_file,
+    })
+}
+
+/// Accepts `HOST:PORT` as well as `http://HOST:PORT`.
+pub fn normalize_address(address: &str) -> Result<String, EndpointError> {
+    let invalid = || EndpointError::InvalidAddress {
+        address: address.to_owned(),
+    };
+    let a = address.trim();
+    if a.is_empty() {
+        return Err(invalid());
+    }
+    let full = if a.contains("://") {
+        a.to_owned()
+    } else {
+        format!("http://{a}")
+    };
+    let uri: tonic::transport::Uri = full.parse().map_err(|_| invalid())?;
+    if uri.host().is_none() || uri.port_u16().is_none() {
+        return Err(invalid());
+    }
+    Ok(full)
+}
+
+impl Endpoint {
+    pub fn load_key(&self) -> Result<ClusterKey, EndpointError> {
+        Ok(ClusterKey::load(&self.key_file)?)
+    }
+
+    /// Loads the key and connects as `identity`.
+    pub async fn connect(&self, identity: &Identity) -> Result<AuthChannel, EndpointError> {
+        let key = self.load_key()?;
+        connect(&self.controller, &key, identity).await
+    }
+}
+
+/// Connects to `address` and signs every request as `identity`.
+pub async fn connect(
+    address: &str,
+    key: &ClusterKey,
+    identity: &Identity,
+) -> Result<AuthChannel, EndpointError> {
+    let address = normalize_address(address)?;
+    let channel = tonic::transport::Endpoint::from_shared(address.clone())
+        .map_err(|_| EndpointError::InvalidAddress {
+            address: address.clone(),
+        })?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .map_err(|source| EndpointError::Connect { address, source })?;
+    Ok(authenticated(channel, key, identity))
+}
+
+/// Wraps an existing channel so its requests carry `identity`'s token.
+pub fn authenticated(channel: Channel, key: &ClusterKey, identity: &Identity) -> AuthChannel {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0);
+    InterceptedService::new(channel, ClientAuth::new(key, identity, now))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    fn write_file(dir: &Path, name: &str, addr: &str) -> PathBuf {
+        let p = dir.join(name);
+        ClusterFile {
+            cluster_name: "c1".into(),
+            controller: addr.into(),
+            key_file: dir.join("key"),
+        }
+        .write(&p)
+        .unwrap();
+        p
+    }
+
+    #[test]
+    fn home_file_is_the_default() {
+        let home = tempfile::tempdir().unwrap();
+        std::fs::create_dir(home.path().join(".tandem")).unwrap();
+        write_file(
+            &home.path().join(".tandem"),
+            "cluster.json",
+            "http://127.0.0.1:7000",
+        );
+        let ep = discover_with(&env_of(&[("HOME", home.path().to_str().unwrap())])).unwrap();
+        assert_eq!(ep.cluster_name, "c1");
+        assert_eq!(ep.controller, "http://127.0.0.1:7000");
+        assert_eq!(ep.key_file, home.path().join(".tandem").join("key"));
+    }
+
+    #[test]
+    fn tandem_config_wins_over_home_and_overrides_apply() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write_file(dir.path(), "cl.json", "127.0.0.1:7000");
+        let ep = discover_with(&env_of(&[
+            ("HOME", "/nonexistent"),
+            (ENV_CONFIG, p.to_str().unwrap()),
+            (ENV_CONTROLLER, "127.0.0.1:9"),
+            (ENV_KEY_FILE, "/k"),
+        ]))
+        .unwrap();
+        assert_eq!(ep.controller, "http://127.0.0.1:9");
+        assert_eq!(ep.key_file, PathBuf::from("/k"));
+        assert_eq!(ep.cluster_name, "c1");
+    }
+
+    #[test]
+    fn overrides_alone_need_no_file() {
+        let ep = discover_with(&env_of(&[
+            ("HOME", "/nonexistent"),
+            (ENV_CONTROLLER, "http://127.0.0.1:9"),
+            (ENV_KEY_FILE, "/k"),
+        ]))
+        .unwrap();
+        assert_eq!(ep.cluster_name, DEFAULT_CLUSTER_NAME);
+    }
+
+    #[test]
+    fn missing_file_names_the_path_and_the_fix() {
+        let err = discover_with(&env_of(&[("HOME", "/nonexistent")])).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("/nonexistent/.tandem/cluster.json"), "{msg}");
+        assert!(msg.contains("tandem up"), "{msg}");
+        // An explicit TANDEM_CONFIG must exist even when overrides are given.
+        let err = discover_with(&env_of(&[
+            (ENV_CONFIG, "/nope.json"),
+            (ENV_CONTROLLER, "127.0.0.1:1"),
+            (ENV_KEY_FILE, "/k"),
+        ]))
+        .unwrap_err();
+        assert!(matches!(err, EndpointError::NotFound { .. }));
+    }
+
+    #[test]
+    fn malformed_file_and_address_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("bad.json");
+        std::fs::write(&p, "{not json").unwrap();
+        let err = discover_with(&env_of(&[(ENV_CONFIG, p.to_str().unwrap())])).unwrap_err();
+        assert!(matches!(err, EndpointError::Parse { .. }));
+
+        for bad in ["", "nohostport", "http://", "http://host"] {
+            assert!(normalize_address(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! Tandem's gRPC contract (package `tandem.v1`).
+//!
+//! # Services
+//!
+//! | service | served by | used by |
+//! |---|---|---|
+//! | `Jobs` | controller | CLI (sbatch, squeue, scancel, scontrol, srun), bridge |
+//! | `Nodes` | controller | CLI (sinfo, scontrol), operator |
+//! | `Accounting` | controller | CLI (sacct, sacctmgr, sshare, sprio) |
+//! | `WorkerLink` | controller | worker: one bidirectional stream per node |
+//! | `StepLauncher` | worker | srun: launches step tasks and streams their output |
+//!
+//! This crate holds only the contract. Conversions to and from the scheduling core live in the
+//! controller (`api/convert.rs`), which is also where hostile input is rejected.
+
+pub mod v1 {
+    #![allow(clippy::all, missing_docs, unreachable_pub)]
+    tonic::include_proto!("tandem.v1");
+}
+
+pub mod auth;
+pub mod endpoint;

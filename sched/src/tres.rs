@@ -1,0 +1,199 @@
+//! Trackable resources (Slurm's TRES): CPUs, memory and GPUs, and the billing weights that
+//! turn them into one number for fair share.
+//!
+//! GPU *types* are not part of [`Tres`]: a node has at most one GPU type (`Node::gpu_type`)
+//! and a job may require one (`JobSpec::gpu_type`). Keeping the type out of the arithmetic
+//! keeps `Tres` `Copy` and the timeline math allocation-free.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// An amount of CPUs, memory (MiB) and GPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Tres {
+    pub cpus: u32,
+    pub mem_mb: u64,
+    pub gpus: u32,
+}
+
+impl Tres {
+    pub const ZERO: Tres = Tres { cpus: 0, mem_mb: 0, gpus: 0 };
+
+    pub const fn new(cpus: u32, mem_mb: u64, gpus: u32) -> Self {
+        Tres { cpus, mem_mb, gpus }
+    }
+
+    /// Whether `self` fits inside `avail` in every dimension.
+    pub fn fits_in(&self, avail: &Tres) -> bool {
+        self.cpus <= avail.cpus && self.mem_mb <= avail.mem_mb && self.gpus <= avail.gpus
+    }
+
+    pub fn checked_add(&self, o: &Tres) -> Option<Tres> {
+        Some(Tres {
+            cpus: self.cpus.checked_add(o.cpus)?,
+            mem_mb: self.mem_mb.checked_add(o.mem_mb)?,
+            gpus: self.gpus.checked_add(o.gpus)?,
+        })
+    }
+
+    pub fn checked_sub(&self, o: &Tres) -> Option<Tres> {
+        Some(Tres {
+            cpus: self.cpus.checked_sub(o.cpus)?,
+            mem_mb: self.mem_mb.checked_sub(o.mem_mb)?,
+            gpus: self.gpus.checked_sub(o.gpus)?,
+        })
+    }
+
+    pub fn saturating_add(&self, o: &Tres) -> Tres {
+        Tres {
+            cpus: self.cpus.saturating_add(o.cpus),
+            mem_mb: self.mem_mb.saturating_add(o.mem_mb),
+            gpus: self.gpus.saturating_add(o.gpus),
+        }
+    }
+
+    pub fn saturating_sub(&self, o: &Tres) -> Tres {
+        Tres {
+            cpus: self.cpus.saturating_sub(o.cpus),
+            mem_mb: self.mem_mb.saturating_sub(o.mem_mb),
+            gpus: self.gpus.saturating_sub(o.gpus),
+        }
+    }
+
+    /// `self` times `n`, saturating.
+    pub fn saturating_mul(&self, n: u32) -> Tres {
+        Tres {
+            cpus: self.cpus.saturating_mul(n),
+            mem_mb: self.mem_mb.saturating_mul(u64::from(n)),
+            gpus: self.gpus.saturating_mul(n),
+        }
+    }
+
+    pub fn is_zero(&self) -> bool {
+        *self == Tres::ZERO
+    }
+}
+
+/// Slurm's AllocTRES form: `cpu=4,mem=16G,node=1,gres/gpu=2` without the node count.
+impl fmt::Display for Tres {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "cpu={},mem={}", self.cpus, format_mem_mb(self.mem_mb))?;
+        if self.gpus > 0 {
+            write!(f, ",gres/gpu={}", self.gpus)?;
+        }
+        Ok(())
+    }
+}
+
+/// Memory as Slurm prints it in TRES strings: `512M`, `16G`, `1.50T`.
+pub fn format_mem_mb(mb: u64) -> String {
+    if mb >= 1024 * 1024 && mb % (1024 * 1024) == 0 {
+        format!("{}T", mb / (1024 * 1024))
+    } else if mb >= 1024 && mb % 1024 == 0 {
+        format!("{}G", mb / 1024)
+    } else if mb >= 1024 * 1024 {
+        format!("{:.2}T", mb as f64 / (1024.0 * 1024.0))
+    } else if mb >= 1024 {
+        format!("{:.2}G", mb as f64 / 1024.0)
+    } else {
+        format!("{mb}M")
+    }
+}
+
+/// Error of [`parse_mem_mb`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid memory size {input:?}: {problem}")]
+pub struct MemError {
+    pub input: String,
+    pub problem: &'static str,
+}
+
+/// Parses a Slurm memory size (`--mem`, `--mem-per-cpu`): a number with an optional unit
+/// `K`, `M` (default), `G`, `T` (binary multiples, case-insensitive, optional trailing `B`).
+/// Returns MiB, rounding kilobytes up.
+pub fn parse_mem_mb(s: &str) -> Result<u64, MemError> {
+    let err = |problem| MemError { input: s.to_string(), problem };
+    let t = s.trim();
+    let t = t.strip_suffix(['b', 'B']).unwrap_or(t);
+    let (digits, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => (&t[..i], &t[i..]),
+        None => (t, ""),
+    };
+    if digits.is_empty() {
+        return Err(err(if t.starts_with('-') { "must not be negative" } else { "expected a number" }));
+    }
+    let n: u64 = digits.parse().map_err(|_| err("number too large"))?;
+    let mb = match unit.to_ascii_uppercase().as_str() {
+        "K" => n.div_ceil(1024),
+        "" | "M" => n,
+        "G" => n.checked_mul(1024).ok_or_else(|| err("number too large"))?,
+        "T" => n.checked_mul(1024 * 1024).ok_or_else(|| err("number too large"))?,
+        _ => return Err(err("unknown unit (use K, M, G or T)")),
+    };
+    Ok(mb)
+}
+
+/// Weights that turn a TRES amount into billing units (Slurm's `TRESBillingWeights`).
+/// Fair share charges `billing(alloc) * seconds`. GPUs weigh most by default because they are
+/// the scarce resource of a GPU pool.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BillingWeights {
+    pub cpu: f64,
+    /// Per GiB of memory.
+    pub mem_gb: f64,
+    pub gpu: f64,
+}
+
+impl Default for BillingWeights {
+    fn default() -> Self {
+        BillingWeights { cpu: 1.0, mem_gb: 0.0, gpu: 32.0 }
+    }
+}
+
+impl BillingWeights {
+    /// Billing units of `t` (per second of use).
+    pub fn billing(&self, t: &Tres) -> f64 {
+        self.cpu * f64::from(t.cpus) + self.mem_gb * (t.mem_mb as f64 / 1024.0) + self.gpu * f64::from(t.gpus)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arithmetic_is_checked() {
+        let a = Tres::new(4, 1024, 2);
+        let b = Tres::new(8, 2048, 2);
+        assert!(a.fits_in(&b));
+        assert!(!b.fits_in(&a));
+        assert_eq!(b.checked_sub(&a), Some(Tres::new(4, 1024, 0)));
+        assert_eq!(a.checked_sub(&b), None);
+        assert_eq!(a.checked_add(&b), Some(Tres::new(12, 3072, 4)));
+        assert_eq!(Tres::new(u32::MAX, 0, 0).checked_add(&Tres::new(1, 0, 0)), None);
+    }
+
+    #[test]
+    fn memory_sizes_parse_like_slurm() {
+        let cases = [("100", Ok(100)), ("4G", Ok(4096)), ("4g", Ok(4096)), ("2048M", Ok(2048)), ("1T", Ok(1 << 20)), ("1500K", Ok(2)), ("16GB", Ok(16384))];
+        for (input, want) in cases {
+            assert_eq!(parse_mem_mb(input).map_err(|_| ()), want, "{input}");
+        }
+        for bad in ["", "-5", "G", "4X", "99999999999999999999", "4.5G"] {
+            assert!(parse_mem_mb(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn display_is_alloc_tres_form() {
+        assert_eq!(Tres::new(4, 16384, 2).to_string(), "cpu=4,mem=16G,gres/gpu=2");
+        assert_eq!(Tres::new(1, 500, 0).to_string(), "cpu=1,mem=500M");
+    }
+
+    #[test]
+    fn billing_weights_gpus_most() {
+        let w = BillingWeights::default();
+        assert!(w.billing(&Tres::new(0, 0, 1)) > w.billing(&Tres::new(8, 8192, 0)));
+    }
+}

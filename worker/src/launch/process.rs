@@ -1,0 +1,379 @@
+//! Starting a batch script as a real process.
+//!
+//! The script is written to the spool (`STATE_DIR/spool/job<ID>/slurm_script`, mode 0700) and
+//! executed directly, so its `#!` line picks the interpreter as in Slurm. It runs in its own
+//! process group (cancel and time limits signal the whole tree), in the job's working
+//! directory, with exactly the environment from [`super::env`], stdin from `/dev/null`, and
+//! stdout/stderr in the job's output files (truncated, Slurm's default open mode).
+//!
+//! # Whose process it is
+//!
+//! A worker running as the job's user starts the script directly and opens the output files
+//! itself. A worker running as root starts it as the submitting user (`setgid`, `setuid`;
+//! std clears supplementary groups when root drops privileges) and must not open output files
+//! with root's rights, or `--output=/etc/shadow` would clobber that file. Without `unsafe`
+//! there is no `pre_exec` hook to open them after the switch, so the script is started through
+//! `/bin/sh`, which performs the redirection *as the user* and then `exec`s the script (same
+//! pid, same process group). The shell's stderr is a pipe to the worker until the redirection
+//! succeeds: anything written there is a launch error. Any other uid is refused.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use tokio::io::AsyncReadExt;
+use tokio::process::{Child, Command};
+
+use super::output::{PatternFields, expand};
+
+/// Slurm's default output file name.
+const DEFAULT_OUTPUT: &str = "slurm-%j.out";
+/// Shell used to open output files as the job's user.
+const REDIRECT_SHELL: &str = "/bin/sh";
+/// Redirects stdout/stderr (same file when `$2` is empty), then execs the script.
+const REDIRECT_SCRIPT: &str = r#"o=$1 e=$2 s=$3; shift 3
+if [ -z "$e" ]; then exec >"$o" 2>&1; else exec >"$o" 2>"$e"; fi
+exec "$s" "$@""#;
+
+/// Why a batch script could not be started; the text goes to the controller as
+/// `JobEnded.launch_error` and from there to the user.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error(
+        "this does not look like a batch script: the first line must start with #! followed by the path to an interpreter"
+    )]
+    NotABatchScript,
+    #[error("working directory {path} is not usable")]
+    Workdir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot write the batch script to {path}")]
+    Spool {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot open output file {path}")]
+    Output {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot open output files as uid {uid}: {message}")]
+    Redirect { uid: u32, message: String },
+    #[error("this worker runs as uid {worker_uid} and cannot start jobs of uid {job_uid}")]
+    Identity { worker_uid: u32, job_uid: u32 },
+    #[error("cannot start the batch script")]
+    Spawn {
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl LaunchError {
+    /// The whole cause chain on one line, for `JobEnded.launch_error`.
+    pub fn one_line(&self) -> String {
+        let mut s = self.to_string();
+        let mut cur: Option<&dyn std::error::Error> = std::error::Error::source(self);
+        while let Some(e) = cur {
+            s.push_str(": ");
+            s.push_str(&e.to_string());
+            cur = e.source();
+        }
+        s
+    }
+}
+
+/// Who the script runs as, decided from the worker's and the job's uid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunAs {
+    /// The worker's own identity (the job's user started the worker).
+    Worker,
+    /// Drop from root to the job's user.
+    User { uid: u32, gid: u32 },
+}
+
+impl RunAs {
+    pub fn decide(worker_uid: u32, job_uid: u32, job_gid: u32) -> Result<Self, LaunchError> {
+        if job_uid == worker_uid {
+            Ok(Self::Worker)
+        } else if worker_uid == 0 {
+            Ok(Self::User {
+                uid: job_uid,
+                gid: job_gid,
+            })
+        } else {
+            Err(LaunchError::Identity {
+                worker_uid,
+                job_uid,
+            })
+        }
+    }
+}
+
+/// Everything needed to start one batch script.
+#[derive(Debug, Clone)]
+pub struct BatchSpec<'a> {
+    pub job_id: u64,
+    pub script: &'a str,
+    pub argv: &'a [String],
+    pub workdir: &'a Path,
+    pub env: &'a BTreeMap<String, String>,
+    /// Output patterns as the controller sent them (`%N` still to expand); empty = default.
+    pub stdout: &'a str,
+    pub stderr: &'a str,
+    pub node_name: &'a str,
+    pub run_as: RunAs,
+}
+
+/// A started batch script.
+#[derive(Debug)]
+pub struct Started {
+    pub child: Child,
+    pub pid: u32,
+    /// Removed by the supervisor when the job ends.
+    pub spool_dir: PathBuf,
+}
+
+/// Resolves an output pattern to a path: `%N`/`%%` expanded, relative to the workdir.
+pub fn output_path(pattern: &str, job_id: u64, node_name: &str, workdir: &Path) -> PathBuf {
+    let fields = PatternFields {
+        node_name: Some(node_name),
+        // Only the default pattern carries %j here; the controller expanded the user's.
+        job_id: pattern.is_empty().then_some(job_id),
+        ..Default::default()
+    };
+    let pattern = if pattern.is_empty() {
+        DEFAULT_OUTPUT
+    } else {
+        pattern
+    };
+    workdir.join(expand(pattern, &fields))
+}
+
+/// Writes the script to the spool and starts it.
+pub async fn start(spool: &Path, spec: &BatchSpec<'_>) -> Result<Started, LaunchError> {
+    if !spec.script.starts_with("#!") {
+        return Err(LaunchError::NotABatchScript);
+    }
+    match fs::metadata(spec.workdir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(LaunchError::Workdir {
+                path: spec.workdir.to_owned(),
+                source: io::Error::new(io::ErrorKind::NotADirectory, "not a directory"),
+            });
+        }
+        Err(source) => {
+            return Err(LaunchError::Workdir {
+                path: spec.workdir.to_owned(),
+                source,
+            });
+        }
+    }
+    let spool_dir = spool.join(format!("job{}", spec.job_id));
+    let script_path = write_script(&spool_dir, spec)?;
+
+    let out_path = output_path(spec.stdout, spec.job_id, spec.node_name, spec.workdir);
+    let err_path = (!spec.stderr.is_empty())
+        .then(|| output_path(spec.stderr, spec.job_id, spec.node_name, spec.workdir))
+        .filter(|p| *p != out_path);
+
+    let result = match spec.run_as {
+        RunAs::Worker => start_as_worker(&script_path, spec, &out_path, err_path.as_deref()),
+        RunAs::User { uid, gid } => {
+            start_as_user(&script_path, spec, uid, gid, &out_path, err_path.as_deref()).await
+        }
+    };
+    match result {
+        Ok(child) => {
+            // A child that was spawned has a pid until it is reaped, which only we do.
+            let pid = child.id().unwrap_or(0);
+            Ok(Started {
+                child,
+                pid,
+                spool_dir,
+            })
+        }
+        Err(e) => {
+            let _ = fs::remove_dir_all(&spool_dir);
+            Err(e)
+        }
+    }
+}
+
+fn write_script(spool_dir: &Path, spec: &BatchSpec<'_>) -> Result<PathBuf, LaunchError> {
+    let path = spool_dir.join("slurm_script");
+    let err = |source| LaunchError::Spool {
+        path: path.clone(),
+        source,
+    };
+    // A leftover from a previous worker life with the same job id is stale.
+    let _ = fs::remove_dir_all(spool_dir);
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(spool_dir)
+        .map_err(err)?;
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o700)
+        .open(&path)
+        .map_err(err)?;
+    io::Write::write_all(&mut f, spec.script.as_bytes()).map_err(err)?;
+    drop(f);
+    if let RunAs::User { uid, gid } = spec.run_as {
+        for p in [spool_dir, path.as_path()] {
+            std::os::unix::fs::chown(p, Some(uid), Some(gid)).map_err(err)?;
+        }
+    }
+    Ok(path)
+}
+
+fn base_command(program: &Path, spec: &BatchSpec<'_>) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.env_clear()
+        .envs(spec.env)
+        .current_dir(spec.workdir)
+        .stdin(Stdio::null())
+        // Own process group, so signals reach every process the script starts.
+        .process_group(0)
+        .kill_on_drop(false);
+    cmd
+}
+
+fn open_output(path: &Path) -> Result<File, LaunchError> {
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(path)
+        .map_err(|source| LaunchError::Output {
+            path: path.to_owned(),
+            source,
+        })
+}
+
+fn start_as_worker(
+    script: &Path,
+    spec: &BatchSpec<'_>,
+    out_path: &Path,
+    err_path: Option<&Path>,
+) -> Result<Child, LaunchError> {
+    let out = open_output(out_path)?;
+    let err = match err_path {
+        Some(p) => open_output(p)?,
+        // One open file description for both streams, so they share the offset.
+        None => out.try_clone().map_err(|source| LaunchError::Output {
+            path: out_path.to_owned(),
+            source,
+        })?,
+    };
+    base_command(script, spec)
+        .args(spec.argv)
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|source| LaunchError::Spawn { source })
+}
+
+async fn start_as_user(
+    script: &Path,
+    spec: &BatchSpec<'_>,
+    uid: u32,
+    gid: u32,
+    out_path: &Path,
+    err_path: Option<&Path>,
+) -> Result<Child, LaunchError> {
+    let mut cmd = base_command(Path::new(REDIRECT_SHELL), spec);
+    cmd.arg("-c")
+        .arg(REDIRECT_SCRIPT)
+        .arg("tandem-batch")
+        .arg(out_path)
+        .arg(err_path.map(Path::as_os_str).unwrap_or_default())
+        .arg(script)
+        .args(spec.argv)
+        .uid(uid)
+        .gid(gid)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .map_err(|source| LaunchError::Spawn { source })?;
+    // EOF arrives when the shell's redirection replaced the pipe; text before it is an error.
+    let mut message = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        let _ = pipe.read_to_string(&mut message).await;
+    }
+    if message.trim().is_empty() {
+        return Ok(child);
+    }
+    let _ = child.wait().await;
+    Err(LaunchError::Redirect {
+        uid,
+        message: message.trim().to_owned(),
+    })
+}
+
+/// The spool directory, traversable by job users so they can execute their own scripts.
+pub fn prepare_spool(state_dir: &Path) -> io::Result<PathBuf> {
+    let spool = state_dir.join("spool");
+    fs::create_dir_all(&spool)?;
+    fs::set_permissions(&spool, fs::Permissions::from_mode(0o711))?;
+    Ok(spool)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_as_follows_the_uids() {
+        assert_eq!(RunAs::decide(1000, 1000, 100).unwrap(), RunAs::Worker);
+        assert_eq!(
+            RunAs::decide(0, 1000, 100).unwrap(),
+            RunAs::User {
+                uid: 1000,
+                gid: 100
+            }
+        );
+        assert_eq!(RunAs::decide(0, 0, 0).unwrap(), RunAs::Worker);
+        let err = RunAs::decide(1000, 1001, 100).unwrap_err();
+        assert!(err.to_string().contains("cannot start jobs of uid 1001"));
+    }
+
+    #[test]
+    fn output_paths_expand_node_and_default() {
+        let wd = Path::new("/work/alice");
+        assert_eq!(
+            output_path("", 42, "n1", wd),
+            PathBuf::from("/work/alice/slurm-42.out")
+        );
+        assert_eq!(
+            output_path("logs/%N-%j.out", 42, "n1", wd),
+            PathBuf::from("/work/alice/logs/n1-%j.out"),
+            "controller expands %j; worker only %N"
+        );
+        assert_eq!(
+            output_path("/abs/x%%.out", 1, "n1", wd),
+            PathBuf::from("/abs/x%.out")
+        );
+    }
+
+    #[test]
+    fn launch_error_line_carries_the_cause() {
+        let e = LaunchError::Workdir {
+            path: PathBuf::from("/nope"),
+            source: io::Error::from(io::ErrorKind::NotFound),
+        };
+        let line = e.one_line();
+        assert!(line.starts_with("working directory /nope is not usable: "));
+        assert!(!line.contains('\n'));
+    }
+}

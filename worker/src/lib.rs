@@ -1,0 +1,1 @@
+//! Tandem's node agent: registers resources, launches batch scripts and steps, enforces limits.
