@@ -1,1 +1,261 @@
-//! The tandem binary: controller, worker, all-in-one cluster and the Slurm commands (sbatch, squeue, ...) by argv[0].
+//! The `tandem` binary: the controller and worker daemons, the all-in-one local cluster, and
+//! the Slurm commands (`sbatch`, `squeue`, `scancel`, `sinfo`, `sacct`, `scontrol`, `srun`).
+//!
+//! # Layout
+//!
+//! ```text
+//! main.rs          thin: calls main_from_env
+//! lib.rs           argv[0] / subcommand dispatch, one-line errors, exit codes, runtimes
+//! cmd/             one module per command (sbatch.rs, squeue.rs, ..., up.rs, down.rs, demo.rs)
+//! directives.rs    #SBATCH lines out of a script (pure)
+//! opts.rs          JobOpts shared by sbatch, srun and #SBATCH; -> JobSpec (pure)
+//! jobref.rs        "12", "12_3", "12_[3-5]" job references (pure)
+//! format/          Output trait: Slurm tables and key=value blocks, or JSON
+//! client.rs        finding and authenticating to the cluster
+//! clock.rs         the wall clock and time zone, read only here
+//! ```
+//!
+//! # Invariants
+//!
+//! - Options are validated before any RPC: a bad option creates nothing.
+//! - Errors print once, as `<command>: error: <message>` on one line, and exit non-zero.
+//! - Client commands run on a single-threaded runtime; daemons get a multi-threaded one.
+
+pub mod client;
+pub mod clock;
+pub mod cmd;
+pub mod directives;
+pub mod format;
+pub mod jobref;
+pub mod opts;
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// The Slurm command names the binary answers to by argv[0].
+pub const SLURM_COMMANDS: [&str; 7] = [
+    "sbatch", "squeue", "scancel", "sinfo", "sacct", "scontrol", "srun",
+];
+
+/// Tandem: Slurm-compatible batch scheduling for GPU pools.
+#[derive(Debug, Parser)]
+#[command(name = "tandem", version, about)]
+struct Tandem {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Submit a batch script.
+    Sbatch(cmd::sbatch::Args),
+    /// Show queued and running jobs.
+    Squeue(cmd::squeue::Args),
+    /// Cancel or signal jobs.
+    Scancel(cmd::scancel::Args),
+    /// Show partitions and nodes.
+    Sinfo(cmd::sinfo::Args),
+    /// Show accounting records of jobs and steps.
+    Sacct(cmd::sacct::Args),
+    /// Show and change jobs, nodes and partitions.
+    Scontrol(cmd::scontrol::Args),
+    /// Run a parallel job step.
+    Srun(cmd::srun::Args),
+    /// Run the batch controller daemon.
+    Controller(cmd::controller::Args),
+    /// Run the node agent daemon.
+    Worker(cmd::worker::Args),
+    /// Start an all-in-one local cluster (controller and workers) and return when it is ready.
+    Up(cmd::up::Args),
+    /// Stop the local cluster started by `tandem up`.
+    Down(cmd::down::Args),
+    /// Create sbatch, squeue, ... links to this binary in a directory.
+    Links(cmd::links::Args),
+    /// Start a local cluster, run the example workload through the CLI, show it, stop.
+    Demo(cmd::demo::Args),
+}
+
+/// Entry point of the binary.
+pub fn main_from_env() -> ExitCode {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let invoked = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .and_then(|n| n.to_str())
+        .unwrap_or("tandem")
+        .to_string();
+    if SLURM_COMMANDS.contains(&invoked.as_str()) {
+        let command = match parse_slurm(&invoked, &args) {
+            Ok(c) => c,
+            Err(e) => return clap_exit(&invoked, e),
+        };
+        return run(&invoked, command);
+    }
+    match Tandem::try_parse_from(&args) {
+        Ok(t) => {
+            let name = command_name(&t.command);
+            run(name, t.command)
+        }
+        Err(e) => {
+            // `tandem sbatch --bad` reports as sbatch, the way the user thinks of it.
+            let name = args
+                .get(1)
+                .and_then(|a| a.to_str())
+                .filter(|a| SLURM_COMMANDS.contains(a))
+                .unwrap_or("tandem")
+                .to_string();
+            clap_exit(&name, e)
+        }
+    }
+}
+
+fn parse_slurm(name: &str, args: &[OsString]) -> Result<Command, clap::Error> {
+    Ok(match name {
+        "sbatch" => Command::Sbatch(cmd::sbatch::Args::try_parse_from(args)?),
+        "squeue" => Command::Squeue(cmd::squeue::Args::try_parse_from(args)?),
+        "scancel" => Command::Scancel(cmd::scancel::Args::try_parse_from(args)?),
+        "sinfo" => Command::Sinfo(cmd::sinfo::Args::try_parse_from(args)?),
+        "sacct" => Command::Sacct(cmd::sacct::Args::try_parse_from(args)?),
+        "scontrol" => Command::Scontrol(cmd::scontrol::Args::try_parse_from(args)?),
+        _ => Command::Srun(cmd::srun::Args::try_parse_from(args)?),
+    })
+}
+
+fn command_name(c: &Command) -> &'static str {
+    match c {
+        Command::Sbatch(_) => "sbatch",
+        Command::Squeue(_) => "squeue",
+        Command::Scancel(_) => "scancel",
+        Command::Sinfo(_) => "sinfo",
+        Command::Sacct(_) => "sacct",
+        Command::Scontrol(_) => "scontrol",
+        Command::Srun(_) => "srun",
+        Command::Controller(_) => "tandem controller",
+        Command::Worker(_) => "tandem worker",
+        Command::Up(_) => "tandem up",
+        Command::Down(_) => "tandem down",
+        Command::Links(_) => "tandem links",
+        Command::Demo(_) => "tandem demo",
+    }
+}
+
+/// Help and version go to stdout with success; real parse errors become one line.
+fn clap_exit(name: &str, e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp
+        | ErrorKind::DisplayVersion
+        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        _ => {
+            eprintln!("{name}: error: {}", opts::clap_one_line(&e));
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// What a command asks the process to exit with.
+pub type Exit = anyhow::Result<u8>;
+
+fn run(name: &str, command: Command) -> ExitCode {
+    let result = match command {
+        Command::Controller(a) => {
+            daemon_runtime().and_then(|rt| rt.block_on(cmd::controller::run(a)))
+        }
+        Command::Worker(a) => daemon_runtime().and_then(|rt| rt.block_on(cmd::worker::run(a))),
+        Command::Up(a) => client_runtime().and_then(|rt| rt.block_on(cmd::up::run(a))),
+        Command::Down(a) => cmd::down::run(a),
+        Command::Links(a) => cmd::links::run(a),
+        Command::Demo(a) => client_runtime().and_then(|rt| rt.block_on(cmd::demo::run(a))),
+        Command::Sbatch(a) => client_runtime().and_then(|rt| rt.block_on(cmd::sbatch::run(a))),
+        Command::Squeue(a) => client_runtime().and_then(|rt| rt.block_on(cmd::squeue::run(a))),
+        Command::Scancel(a) => client_runtime().and_then(|rt| rt.block_on(cmd::scancel::run(a))),
+        Command::Sinfo(a) => client_runtime().and_then(|rt| rt.block_on(cmd::sinfo::run(a))),
+        Command::Sacct(a) => client_runtime().and_then(|rt| rt.block_on(cmd::sacct::run(a))),
+        Command::Scontrol(a) => client_runtime().and_then(|rt| rt.block_on(cmd::scontrol::run(a))),
+        Command::Srun(a) => client_runtime().and_then(|rt| rt.block_on(cmd::srun::run(a))),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            let msg = format!("{e:#}");
+            // One line, always: multi-line causes (gRPC details, io errors) are folded.
+            let msg = msg.lines().map(str::trim).collect::<Vec<_>>().join(" ");
+            eprintln!("{name}: error: {msg}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn client_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+fn daemon_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}
+
+/// Logs of the daemons go to stderr, filtered by `RUST_LOG` (default `info`).
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        // Colours only on a terminal: `tandem up` sends daemon logs to files.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// A future that resolves on ctrl-c or SIGTERM: the daemons' shutdown signal.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory as _;
+
+    #[test]
+    fn every_command_line_is_well_formed() {
+        Tandem::command().debug_assert();
+        cmd::sbatch::Args::command().debug_assert();
+        cmd::squeue::Args::command().debug_assert();
+        cmd::scancel::Args::command().debug_assert();
+        cmd::sinfo::Args::command().debug_assert();
+        cmd::sacct::Args::command().debug_assert();
+        cmd::scontrol::Args::command().debug_assert();
+        cmd::srun::Args::command().debug_assert();
+    }
+}

@@ -184,6 +184,8 @@ pub struct SubmitContext {
 pub enum OptsError {
     #[error("line {line}: {message}")]
     Directive { line: usize, message: String },
+    #[error("{var}: {message}")]
+    Env { var: String, message: String },
     #[error("invalid --begin: {0}")]
     Begin(String),
     #[error("--nodes minimum {min} is more than --ntasks {ntasks}")]
@@ -196,9 +198,35 @@ pub enum OptsError {
     RequeueConflict,
 }
 
+/// sbatch's input environment variables and the options they stand for (a trailing `=`
+/// marks a flag without a value).
+const ENV_OPTIONS: &[(&str, &str)] = &[
+    ("SBATCH_JOB_NAME", "--job-name"),
+    ("SBATCH_PARTITION", "--partition"),
+    ("SBATCH_ACCOUNT", "--account"),
+    ("SBATCH_QOS", "--qos"),
+    ("SBATCH_TIMELIMIT", "--time"),
+    ("SBATCH_EXPORT", "--export"),
+    ("SBATCH_GRES", "--gres"),
+    ("SBATCH_GPUS", "--gpus"),
+    ("SBATCH_GPUS_PER_NODE", "--gpus-per-node"),
+    ("SBATCH_GPUS_PER_TASK", "--gpus-per-task"),
+    ("SBATCH_MEM_PER_CPU", "--mem-per-cpu"),
+    ("SBATCH_CONSTRAINT", "--constraint"),
+    ("SBATCH_EXCLUSIVE", "--exclusive="),
+    ("SBATCH_REQUEUE", "--requeue="),
+    ("SBATCH_NO_REQUEUE", "--no-requeue="),
+    ("SBATCH_HOLD", "--hold="),
+    ("SBATCH_WAIT", "--wait="),
+];
+
 /// Parses one `#SBATCH` line's arguments.
 #[derive(Debug, Parser)]
-#[command(no_binary_name = true, disable_help_flag = true, infer_long_args = true)]
+#[command(
+    no_binary_name = true,
+    disable_help_flag = true,
+    infer_long_args = true
+)]
 struct DirectiveLine {
     #[command(flatten)]
     opts: JobOpts,
@@ -209,8 +237,36 @@ impl JobOpts {
     pub fn from_directives(directives: &[Directive]) -> Result<JobOpts, OptsError> {
         let mut acc = JobOpts::default();
         for d in directives {
-            let line = DirectiveLine::try_parse_from(&d.args).map_err(|e| OptsError::Directive {
-                line: d.line,
+            let line =
+                DirectiveLine::try_parse_from(&d.args).map_err(|e| OptsError::Directive {
+                    line: d.line,
+                    message: clap_one_line(&e),
+                })?;
+            acc = acc.merge(line.opts);
+        }
+        Ok(acc)
+    }
+
+    /// Options from `SBATCH_*` input variables. They sit between the script and the command
+    /// line: `script.merge(env).merge(command_line)`, as in Slurm.
+    pub fn from_env(env: &[(String, String)]) -> Result<JobOpts, OptsError> {
+        let mut acc = JobOpts::default();
+        for (var, value) in env {
+            let Some(flag) = ENV_OPTIONS
+                .iter()
+                .find(|(name, _)| name == var)
+                .map(|(_, flag)| *flag)
+            else {
+                continue;
+            };
+            let args = if flag.ends_with('=') {
+                // Boolean options: a set variable turns them on.
+                vec![flag.trim_end_matches('=').to_string()]
+            } else {
+                vec![format!("{flag}={value}")]
+            };
+            let line = DirectiveLine::try_parse_from(&args).map_err(|e| OptsError::Env {
+                var: var.clone(),
                 message: clap_one_line(&e),
             })?;
             acc = acc.merge(line.opts);
@@ -411,7 +467,12 @@ impl JobOpts {
 /// does; instead the job gets `HOME`, `USER`, `LOGNAME`, `SHELL` from the submitter and a
 /// standard `PATH`, which is what a login shell would start from.
 pub fn build_environment(export: &Export, env: &[(String, String)]) -> BTreeMap<String, String> {
-    let lookup = |k: &str| env.iter().rev().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    let lookup = |k: &str| {
+        env.iter()
+            .rev()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+    };
     let slurm_vars = || {
         env.iter()
             .filter(|(k, _)| k.starts_with("SLURM_"))
@@ -495,7 +556,9 @@ fn parse_nodes(s: &str) -> Result<NodeRange, String> {
         }
     };
     if min > max {
-        return Err(format!("node range {s:?} has its minimum above its maximum"));
+        return Err(format!(
+            "node range {s:?} has its minimum above its maximum"
+        ));
     }
     Ok(NodeRange { min, max })
 }
@@ -616,22 +679,18 @@ fn parse_hostlist(s: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
-/// The controller parses array specs and dependencies with the scheduling core and rejects
-/// them before anything is stored; here only the obviously empty value is caught.
+/// Array specs and dependencies are checked with the scheduling core's parsers so a typo
+/// fails before anything is sent; the controller parses them again and trusts nothing.
 fn parse_array(s: &str) -> Result<String, String> {
-    non_empty("--array", s)
+    tandem_sched::array::ArraySpec::parse(s)
+        .map(|_| s.trim().to_string())
+        .map_err(|e| e.to_string())
 }
 
 fn parse_dependency(s: &str) -> Result<String, String> {
-    non_empty("--dependency", s)
-}
-
-fn non_empty(opt: &str, s: &str) -> Result<String, String> {
-    let t = s.trim();
-    if t.is_empty() {
-        return Err(format!("{opt} needs a value"));
-    }
-    Ok(t.to_string())
+    tandem_sched::dependency::Dependency::parse(s)
+        .map(|_| s.trim().to_string())
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

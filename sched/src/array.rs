@@ -31,7 +31,10 @@ fn aerr(input: &str, problem: impl Into<String>) -> ArrayError {
         i.truncate(end);
         i.push_str("...");
     }
-    ArrayError { input: i, problem: problem.into() }
+    ArrayError {
+        input: i,
+        problem: problem.into(),
+    }
 }
 
 /// One arithmetic run: `start, start+step, ..., end` (`end` is a member; `step >= 1`).
@@ -47,7 +50,7 @@ impl Run {
         u64::from((self.end - self.start) / self.step) + 1
     }
     fn contains(&self, i: u32) -> bool {
-        i >= self.start && i <= self.end && (i - self.start) % self.step == 0
+        i >= self.start && i <= self.end && (i - self.start).is_multiple_of(self.step)
     }
 }
 
@@ -70,7 +73,11 @@ pub struct IndexSetBuilder {
 impl IndexSetBuilder {
     /// Appends `i`, which must be greater than everything pushed so far.
     pub fn push(&mut self, i: u32) {
-        self.push_run(Run { start: i, end: i, step: 1 });
+        self.push_run(Run {
+            start: i,
+            end: i,
+            step: 1,
+        });
     }
 
     /// Appends a run that starts after everything pushed so far.
@@ -81,7 +88,11 @@ impl IndexSetBuilder {
             let last_single = last.start == last.end;
             let r_single = r.start == r.end;
             if last_single && (r_single || r.step == gap) {
-                *last = Run { start: last.start, end: r.end, step: gap };
+                *last = Run {
+                    start: last.start,
+                    end: r.end,
+                    step: gap,
+                };
                 return;
             }
             if !last_single && gap == last.step && (r_single || r.step == last.step) {
@@ -107,7 +118,13 @@ impl IndexSet {
         if hi < lo {
             return IndexSet::new();
         }
-        IndexSet { runs: vec![Run { start: lo, end: hi, step: 1 }] }
+        IndexSet {
+            runs: vec![Run {
+                start: lo,
+                end: hi,
+                step: 1,
+            }],
+        }
     }
 
     pub fn from_sorted(indices: impl IntoIterator<Item = u32>) -> Self {
@@ -171,7 +188,9 @@ impl IndexSet {
     /// Removes `i`; returns whether it was present.
     pub fn remove(&mut self, i: u32) -> bool {
         let k = self.runs.partition_point(|r| r.end < i);
-        let Some(r) = self.runs.get(k).copied() else { return false };
+        let Some(r) = self.runs.get(k).copied() else {
+            return false;
+        };
         if !r.contains(i) {
             return false;
         }
@@ -183,13 +202,22 @@ impl IndexSet {
             self.runs[k].end -= r.step;
         } else {
             self.runs[k].end = i - r.step;
-            self.runs.insert(k + 1, Run { start: i + r.step, end: r.end, step: r.step });
+            self.runs.insert(
+                k + 1,
+                Run {
+                    start: i + r.step,
+                    end: r.end,
+                    step: r.step,
+                },
+            );
         }
         true
     }
 
     pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
-        self.runs.iter().flat_map(|r| (r.start..=r.end).step_by(r.step as usize))
+        self.runs
+            .iter()
+            .flat_map(|r| (r.start..=r.end).step_by(r.step as usize))
     }
 
     /// Elements of `self` that are in `other`, in order.
@@ -197,7 +225,11 @@ impl IndexSet {
         // Walk the smaller side and test membership in the larger: hostile selections like
         // `12_[0-1000000]` against a small pending set stay cheap.
         let small_is_self = self.len() <= other.len();
-        let (small, large) = if small_is_self { (self, other) } else { (other, self) };
+        let (small, large) = if small_is_self {
+            (self, other)
+        } else {
+            (other, self)
+        };
         small.iter().filter(move |i| large.contains(*i))
     }
 
@@ -205,7 +237,10 @@ impl IndexSet {
     /// no throttle.
     pub fn parse(s: &str, max_size: u32) -> Result<IndexSet, ArrayError> {
         let t = s.trim();
-        let t = t.strip_prefix('[').and_then(|x| x.strip_suffix(']')).unwrap_or(t);
+        let t = t
+            .strip_prefix('[')
+            .and_then(|x| x.strip_suffix(']'))
+            .unwrap_or(t);
         parse_runs(s, t, max_size)
     }
 }
@@ -242,7 +277,10 @@ fn parse_runs(input: &str, body: &str, max_size: u32) -> Result<IndexSet, ArrayE
         }
         let v: u64 = f.parse().map_err(|_| aerr(input, "number too large"))?;
         if v > u64::from(max_index) {
-            return Err(aerr(input, format!("index {v} exceeds the maximum {max_index} (MaxArraySize={max_size})")));
+            return Err(aerr(
+                input,
+                format!("index {v} exceeds the maximum {max_index} (MaxArraySize={max_size})"),
+            ));
         }
         Ok(v as u32)
     };
@@ -279,14 +317,21 @@ fn parse_runs(input: &str, body: &str, max_size: u32) -> Result<IndexSet, ArrayE
         };
         // Normalise so `end` is a member.
         let end = lo + (hi - lo) / step * step;
-        runs.push(Run { start: lo, end, step: if end == lo { 1 } else { step } });
+        runs.push(Run {
+            start: lo,
+            end,
+            step: if end == lo { 1 } else { step },
+        });
     }
     runs.sort_by_key(|r| (r.start, r.end));
     let overlapping = runs.windows(2).any(|w| w[0].end >= w[1].start);
     let mut b = IndexSetBuilder::default();
     if overlapping {
         // Rare (`1-5,3-7`): materialise, bounded by max_size, then rebuild.
-        let mut all: Vec<u32> = runs.iter().flat_map(|r| (r.start..=r.end).step_by(r.step as usize)).collect();
+        let mut all: Vec<u32> = runs
+            .iter()
+            .flat_map(|r| (r.start..=r.end).step_by(r.step as usize))
+            .collect();
         all.sort_unstable();
         all.dedup();
         for i in all {
@@ -334,7 +379,10 @@ impl ArraySpec {
             }
             None => (t, None),
         };
-        Ok(ArraySpec { indices: parse_runs(s, body, max_size)?, throttle })
+        Ok(ArraySpec {
+            indices: parse_runs(s, body, max_size)?,
+            throttle,
+        })
     }
 }
 
@@ -370,12 +418,19 @@ pub struct ArrayState {
 
 impl ArrayState {
     pub fn new(spec: &ArraySpec) -> Self {
-        ArrayState { pending: spec.indices.clone(), ..Default::default() }
+        ArrayState {
+            pending: spec.indices.clone(),
+            ..Default::default()
+        }
     }
 
     /// The job id of task `index`, if it has started.
     pub fn task_job(&self, index: u32) -> Option<crate::JobId> {
-        self.tasks.iter().rev().find(|(i, _)| *i == index).map(|(_, j)| *j)
+        self.tasks
+            .iter()
+            .rev()
+            .find(|(i, _)| *i == index)
+            .map(|(_, j)| *j)
     }
 
     /// Whether every index has started and every started task has ended.

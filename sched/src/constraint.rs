@@ -24,7 +24,10 @@ pub enum Constraint {
 
 impl Constraint {
     pub fn parse(s: &str) -> Result<Constraint, ConstraintError> {
-        let err = |problem| ConstraintError { input: s.chars().take(64).collect(), problem };
+        let err = |problem| ConstraintError {
+            input: s.chars().take(64).collect(),
+            problem,
+        };
         let t = s.trim();
         if t.is_empty() {
             return Err(err("empty"));
@@ -32,23 +35,31 @@ impl Constraint {
         if t.contains(['[', ']', '*', '(', ')']) {
             return Err(err("only feature names joined by '&' or '|' are supported"));
         }
-        let (any, parts): (bool, Vec<&str>) = match (t.contains('&') || t.contains(','), t.contains('|')) {
-            (true, true) => return Err(err("mixing '&' and '|' is not supported")),
-            (false, true) => (true, t.split('|').collect()),
-            _ => (false, t.split(['&', ',']).collect()),
-        };
+        let (any, parts): (bool, Vec<&str>) =
+            match (t.contains('&') || t.contains(','), t.contains('|')) {
+                (true, true) => return Err(err("mixing '&' and '|' is not supported")),
+                (false, true) => (true, t.split('|').collect()),
+                _ => (false, t.split(['&', ',']).collect()),
+            };
         let mut names = Vec::with_capacity(parts.len());
         for p in parts {
             let p = p.trim();
             if p.is_empty() {
                 return Err(err("empty feature name"));
             }
-            if !p.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':' | '=')) {
+            if !p
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':' | '='))
+            {
                 return Err(err("feature names use letters, digits and _-.:="));
             }
             names.push(p.to_string());
         }
-        Ok(if any { Constraint::Any(names) } else { Constraint::All(names) })
+        Ok(if any {
+            Constraint::Any(names)
+        } else {
+            Constraint::All(names)
+        })
     }
 
     /// Whether a node with `features` satisfies the expression.
@@ -77,7 +88,13 @@ mod tests {
     #[test]
     fn parses_and_matches() {
         let node = ["a100", "ib"];
-        let cases = [("a100", true), ("a100&ib", true), ("a100&nvlink", false), ("h100|a100", true), ("h100|v100", false)];
+        let cases = [
+            ("a100", true),
+            ("a100&ib", true),
+            ("a100&nvlink", false),
+            ("h100|a100", true),
+            ("h100|v100", false),
+        ];
         for (expr, want) in cases {
             let c = Constraint::parse(expr).unwrap();
             assert_eq!(c.matches(&node), want, "{expr}");

@@ -28,7 +28,10 @@ fn derr(input: &str, problem: impl Into<String>) -> DependencyError {
         i.truncate(end);
         i.push_str("...");
     }
-    DependencyError { input: i, problem: problem.into() }
+    DependencyError {
+        input: i,
+        problem: problem.into(),
+    }
 }
 
 /// Most items one expression may hold; a longer list is hostile or a mistake.
@@ -138,7 +141,10 @@ impl Dependency {
                 if !targets.is_empty() {
                     return Err(derr(s, "singleton takes no job ids"));
                 }
-                items.push(DepItem { kind: DepKind::Singleton, target: None });
+                items.push(DepItem {
+                    kind: DepKind::Singleton,
+                    target: None,
+                });
                 continue;
             }
             let base = match kind_s.as_str() {
@@ -151,7 +157,9 @@ impl Dependency {
                 other => {
                     return Err(derr(
                         s,
-                        format!("unknown type {other:?} (after, afterany, afterok, afternotok, aftercorr, singleton)"),
+                        format!(
+                            "unknown type {other:?} (after, afterany, afterok, afternotok, aftercorr, singleton)"
+                        ),
                     ));
                 }
             };
@@ -164,21 +172,28 @@ impl Dependency {
                         if !matches!(base, DepKind::After { .. }) {
                             return Err(derr(s, "+MINUTES is only allowed with after"));
                         }
-                        let mins: u64 = parse_num(d).ok_or_else(|| derr(s, format!("bad delay {d:?}")))?;
-                        let secs = mins.checked_mul(60).ok_or_else(|| derr(s, "delay too large"))?;
+                        let mins: u64 =
+                            parse_num(d).ok_or_else(|| derr(s, format!("bad delay {d:?}")))?;
+                        let secs = mins
+                            .checked_mul(60)
+                            .ok_or_else(|| derr(s, "delay too large"))?;
                         (id, Some(secs))
                     }
                     None => (target, None),
                 };
                 let (job_s, task) = match id_part.split_once('_') {
                     Some((j, t)) => {
-                        let t = u32::try_from(parse_num(t).ok_or_else(|| derr(s, format!("bad array task {t:?}")))?)
-                            .map_err(|_| derr(s, "array task too large"))?;
+                        let t = u32::try_from(
+                            parse_num(t).ok_or_else(|| derr(s, format!("bad array task {t:?}")))?,
+                        )
+                        .map_err(|_| derr(s, "array task too large"))?;
                         (j, Some(t))
                     }
                     None => (id_part, None),
                 };
-                let job = parse_num(job_s).filter(|j| *j > 0).ok_or_else(|| derr(s, format!("bad job id {job_s:?}")))?;
+                let job = parse_num(job_s)
+                    .filter(|j| *j > 0)
+                    .ok_or_else(|| derr(s, format!("bad job id {job_s:?}")))?;
                 if base == DepKind::AfterCorr && task.is_some() {
                     return Err(derr(s, "aftercorr takes a whole array id, not a task"));
                 }
@@ -186,7 +201,13 @@ impl Dependency {
                     (DepKind::After { .. }, Some(d)) => DepKind::After { delay_s: d },
                     (k, _) => k,
                 };
-                items.push(DepItem { kind, target: Some(DepTarget { job: JobId(job), task }) });
+                items.push(DepItem {
+                    kind,
+                    target: Some(DepTarget {
+                        job: JobId(job),
+                        task,
+                    }),
+                });
                 if items.len() > MAX_DEPENDENCY_ITEMS {
                     return Err(derr(s, format!("more than {MAX_DEPENDENCY_ITEMS} items")));
                 }
@@ -220,13 +241,21 @@ impl Dependency {
     ) -> DepStatus {
         let mut statuses = self.items.iter().map(|item| {
             if item.kind == DepKind::Singleton {
-                return if singleton_clear { DepStatus::Satisfied } else { DepStatus::Pending };
+                return if singleton_clear {
+                    DepStatus::Satisfied
+                } else {
+                    DepStatus::Pending
+                };
             }
-            let Some(mut target) = item.target else { return DepStatus::Satisfied };
+            let Some(mut target) = item.target else {
+                return DepStatus::Satisfied;
+            };
             if item.kind == DepKind::AfterCorr {
                 target.task = my_task;
             }
-            let Some(st) = lookup(target) else { return DepStatus::Satisfied };
+            let Some(st) = lookup(target) else {
+                return DepStatus::Satisfied;
+            };
             item_status(item.kind, &st, now)
         });
         match self.combine {
@@ -341,13 +370,28 @@ mod tests {
     use proptest::prelude::*;
 
     fn running(at: i64) -> TargetStatus {
-        TargetStatus { all_started: true, started_at: Some(at), all_finished: false, any_not_ok: false }
+        TargetStatus {
+            all_started: true,
+            started_at: Some(at),
+            all_finished: false,
+            any_not_ok: false,
+        }
     }
     fn done(ok: bool) -> TargetStatus {
-        TargetStatus { all_started: true, started_at: Some(0), all_finished: true, any_not_ok: !ok }
+        TargetStatus {
+            all_started: true,
+            started_at: Some(0),
+            all_finished: true,
+            any_not_ok: !ok,
+        }
     }
     fn pending() -> TargetStatus {
-        TargetStatus { all_started: false, started_at: None, all_finished: false, any_not_ok: false }
+        TargetStatus {
+            all_started: false,
+            started_at: None,
+            all_finished: false,
+            any_not_ok: false,
+        }
     }
 
     #[test]
@@ -355,7 +399,13 @@ mod tests {
         let d = Dependency::parse("afterok:1:2,afterany:3_4,singleton").unwrap();
         assert_eq!(d.combine, Combine::All);
         assert_eq!(d.items.len(), 4);
-        assert_eq!(d.items[2].target, Some(DepTarget { job: JobId(3), task: Some(4) }));
+        assert_eq!(
+            d.items[2].target,
+            Some(DepTarget {
+                job: JobId(3),
+                task: Some(4)
+            })
+        );
         assert!(d.has_singleton());
         assert_eq!(d.to_string(), "afterok:1,afterok:2,afterany:3_4,singleton");
         let d = Dependency::parse("afterok:1?afternotok:1").unwrap();
@@ -403,7 +453,11 @@ mod tests {
             ("after:1+10", running(50), DepStatus::Pending),
             ("after:1+1", running(0), DepStatus::Satisfied),
             ("afterok:1?afternotok:1", done(false), DepStatus::Satisfied),
-            ("afterok:1?afterok:1", done(false), DepStatus::NeverSatisfied),
+            (
+                "afterok:1?afterok:1",
+                done(false),
+                DepStatus::NeverSatisfied,
+            ),
         ];
         for (expr, st, want) in cases {
             let d = Dependency::parse(expr).unwrap();
@@ -425,7 +479,13 @@ mod tests {
         let d = Dependency::parse("aftercorr:7").unwrap();
         let st = d.evaluate(
             |t| {
-                assert_eq!(t, DepTarget { job: JobId(7), task: Some(3) });
+                assert_eq!(
+                    t,
+                    DepTarget {
+                        job: JobId(7),
+                        task: Some(3)
+                    }
+                );
                 Some(done(true))
             },
             Some(3),

@@ -159,8 +159,9 @@ pub struct AssocTree {
     assocs: Vec<Assoc>,
     /// Account names are unique across the tree, as in Slurm.
     accounts: HashMap<String, AssocIdx>,
-    /// (account, user) -> association; a user may belong to several accounts.
-    users: HashMap<(String, String), AssocIdx>,
+    /// account -> user -> association; a user may belong to several accounts.
+    /// Nested so a look-up by `&str` allocates nothing (it runs per job per pass).
+    users: HashMap<String, HashMap<String, AssocIdx>>,
 }
 
 impl Default for AssocTree {
@@ -231,8 +232,7 @@ impl AssocTree {
         shares: u32,
     ) -> Result<AssocIdx, FairShareError> {
         check_name(user)?;
-        let key = (account.to_string(), user.to_string());
-        if self.users.contains_key(&key) {
+        if self.user(user, account).is_some() {
             return Err(FairShareError::DuplicateUser {
                 user: user.to_string(),
                 account: account.to_string(),
@@ -240,16 +240,19 @@ impl AssocTree {
         }
         let parent_idx = self.account_idx(account)?;
         let idx = self.push(user, AssocKind::User, parent_idx, shares);
-        self.users.insert(key, idx);
+        self.users
+            .entry(account.to_string())
+            .or_default()
+            .insert(user.to_string(), idx);
         Ok(idx)
     }
 
     /// Remove a user association. Its usage leaves the tree with it.
     pub fn remove_user(&mut self, user: &str, account: &str) -> Result<(), FairShareError> {
-        let key = (account.to_string(), user.to_string());
         let idx = self
             .users
-            .remove(&key)
+            .get_mut(account)
+            .and_then(|m| m.remove(user))
             .ok_or_else(|| FairShareError::UnknownUser {
                 user: user.to_string(),
                 account: account.to_string(),
@@ -268,6 +271,7 @@ impl AssocTree {
             return Err(FairShareError::AccountNotEmpty(name.to_string()));
         }
         self.accounts.remove(name);
+        self.users.remove(name);
         self.unlink(idx);
         Ok(())
     }
@@ -286,9 +290,7 @@ impl AssocTree {
 
     /// The association of `user` with `account`.
     pub fn user(&self, user: &str, account: &str) -> Option<AssocIdx> {
-        self.users
-            .get(&(account.to_string(), user.to_string()))
-            .copied()
+        self.users.get(account)?.get(user).copied()
     }
 
     /// Name (account or user) of an association.
@@ -575,6 +577,44 @@ impl FairShareTable {
     }
 }
 
+/// One line of `sshare -a -l`: the association, where it sits, and its numbers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SshareRow {
+    /// Depth below root (root = 0), for `sshare`'s indentation.
+    pub depth: usize,
+    /// The account; for a user association, the account it charges.
+    pub account: String,
+    /// The user of a user association; `None` for an account.
+    pub user: Option<String>,
+    pub share: AssocShare,
+}
+
+/// `sshare`'s rows, depth-first in creation order.
+pub fn sshare_rows(tree: &AssocTree, table: &FairShareTable) -> Vec<SshareRow> {
+    tree.walk()
+        .into_iter()
+        .filter_map(|(idx, depth)| {
+            let share = table.get(idx)?.clone();
+            let (account, user) = match tree.kind(idx) {
+                AssocKind::Account => (tree.name(idx).to_string(), None),
+                AssocKind::User => {
+                    let parent = tree.parent(idx).unwrap_or(tree.root());
+                    (
+                        tree.name(parent).to_string(),
+                        Some(tree.name(idx).to_string()),
+                    )
+                }
+            };
+            Some(SshareRow {
+                depth,
+                account,
+                user,
+                share,
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -728,7 +768,10 @@ mod tests {
             .map(|i| fs.get(*i).unwrap().rank.unwrap())
             .collect();
         assert_eq!(ranks, vec![4, 3, 2, 1]);
-        assert!(close(fs.get(t.account("ai").unwrap()).unwrap().level_fs, (2.0 / 3.0) / 0.75));
+        assert!(close(
+            fs.get(t.account("ai").unwrap()).unwrap().level_fs,
+            (2.0 / 3.0) / 0.75
+        ));
     }
 
     #[test]
@@ -759,10 +802,22 @@ mod tests {
             t.add_account("a", "root", 1),
             Err(FairShareError::DuplicateAccount("a".into()))
         );
-        assert!(matches!(t.add_user("u", "a", 1), Err(FairShareError::DuplicateUser { .. })));
-        assert!(matches!(t.add_user("w", "nope", 1), Err(FairShareError::UnknownAccount(_))));
-        assert!(matches!(t.add_user("has space", "a", 1), Err(FairShareError::BadName(_))));
-        assert_eq!(t.remove_account("a"), Err(FairShareError::AccountNotEmpty("a".into())));
+        assert!(matches!(
+            t.add_user("u", "a", 1),
+            Err(FairShareError::DuplicateUser { .. })
+        ));
+        assert!(matches!(
+            t.add_user("w", "nope", 1),
+            Err(FairShareError::UnknownAccount(_))
+        ));
+        assert!(matches!(
+            t.add_user("has space", "a", 1),
+            Err(FairShareError::BadName(_))
+        ));
+        assert_eq!(
+            t.remove_account("a"),
+            Err(FairShareError::AccountNotEmpty("a".into()))
+        );
         assert_eq!(t.remove_account("root"), Err(FairShareError::RemoveRoot));
         assert_eq!(t.len(), 3);
         t.remove_user("u", "a").unwrap();
@@ -778,8 +833,42 @@ mod tests {
         t.add_account("b", "root", 1).unwrap();
         t.add_user("x", "a", 1).unwrap();
         t.add_user("y", "b", 1).unwrap();
-        let names: Vec<_> = t.walk().iter().map(|(i, d)| format!("{}{}", d, t.name(*i))).collect();
+        let names: Vec<_> = t
+            .walk()
+            .iter()
+            .map(|(i, d)| format!("{}{}", d, t.name(*i)))
+            .collect();
         assert_eq!(names, vec!["0root", "1a", "2x", "1b", "2y"]);
+    }
+
+    #[test]
+    fn sshare_rows_name_accounts_and_users() {
+        let mut t = AssocTree::new();
+        t.add_account("a", "root", 3).unwrap();
+        let u = t.add_user("ann", "a", 1).unwrap();
+        t.charge(u, 5.0);
+        let rows = sshare_rows(&t, &t.compute());
+        let got: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r.depth,
+                    r.account.as_str(),
+                    r.user.as_deref(),
+                    r.share.fairshare,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (0, "root", None, None),
+                (1, "a", None, None),
+                (2, "a", Some("ann"), Some(1.0))
+            ]
+        );
+        assert_eq!(rows[1].share.raw_shares, 3);
+        assert_eq!(rows[1].share.raw_usage, 5.0);
     }
 
     /// A random two-level tree: accounts with random shares, users with random

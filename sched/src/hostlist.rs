@@ -28,7 +28,10 @@ fn herr(input: &str, problem: impl Into<String>) -> HostlistError {
         i.truncate(end);
         i.push_str("...");
     }
-    HostlistError { input: i, problem: problem.into() }
+    HostlistError {
+        input: i,
+        problem: problem.into(),
+    }
 }
 
 /// Expands a host-list expression into names, in the order written. Empty input gives an
@@ -65,12 +68,12 @@ fn split_top(expr: &str) -> Result<Vec<&str>, String> {
             }
             ',' if depth == 0 => {
                 items.push(expr[start..i].trim());
-                start = i + 1;
+                start = i + c.len_utf8();
             }
             c if c.is_whitespace() && depth == 0 && !expr[start..i].trim().is_empty() => {
                 // Slurm also accepts spaces as separators.
                 items.push(expr[start..i].trim());
-                start = i + 1;
+                start = i + c.len_utf8();
             }
             _ => {}
         }
@@ -96,15 +99,23 @@ fn parse_ranges(expr: &str, body: &str) -> Result<Vec<Range>, HostlistError> {
         let (lo_s, hi_s) = part.split_once('-').unwrap_or((part, part));
         let num = |s: &str| -> Result<u64, HostlistError> {
             if s.is_empty() || s.len() > 18 || !s.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(herr(expr, format!("bad range {part:?} (expected N or N-M)")));
+                return Err(herr(
+                    expr,
+                    format!("bad range {part:?} (expected N or N-M)"),
+                ));
             }
-            s.parse().map_err(|_| herr(expr, format!("bad number in {part:?}")))
+            s.parse()
+                .map_err(|_| herr(expr, format!("bad number in {part:?}")))
         };
         let (lo, hi) = (num(lo_s)?, num(hi_s)?);
         if hi < lo {
             return Err(herr(expr, format!("range {part:?} is backwards")));
         }
-        ranges.push(Range { lo, hi, width: lo_s.len() });
+        ranges.push(Range {
+            lo,
+            hi,
+            width: lo_s.len(),
+        });
     }
     Ok(ranges)
 }
@@ -123,12 +134,23 @@ fn expand_item(expr: &str, item: &str, out: &mut Vec<String>) -> Result<(), Host
             }
             Some(open) => {
                 let lit = &rest[..open];
-                let close = rest[open..].find(']').map(|c| c + open).ok_or_else(|| herr(expr, "unclosed '['"))?;
+                let close = rest[open..]
+                    .find(']')
+                    .map(|c| c + open)
+                    .ok_or_else(|| herr(expr, "unclosed '['"))?;
                 let ranges = parse_ranges(expr, &rest[open + 1..close])?;
-                let count: u64 = ranges.iter().map(|r| r.hi - r.lo + 1).fold(0u64, |a, b| a.saturating_add(b));
-                let total = (prefixes.len() as u64).saturating_mul(count).saturating_add(out.len() as u64);
+                let count: u64 = ranges
+                    .iter()
+                    .map(|r| r.hi - r.lo + 1)
+                    .fold(0u64, |a, b| a.saturating_add(b));
+                let total = (prefixes.len() as u64)
+                    .saturating_mul(count)
+                    .saturating_add(out.len() as u64);
                 if total > MAX_HOSTS as u64 {
-                    return Err(herr(expr, format!("expands to more than {MAX_HOSTS} names")));
+                    return Err(herr(
+                        expr,
+                        format!("expands to more than {MAX_HOSTS} names"),
+                    ));
                 }
                 let mut next = Vec::with_capacity(prefixes.len() * count as usize);
                 for p in &prefixes {
@@ -144,7 +166,10 @@ fn expand_item(expr: &str, item: &str, out: &mut Vec<String>) -> Result<(), Host
         }
     }
     if out.len() + prefixes.len() > MAX_HOSTS {
-        return Err(herr(expr, format!("expands to more than {MAX_HOSTS} names")));
+        return Err(herr(
+            expr,
+            format!("expands to more than {MAX_HOSTS} names"),
+        ));
     }
     out.extend(prefixes);
     Ok(())
@@ -160,13 +185,28 @@ struct Parts<'a> {
 fn split_name(name: &str) -> Parts<'_> {
     let b = name.as_bytes();
     let Some(end) = b.iter().rposition(|c| c.is_ascii_digit()).map(|i| i + 1) else {
-        return Parts { prefix: name, num: None, suffix: "" };
+        return Parts {
+            prefix: name,
+            num: None,
+            suffix: "",
+        };
     };
-    let start = b[..end].iter().rposition(|c| !c.is_ascii_digit()).map_or(0, |i| i + 1);
+    let start = b[..end]
+        .iter()
+        .rposition(|c| !c.is_ascii_digit())
+        .map_or(0, |i| i + 1);
     let digits = &name[start..end];
     match digits.parse::<u64>() {
-        Ok(n) if digits.len() <= 18 => Parts { prefix: &name[..start], num: Some((n, digits)), suffix: &name[end..] },
-        _ => Parts { prefix: name, num: None, suffix: "" },
+        Ok(n) if digits.len() <= 18 => Parts {
+            prefix: &name[..start],
+            num: Some((n, digits)),
+            suffix: &name[end..],
+        },
+        _ => Parts {
+            prefix: name,
+            num: None,
+            suffix: "",
+        },
     }
 }
 
@@ -175,14 +215,22 @@ fn split_name(name: &str) -> Parts<'_> {
 pub fn compress<S: AsRef<str>>(names: &[S]) -> String {
     let mut parts: Vec<Parts<'_>> = names.iter().map(|n| split_name(n.as_ref())).collect();
     parts.sort_by(|a, b| {
-        (a.prefix, a.suffix, a.num.map(|n| n.0), a.num.map(|n| n.1.len())).cmp(&(
-            b.prefix,
-            b.suffix,
-            b.num.map(|n| n.0),
-            b.num.map(|n| n.1.len()),
-        ))
+        (
+            a.prefix,
+            a.suffix,
+            a.num.map(|n| n.0),
+            a.num.map(|n| n.1.len()),
+        )
+            .cmp(&(
+                b.prefix,
+                b.suffix,
+                b.num.map(|n| n.0),
+                b.num.map(|n| n.1.len()),
+            ))
     });
-    parts.dedup_by(|a, b| a.prefix == b.prefix && a.suffix == b.suffix && a.num.map(|n| n.1) == b.num.map(|n| n.1));
+    parts.dedup_by(|a, b| {
+        a.prefix == b.prefix && a.suffix == b.suffix && a.num.map(|n| n.1) == b.num.map(|n| n.1)
+    });
     let mut out = String::new();
     let mut i = 0;
     while i < parts.len() {
@@ -243,7 +291,10 @@ mod tests {
     #[test]
     fn expands_slurm_forms() {
         let cases: &[(&str, &[&str])] = &[
-            ("gpu-[01-04,07],cpu-1", &["gpu-01", "gpu-02", "gpu-03", "gpu-04", "gpu-07", "cpu-1"]),
+            (
+                "gpu-[01-04,07],cpu-1",
+                &["gpu-01", "gpu-02", "gpu-03", "gpu-04", "gpu-07", "cpu-1"],
+            ),
             ("node[8-11]", &["node8", "node9", "node10", "node11"]),
             ("n[001-002]x", &["n001x", "n002x"]),
             ("r[1-2]n[1-2]", &["r1n1", "r1n2", "r2n1", "r2n2"]),
@@ -258,7 +309,15 @@ mod tests {
 
     #[test]
     fn rejects_bad_and_hostile_input() {
-        for bad in ["gpu-[01-", "gpu-]", "gpu-[a-b]", "gpu-[5-1]", "x[[1]]", "n[0-99999999]", "n[0-999]m[0-999]"] {
+        for bad in [
+            "gpu-[01-",
+            "gpu-]",
+            "gpu-[a-b]",
+            "gpu-[5-1]",
+            "x[[1]]",
+            "n[0-99999999]",
+            "n[0-999]m[0-999]",
+        ] {
             let e = expand(bad).unwrap_err();
             assert!(!e.problem.is_empty(), "{bad}");
         }
@@ -267,7 +326,10 @@ mod tests {
     #[test]
     fn compresses_with_padding_kept() {
         let cases: &[(&[&str], &str)] = &[
-            (&["gpu-01", "gpu-02", "gpu-03", "gpu-04", "gpu-07"], "gpu-[01-04,07]"),
+            (
+                &["gpu-01", "gpu-02", "gpu-03", "gpu-04", "gpu-07"],
+                "gpu-[01-04,07]",
+            ),
             (&["node9", "node10", "node11"], "node[9-11]"),
             (&["node09", "node10"], "node[09-10]"),
             (&["n1", "n01"], "n[1,01]"),

@@ -1,1 +1,85 @@
-//! Tandem's scheduling core: pure, deterministic model of jobs, nodes, TRES, partitions, QOS, accounts, priority, fair share, backfill and preemption; time is an argument.
+//! Tandem's scheduling core: a pure, deterministic model of a batch cluster — jobs, arrays,
+//! nodes, TRES, partitions, QOS, accounts, multifactor priority, Fair Tree fair share,
+//! backfill, preemption and node modes. No I/O, no clock, no async: time is an argument
+//! (`now`, unix seconds; durations in seconds, `None` = UNLIMITED).
+//!
+//! # Use
+//!
+//! ```text
+//!   controller                         tandem-sched
+//!   ──────────                         ────────────
+//!   request / worker event ──────────► State::submit / cancel / job_ended / register_node ...
+//!                                        validates first; on error nothing changed
+//!                          ◄────────── Result<.., Effect list>  (terminate, abandon, run ended)
+//!   trigger (coalesced)    ──────────► State::schedule(now) -> Plan
+//!                                        phases 0-5 (cycle.rs); starts are RUNNING already
+//!   take_changes() ──► persist job/node/config/tree records ──► launch starts, signal victims
+//! ```
+//!
+//! After a restart the controller rebuilds with [`State::restore`] from the persisted records
+//! (jobs, nodes with their ids, config, account tree, next job id); running jobs stay running
+//! on their nodes, which are UNKNOWN until their workers register again and report what they
+//! still run ([`State::register_node`] reconciles both ways).
+//!
+//! # Layout
+//!
+//! - Slurm vocabulary, pure parsers: `time` (durations, `--begin`, timestamps), `hostlist`,
+//!   `array` (compact index sets), `dependency`, `constraint`, `tres` (amounts, memory sizes).
+//! - Domain records: `ids`, `job` (spec, state, reason, record), `node`, `partition`, `qos`,
+//!   `account`, `config`, `effect`.
+//! - The model: `state` (events, indexes, change tracking, recovery).
+//! - The pass: `cycle` (phases), `select` (node choice, the planner's view), `backfill`
+//!   (reservation timeline), `preempt` (victims); `priority` and `fairshare` (multifactor and
+//!   Fair Tree, the policy seam: `cycle::prioritise` builds a `PriorityInput` per job and calls
+//!   `priority::priority`); `sim` (trace simulator).
+//! - `fixtures`: fluent builders (`JobSpec::test().gpus(8).nodes(2)`) for tests and benches.
+//!
+//! # Invariants
+//!
+//! - Event methods validate before changing anything; an `Err` leaves `State` untouched.
+//! - Every job mutation goes through `State::with_job`, which keeps the pending/running
+//!   indexes and submit counters right and records the job in `Changes`.
+//! - A node's `alloc`, `gpus_in_use` and `jobs` are exactly the sum of the allocations of the
+//!   RUNNING jobs that name it; `restore` recomputes them from the jobs.
+//! - An array is one record (its meta) until tasks start; each started task is its own job
+//!   with a new id, `array_job_id` = the meta's id, `array_task_id` = its index.
+//! - A node serves one mode at a time and switches only when empty.
+//! - Within a pass resources only shrink (starts and reservations), so a job shape that could
+//!   not start stays unable to start for the rest of the pass; the pass relies on this to skip
+//!   identical jobs cheaply.
+
+pub mod account;
+pub mod array;
+mod backfill;
+pub mod config;
+pub mod constraint;
+pub mod cycle;
+pub mod dependency;
+pub mod effect;
+pub mod fairshare;
+mod fixtures;
+pub mod hostlist;
+mod ids;
+pub mod job;
+pub mod node;
+pub mod partition;
+mod preempt;
+pub mod priority;
+pub mod qos;
+mod select;
+pub mod sim;
+pub mod state;
+pub mod time;
+pub mod tres;
+
+#[cfg(test)]
+mod tests;
+
+pub use config::ClusterConfig;
+pub use cycle::{Plan, Start, StartNode};
+pub use effect::{Effect, Preempt, RunRecord};
+pub use ids::{JobId, NodeId};
+pub use job::{Job, JobOutcome, JobSpec, JobState, Reason};
+pub use node::{Node, NodeMode};
+pub use state::{Changes, JobSelector, NodeRegistration, Requester, State};
+pub use tres::Tres;

@@ -156,7 +156,11 @@ pub struct PriorityBreakdown {
 }
 
 /// The multifactor priority of one job, with its breakdown.
-pub fn priority(cfg: &PriorityConfig, ctx: &PriorityContext, job: &PriorityInput) -> PriorityBreakdown {
+pub fn priority(
+    cfg: &PriorityConfig,
+    ctx: &PriorityContext,
+    job: &PriorityInput,
+) -> PriorityBreakdown {
     let w = &cfg.weights;
     let factors = factors(cfg, ctx, job);
     let age = f64::from(w.age) * factors.age;
@@ -198,7 +202,10 @@ pub fn factors(cfg: &PriorityConfig, ctx: &PriorityContext, job: &PriorityInput)
         age,
         fairshare: job.fairshare.clamp(0.0, 1.0),
         job_size,
-        partition: fraction(u64::from(job.partition_factor), u64::from(ctx.max_partition_factor)),
+        partition: fraction(
+            u64::from(job.partition_factor),
+            u64::from(ctx.max_partition_factor),
+        ),
         qos: fraction(u64::from(job.qos_priority), u64::from(ctx.max_qos_priority)),
         tres_cpu: fraction(job.cpus, ctx.total_cpus),
         tres_mem: fraction(job.mem_mb, ctx.total_mem_mb),
@@ -303,10 +310,7 @@ mod tests {
 
     #[test]
     fn favor_small_flips_job_size() {
-        let big = PriorityInput {
-            nodes: 10,
-            ..job()
-        };
+        let big = PriorityInput { nodes: 10, ..job() };
         let small = PriorityInput {
             nodes: 1,
             cpus: 1,
@@ -355,11 +359,26 @@ mod tests {
         let cfg = PriorityConfig::default();
         let base = priority(&cfg, &ctx(), &job()).total;
         for better in [
-            PriorityInput { fairshare: 0.5, ..job() },
-            PriorityInput { eligible_at: 0, ..job() },
-            PriorityInput { qos_priority: 50, ..job() },
-            PriorityInput { partition_factor: 3, ..job() },
-            PriorityInput { nice: -100, ..job() },
+            PriorityInput {
+                fairshare: 0.5,
+                ..job()
+            },
+            PriorityInput {
+                eligible_at: 0,
+                ..job()
+            },
+            PriorityInput {
+                qos_priority: 50,
+                ..job()
+            },
+            PriorityInput {
+                partition_factor: 3,
+                ..job()
+            },
+            PriorityInput {
+                nice: -100,
+                ..job()
+            },
         ] {
             assert!(priority(&cfg, &ctx(), &better).total > base, "{better:?}");
         }

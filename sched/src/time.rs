@@ -15,7 +15,10 @@ pub struct TimeError {
 }
 
 fn terr(input: &str, problem: impl Into<String>) -> TimeError {
-    TimeError { input: truncate(input), problem: problem.into() }
+    TimeError {
+        input: truncate(input),
+        problem: problem.into(),
+    }
 }
 
 /// Error messages quote the input; hostile input must not make them huge.
@@ -56,7 +59,10 @@ pub fn parse_duration(s: &str) -> Result<Option<u64>, TimeError> {
             return Err(terr(s, "empty field"));
         }
         if !f.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(terr(s, "expected digits in MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"));
+            return Err(terr(
+                s,
+                "expected digits in MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS",
+            ));
         }
         f.parse::<u64>().map_err(|_| terr(s, "number too large"))
     };
@@ -94,7 +100,9 @@ pub fn parse_duration(s: &str) -> Result<Option<u64>, TimeError> {
 /// Formats a duration as squeue prints TIME and TIME_LIMIT: `M:SS`, `H:MM:SS`, `D-HH:MM:SS`;
 /// `None` prints `UNLIMITED`.
 pub fn format_duration(secs: Option<u64>) -> String {
-    let Some(secs) = secs else { return "UNLIMITED".to_string() };
+    let Some(secs) = secs else {
+        return "UNLIMITED".to_string();
+    };
     let (d, h, m, s) = split(secs);
     if d > 0 {
         format!("{d}-{h:02}:{m:02}:{s:02}")
@@ -108,11 +116,20 @@ pub fn format_duration(secs: Option<u64>) -> String {
 /// Formats a duration as sacct prints Elapsed: `HH:MM:SS` or `D-HH:MM:SS`.
 pub fn format_elapsed(secs: u64) -> String {
     let (d, h, m, s) = split(secs);
-    if d > 0 { format!("{d}-{h:02}:{m:02}:{s:02}") } else { format!("{h:02}:{m:02}:{s:02}") }
+    if d > 0 {
+        format!("{d}-{h:02}:{m:02}:{s:02}")
+    } else {
+        format!("{h:02}:{m:02}:{s:02}")
+    }
 }
 
 fn split(secs: u64) -> (u64, u64, u64, u64) {
-    (secs / 86_400, secs % 86_400 / 3600, secs % 3600 / 60, secs % 60)
+    (
+        secs / 86_400,
+        secs % 86_400 / 3600,
+        secs % 3600 / 60,
+        secs % 60,
+    )
 }
 
 // === calendar (proleptic Gregorian, Howard Hinnant's days-from-civil) ===
@@ -138,7 +155,15 @@ pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let mp = (5 * doy + 2) / 153;
     let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
     let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { yoe + era * 400 + 1 } else { yoe + era * 400 }, m, d)
+    (
+        if m <= 2 {
+            yoe + era * 400 + 1
+        } else {
+            yoe + era * 400
+        },
+        m,
+        d,
+    )
 }
 
 fn days_in_month(y: i64, m: u32) -> u32 {
@@ -156,7 +181,12 @@ pub fn format_timestamp(t: i64, utc_offset_s: i32) -> String {
     let local = t + i64::from(utc_offset_s);
     let (y, mo, d) = civil_from_days(local.div_euclid(86_400));
     let sod = local.rem_euclid(86_400);
-    format!("{y:04}-{mo:02}-{d:02}T{:02}:{:02}:{:02}", sod / 3600, sod % 3600 / 60, sod % 60)
+    format!(
+        "{y:04}-{mo:02}-{d:02}T{:02}:{:02}:{:02}",
+        sod / 3600,
+        sod % 3600 / 60,
+        sod % 60
+    )
 }
 
 /// Parses `--begin` in UTC. See [`parse_begin_with_offset`].
@@ -187,14 +217,22 @@ pub fn parse_begin_with_offset(s: &str, now: i64, utc_offset_s: i32) -> Result<i
     let today0 = local_now.div_euclid(86_400) * 86_400; // local midnight, in local seconds
     let next_at = |sod: i64| -> i64 {
         let cand = today0 + sod;
-        (if cand <= local_now { cand + 86_400 } else { cand }) - off
+        (if cand <= local_now {
+            cand + 86_400
+        } else {
+            cand
+        }) - off
     };
     if let Some(rest) = lower.strip_prefix("now") {
         if rest.is_empty() {
             return Ok(now);
         }
-        let rest = rest.strip_prefix('+').ok_or_else(|| terr(s, "expected now+COUNT[unit]"))?;
-        let split = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        let rest = rest
+            .strip_prefix('+')
+            .ok_or_else(|| terr(s, "expected now+COUNT[unit]"))?;
+        let split = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
         let (digits, unit) = rest.split_at(split);
         if digits.is_empty() {
             return Err(terr(s, "expected a count after now+"));
@@ -206,9 +244,17 @@ pub fn parse_begin_with_offset(s: &str, now: i64, utc_offset_s: i32) -> Result<i
             "h" | "hour" | "hours" => 3600,
             "d" | "day" | "days" => 86_400,
             "w" | "week" | "weeks" => 7 * 86_400,
-            _ => return Err(terr(s, "unknown unit (seconds, minutes, hours, days, weeks)")),
+            _ => {
+                return Err(terr(
+                    s,
+                    "unknown unit (seconds, minutes, hours, days, weeks)",
+                ));
+            }
         };
-        let delta = n.checked_mul(mult).filter(|d| *d as u64 <= MAX_DURATION_S).ok_or_else(|| terr(s, "too far in the future"))?;
+        let delta = n
+            .checked_mul(mult)
+            .filter(|d| *d as u64 <= MAX_DURATION_S)
+            .ok_or_else(|| terr(s, "too far in the future"))?;
         return Ok(now + delta);
     }
     match lower.as_str() {
@@ -232,7 +278,9 @@ pub fn parse_begin_with_offset(s: &str, now: i64, utc_offset_s: i32) -> Result<i
             None => (t, None),
         };
         let parts: Vec<&str> = date.split('-').collect();
-        let [y, mo, d] = parts.as_slice() else { return Err(terr(s, "expected YYYY-MM-DD[THH:MM[:SS]]")) };
+        let [y, mo, d] = parts.as_slice() else {
+            return Err(terr(s, "expected YYYY-MM-DD[THH:MM[:SS]]"));
+        };
         let y: i64 = parse_field(s, y, 1970, 9999)?.into();
         let mo = parse_field(s, mo, 1, 12)?;
         let d = parse_field(s, d, 1, days_in_month(y, mo))?;
@@ -253,9 +301,15 @@ pub fn parse_begin_with_offset(s: &str, now: i64, utc_offset_s: i32) -> Result<i
     } else if t.contains('.') {
         t.split('.').collect()
     } else if t.bytes().all(|b| b.is_ascii_digit()) && (t.len() == 4 || t.len() == 6) {
-        vec![&t[0..2], &t[2..4], &t[4..]].into_iter().filter(|p| !p.is_empty()).collect()
+        vec![&t[0..2], &t[2..4], &t[4..]]
+            .into_iter()
+            .filter(|p| !p.is_empty())
+            .collect()
     } else {
-        return Err(terr(s, "unrecognised begin time (try now+1hour, 16:00, 2026-12-01T10:00:00, tomorrow)"));
+        return Err(terr(
+            s,
+            "unrecognised begin time (try now+1hour, 16:00, 2026-12-01T10:00:00, tomorrow)",
+        ));
     };
     let (mo, d, y) = match parts.as_slice() {
         [mo, d] => (*mo, *d, None),
@@ -417,12 +471,27 @@ mod tests {
             assert_eq!(parse_begin(input, NOW), Ok(*want), "{input}");
         }
         // A UTC offset of +2h: 16:00 local is 14:00 UTC.
-        assert_eq!(parse_begin_with_offset("16:00", NOW, 7200), Ok(midnight + 14 * 3600));
+        assert_eq!(
+            parse_begin_with_offset("16:00", NOW, 7200),
+            Ok(midnight + 14 * 3600)
+        );
     }
 
     #[test]
     fn bad_begin_times() {
-        for bad in ["", "now-5", "now+", "now+5fortnights", "25:00", "2026-13-01", "2026-02-30", "-1", "garbage", "13/01", "x:y"] {
+        for bad in [
+            "",
+            "now-5",
+            "now+",
+            "now+5fortnights",
+            "25:00",
+            "2026-13-01",
+            "2026-02-30",
+            "-1",
+            "garbage",
+            "13/01",
+            "x:y",
+        ] {
             assert!(parse_begin(bad, NOW).is_err(), "{bad}");
         }
     }

@@ -1,5 +1,5 @@
-//! Trackable resources (Slurm's TRES): CPUs, memory and GPUs, and the billing weights that
-//! turn them into one number for fair share.
+//! Trackable resources (Slurm's TRES): CPUs, memory and GPUs. Billing weights live with fair
+//! share (`fairshare::BillingWeights`).
 //!
 //! GPU *types* are not part of [`Tres`]: a node has at most one GPU type (`Node::gpu_type`)
 //! and a job may require one (`JobSpec::gpu_type`). Keeping the type out of the arithmetic
@@ -18,7 +18,11 @@ pub struct Tres {
 }
 
 impl Tres {
-    pub const ZERO: Tres = Tres { cpus: 0, mem_mb: 0, gpus: 0 };
+    pub const ZERO: Tres = Tres {
+        cpus: 0,
+        mem_mb: 0,
+        gpus: 0,
+    };
 
     pub const fn new(cpus: u32, mem_mb: u64, gpus: u32) -> Self {
         Tres { cpus, mem_mb, gpus }
@@ -88,9 +92,9 @@ impl fmt::Display for Tres {
 
 /// Memory as Slurm prints it in TRES strings: `512M`, `16G`, `1.50T`.
 pub fn format_mem_mb(mb: u64) -> String {
-    if mb >= 1024 * 1024 && mb % (1024 * 1024) == 0 {
+    if mb >= 1024 * 1024 && mb.is_multiple_of(1024 * 1024) {
         format!("{}T", mb / (1024 * 1024))
-    } else if mb >= 1024 && mb % 1024 == 0 {
+    } else if mb >= 1024 && mb.is_multiple_of(1024) {
         format!("{}G", mb / 1024)
     } else if mb >= 1024 * 1024 {
         format!("{:.2}T", mb as f64 / (1024.0 * 1024.0))
@@ -113,7 +117,10 @@ pub struct MemError {
 /// `K`, `M` (default), `G`, `T` (binary multiples, case-insensitive, optional trailing `B`).
 /// Returns MiB, rounding kilobytes up.
 pub fn parse_mem_mb(s: &str) -> Result<u64, MemError> {
-    let err = |problem| MemError { input: s.to_string(), problem };
+    let err = |problem| MemError {
+        input: s.to_string(),
+        problem,
+    };
     let t = s.trim();
     let t = t.strip_suffix(['b', 'B']).unwrap_or(t);
     let (digits, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
@@ -121,41 +128,23 @@ pub fn parse_mem_mb(s: &str) -> Result<u64, MemError> {
         None => (t, ""),
     };
     if digits.is_empty() {
-        return Err(err(if t.starts_with('-') { "must not be negative" } else { "expected a number" }));
+        return Err(err(if t.starts_with('-') {
+            "must not be negative"
+        } else {
+            "expected a number"
+        }));
     }
     let n: u64 = digits.parse().map_err(|_| err("number too large"))?;
     let mb = match unit.to_ascii_uppercase().as_str() {
         "K" => n.div_ceil(1024),
         "" | "M" => n,
         "G" => n.checked_mul(1024).ok_or_else(|| err("number too large"))?,
-        "T" => n.checked_mul(1024 * 1024).ok_or_else(|| err("number too large"))?,
+        "T" => n
+            .checked_mul(1024 * 1024)
+            .ok_or_else(|| err("number too large"))?,
         _ => return Err(err("unknown unit (use K, M, G or T)")),
     };
     Ok(mb)
-}
-
-/// Weights that turn a TRES amount into billing units (Slurm's `TRESBillingWeights`).
-/// Fair share charges `billing(alloc) * seconds`. GPUs weigh most by default because they are
-/// the scarce resource of a GPU pool.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct BillingWeights {
-    pub cpu: f64,
-    /// Per GiB of memory.
-    pub mem_gb: f64,
-    pub gpu: f64,
-}
-
-impl Default for BillingWeights {
-    fn default() -> Self {
-        BillingWeights { cpu: 1.0, mem_gb: 0.0, gpu: 32.0 }
-    }
-}
-
-impl BillingWeights {
-    /// Billing units of `t` (per second of use).
-    pub fn billing(&self, t: &Tres) -> f64 {
-        self.cpu * f64::from(t.cpus) + self.mem_gb * (t.mem_mb as f64 / 1024.0) + self.gpu * f64::from(t.gpus)
-    }
 }
 
 #[cfg(test)]
@@ -171,12 +160,23 @@ mod tests {
         assert_eq!(b.checked_sub(&a), Some(Tres::new(4, 1024, 0)));
         assert_eq!(a.checked_sub(&b), None);
         assert_eq!(a.checked_add(&b), Some(Tres::new(12, 3072, 4)));
-        assert_eq!(Tres::new(u32::MAX, 0, 0).checked_add(&Tres::new(1, 0, 0)), None);
+        assert_eq!(
+            Tres::new(u32::MAX, 0, 0).checked_add(&Tres::new(1, 0, 0)),
+            None
+        );
     }
 
     #[test]
     fn memory_sizes_parse_like_slurm() {
-        let cases = [("100", Ok(100)), ("4G", Ok(4096)), ("4g", Ok(4096)), ("2048M", Ok(2048)), ("1T", Ok(1 << 20)), ("1500K", Ok(2)), ("16GB", Ok(16384))];
+        let cases = [
+            ("100", Ok(100)),
+            ("4G", Ok(4096)),
+            ("4g", Ok(4096)),
+            ("2048M", Ok(2048)),
+            ("1T", Ok(1 << 20)),
+            ("1500K", Ok(2)),
+            ("16GB", Ok(16384)),
+        ];
         for (input, want) in cases {
             assert_eq!(parse_mem_mb(input).map_err(|_| ()), want, "{input}");
         }
@@ -187,13 +187,10 @@ mod tests {
 
     #[test]
     fn display_is_alloc_tres_form() {
-        assert_eq!(Tres::new(4, 16384, 2).to_string(), "cpu=4,mem=16G,gres/gpu=2");
+        assert_eq!(
+            Tres::new(4, 16384, 2).to_string(),
+            "cpu=4,mem=16G,gres/gpu=2"
+        );
         assert_eq!(Tres::new(1, 500, 0).to_string(), "cpu=1,mem=500M");
-    }
-
-    #[test]
-    fn billing_weights_gpus_most() {
-        let w = BillingWeights::default();
-        assert!(w.billing(&Tres::new(0, 0, 1)) > w.billing(&Tres::new(8, 8192, 0)));
     }
 }

@@ -147,7 +147,11 @@ impl JobView {
         let state = j.state();
         let tres = j.tres.clone().unwrap_or_default();
         let (job_id, array_job_id, array_task_id) = if !j.array_pending.is_empty() {
-            let base = if j.array_job_id > 0 { j.array_job_id } else { j.job_id };
+            let base = if j.array_job_id > 0 {
+                j.array_job_id
+            } else {
+                j.job_id
+            };
             (
                 format!("{base}_[{}]", j.array_pending),
                 Some(base),
@@ -491,7 +495,10 @@ mod tests {
             ..job(1, JobState::Running)
         };
         let v = JobView::from_job(&running, 1000 + 65);
-        assert_eq!((v.time_used(), v.time_limit(), v.time_left()), ("1:05".into(), "1:00:00".into(), "58:55".into()));
+        assert_eq!(
+            (v.time_used(), v.time_limit(), v.time_left()),
+            ("1:05".into(), "1:00:00".into(), "58:55".into())
+        );
         assert_eq!(v.reason_or_nodes(), "node-1");
         assert_eq!(v.tres, "cpu=4,mem=2G,node=1,gres/gpu=2");
         let pending = JobInfo {
@@ -499,7 +506,10 @@ mod tests {
             ..job(2, JobState::Pending)
         };
         let v = JobView::from_job(&pending, 5);
-        assert_eq!((v.reason_or_nodes(), v.time_used(), v.time_limit()), ("(Resources)".into(), "0:00".into(), "UNLIMITED".into()));
+        assert_eq!(
+            (v.reason_or_nodes(), v.time_used(), v.time_limit()),
+            ("(Resources)".into(), "0:00".into(), "UNLIMITED".into())
+        );
     }
 
     #[test]

@@ -45,9 +45,33 @@ fn short_and_long_forms_reach_the_spec() {
     let s = spec_of(
         "#!/bin/sh\n",
         &[
-            "-J", "train", "-o", "out-%j.txt", "-e", "/abs/err", "-p", "gpu", "-A", "ml", "-t",
-            "1-02:03:04", "-N2", "-n", "8", "-c", "4", "--mem=4G", "--gpus-per-node=a100:2",
-            "--chdir=sub", "--exclusive", "-C", "ib", "--hold", "--comment", "x", "--nice",
+            "-J",
+            "train",
+            "-o",
+            "out-%j.txt",
+            "-e",
+            "/abs/err",
+            "-p",
+            "gpu",
+            "-A",
+            "ml",
+            "-t",
+            "1-02:03:04",
+            "-N2",
+            "-n",
+            "8",
+            "-c",
+            "4",
+            "--mem=4G",
+            "--gpus-per-node=a100:2",
+            "--chdir=sub",
+            "--exclusive",
+            "-C",
+            "ib",
+            "--hold",
+            "--comment",
+            "x",
+            "--nice",
         ],
     );
     assert_eq!(s.name, "train");
@@ -56,12 +80,23 @@ fn short_and_long_forms_reach_the_spec() {
     assert_eq!(s.stderr, "/abs/err");
     assert_eq!((s.partition.as_str(), s.account.as_str()), ("gpu", "ml"));
     assert_eq!(s.time_limit_s, 86_400 + 2 * 3600 + 3 * 60 + 4);
-    assert_eq!((s.nodes_min, s.nodes_max, s.ntasks, s.cpus_per_task), (2, 2, 8, 4));
+    assert_eq!(
+        (s.nodes_min, s.nodes_max, s.ntasks, s.cpus_per_task),
+        (2, 2, 8, 4)
+    );
     assert_eq!(s.mem_per_node_mb, 4096);
     assert_eq!((s.gpus_per_node, s.gpu_type.as_str()), (2, "a100"));
     assert!(s.exclusive && s.hold);
     assert_eq!((s.constraint.as_str(), s.comment.as_str()), ("ib", "x"));
     assert_eq!(s.priority_nice, 100);
+    let s = spec_of(
+        "#!/bin/sh\n",
+        &["--array=0-99:2%4", "-d", "afterok:3:4,singleton"],
+    );
+    assert_eq!(
+        (s.array.as_str(), s.dependency.as_str()),
+        ("0-99:2%4", "afterok:3:4,singleton")
+    );
     assert_eq!(s.submit_host, "login-1");
 }
 
@@ -69,7 +104,10 @@ fn short_and_long_forms_reach_the_spec() {
 fn command_line_wins_over_script_and_later_lines_win() {
     let script = "#!/bin/sh\n#SBATCH -J first\n#SBATCH -J second\n#SBATCH -p debug\n#SBATCH -t 5\n#SBATCH --requeue\n";
     let s = spec_of(script, &[]);
-    assert_eq!((s.name.as_str(), s.partition.as_str(), s.time_limit_s), ("second", "debug", 300));
+    assert_eq!(
+        (s.name.as_str(), s.partition.as_str(), s.time_limit_s),
+        ("second", "debug", 300)
+    );
     assert!(s.requeue);
     let s = spec_of(script, &["-p", "gpu", "--no-requeue"]);
     assert_eq!((s.name.as_str(), s.partition.as_str()), ("second", "gpu"));
@@ -104,7 +142,12 @@ fn gpu_forms() {
     for (args, gpus, per_node, per_task, ty) in cases {
         let s = spec_of("#!/bin/sh\n", args);
         assert_eq!(
-            (s.gpus, s.gpus_per_node, s.gpus_per_task, s.gpu_type.as_str()),
+            (
+                s.gpus,
+                s.gpus_per_node,
+                s.gpus_per_task,
+                s.gpu_type.as_str()
+            ),
             (*gpus, *per_node, *per_task, *ty),
             "args {args:?}"
         );
@@ -129,13 +172,19 @@ fn bad_options_fail_with_one_line() {
         (&["--export=NONE,FOO"], "NONE"),
         (&["--export=1BAD=x"], "variable name"),
         (&["--nice=-5"], "non-negative"),
-        (&["-w", "node-[1-"], "node-[1-"],
-        (&["--array="], "--array"),
+        (&["-w", "node-[1-"], "node-[1-"),
+        (&["--array=5-1"], "5-1"),
+        (&["--array=x"], "\"x\""),
+        (&["--dependency=afterok:abc"], "abc"),
+        (&["-d", "sometime"], "sometime"),
     ];
     for (args, want) in cases {
         let msg = cli_err(args);
         assert!(!msg.contains('\n'), "one line for {args:?}: {msg}");
-        assert!(msg.contains(want), "{args:?}: {msg:?} should mention {want:?}");
+        assert!(
+            msg.contains(want),
+            "{args:?}: {msg:?} should mention {want:?}"
+        );
     }
 }
 
@@ -143,8 +192,14 @@ fn bad_options_fail_with_one_line() {
 fn semantic_conflicts_are_errors() {
     let c = ctx();
     let run = |args: &[&str]| cli(args).to_spec("#!/bin/sh\n".into(), vec![], "x", &c);
-    assert_eq!(run(&["--mem=1", "--mem-per-cpu=1"]), Err(OptsError::MemConflict));
-    assert_eq!(run(&["--requeue", "--no-requeue"]), Err(OptsError::RequeueConflict));
+    assert_eq!(
+        run(&["--mem=1", "--mem-per-cpu=1"]),
+        Err(OptsError::MemConflict)
+    );
+    assert_eq!(
+        run(&["--requeue", "--no-requeue"]),
+        Err(OptsError::RequeueConflict)
+    );
     assert_eq!(
         run(&["-N", "4", "-n", "2"]),
         Err(OptsError::NodesOverTasks { min: 4, ntasks: 2 })
@@ -153,7 +208,10 @@ fn semantic_conflicts_are_errors() {
         run(&["--gpus=a100:1", "--gres=gpu:h100:1"]),
         Err(OptsError::GpuTypeConflict { .. })
     ));
-    assert!(matches!(run(&["--begin=yesterday-ish"]), Err(OptsError::Begin(_))));
+    assert!(matches!(
+        run(&["--begin=yesterday-ish"]),
+        Err(OptsError::Begin(_))
+    ));
 }
 
 #[test]
@@ -186,7 +244,10 @@ fn export_modes() {
 
     let none = build_environment(&parse_export("NONE").unwrap(), &env);
     assert!(!none.contains_key("FOO"));
-    assert_eq!(none.get("PATH").map(String::as_str), Some("/usr/local/bin:/usr/bin:/bin"));
+    assert_eq!(
+        none.get("PATH").map(String::as_str),
+        Some("/usr/local/bin:/usr/bin:/bin")
+    );
     assert_eq!(none.get("HOME").map(String::as_str), Some("/home/alice"));
     assert!(none.contains_key("SLURM_CONF"));
 }
@@ -203,4 +264,28 @@ fn wrap_builds_a_sh_script() {
     assert!(s.starts_with("#!/bin/sh\n"));
     assert!(s.ends_with("echo hi\n"));
     assert!(directives::parse(&s).unwrap().is_empty());
+}
+
+#[test]
+fn sbatch_environment_variables_sit_between_script_and_command_line() {
+    let env = vec![
+        ("SBATCH_PARTITION".to_string(), "gpu".to_string()),
+        ("SBATCH_TIMELIMIT".to_string(), "10".to_string()),
+        ("SBATCH_REQUEUE".to_string(), "1".to_string()),
+        ("UNRELATED".to_string(), "x".to_string()),
+    ];
+    let script = JobOpts::from_directives(
+        &directives::parse("#!/bin/sh\n#SBATCH -p debug -t 5 -J s\n").unwrap(),
+    )
+    .unwrap();
+    let merged = script
+        .merge(JobOpts::from_env(&env).unwrap())
+        .merge(cli(&["-t", "20"]));
+    assert_eq!(merged.partition.as_deref(), Some("gpu"));
+    assert_eq!(merged.time, Some(TimeLimit(Some(1200))));
+    assert_eq!(merged.job_name.as_deref(), Some("s"));
+    assert!(merged.requeue);
+    let bad = vec![("SBATCH_TIMELIMIT".to_string(), "soon".to_string())];
+    let err = JobOpts::from_env(&bad).unwrap_err().to_string();
+    assert!(err.starts_with("SBATCH_TIMELIMIT: "), "{err}");
 }

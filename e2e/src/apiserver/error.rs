@@ -16,7 +16,11 @@ pub struct Cause {
 
 impl Cause {
     pub fn new(reason: &str, field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { reason: reason.to_owned(), message: message.into(), field: field.into() }
+        Self {
+            reason: reason.to_owned(),
+            message: message.into(),
+            field: field.into(),
+        }
     }
 }
 
@@ -29,10 +33,17 @@ pub struct ApiError {
     /// `NotFound`, `AlreadyExists`, `Conflict`, `Invalid`, `Expired`, `BadRequest`, ...
     pub reason: &'static str,
     pub message: String,
-    /// `details.group`/`kind`/`name` when the error is about one object.
-    pub group: Option<String>,
-    pub kind: Option<String>,
-    pub name: Option<String>,
+    /// Boxed: most errors have none, and `Result<_, ApiError>` stays small.
+    pub details: Option<Box<Details>>,
+}
+
+/// `Status.details`: which object, and for 422 the field causes.
+#[derive(Clone, Debug, Default)]
+pub struct Details {
+    pub group: String,
+    /// The resource plural (`pods`), or the kind for 422 errors, as the real server fills it.
+    pub kind: String,
+    pub name: String,
     pub causes: Vec<Cause>,
 }
 
@@ -45,10 +56,7 @@ impl ApiError {
             code,
             reason,
             message: message.into(),
-            group: None,
-            kind: None,
-            name: None,
-            causes: Vec::new(),
+            details: None,
         }
     }
 
@@ -58,8 +66,12 @@ impl ApiError {
     }
 
     pub fn already_exists(resource: &str, name: &str) -> Self {
-        Self::new(409, "AlreadyExists", format!("{resource} \"{name}\" already exists"))
-            .about(resource, name)
+        Self::new(
+            409,
+            "AlreadyExists",
+            format!("{resource} \"{name}\" already exists"),
+        )
+        .about(resource, name)
     }
 
     /// The optimistic-concurrency failure, worded as the real server words it.
@@ -82,19 +94,27 @@ impl ApiError {
 
     /// 422 with field causes; the message lists them like the real server does.
     pub fn invalid(kind: &str, group: &str, name: &str, causes: Vec<Cause>) -> Self {
-        let detail: Vec<String> = causes.iter().map(|c| format!("{}: {}", c.field, c.message)).collect();
+        let detail: Vec<String> = causes
+            .iter()
+            .map(|c| format!("{}: {}", c.field, c.message))
+            .collect();
         let mut e = Self::new(
             422,
             "Invalid",
-            format!("{kind}.{group} \"{name}\" is invalid: {}", detail.join(", ")),
+            format!(
+                "{kind}.{group} \"{name}\" is invalid: {}",
+                detail.join(", ")
+            ),
         );
         if group.is_empty() {
             e.message = format!("{kind} \"{name}\" is invalid: {}", detail.join(", "));
         }
-        e.group = Some(group.to_owned());
-        e.kind = Some(kind.to_owned());
-        e.name = Some(name.to_owned());
-        e.causes = causes;
+        e.details = Some(Box::new(Details {
+            group: group.to_owned(),
+            kind: kind.to_owned(),
+            name: name.to_owned(),
+            causes,
+        }));
         e
     }
 
@@ -125,31 +145,41 @@ impl ApiError {
     /// Fills `details.name` and `details.kind` (the resource plural, as the real server does).
     fn about(mut self, resource: &str, name: &str) -> Self {
         let (plural, group) = resource.split_once('.').unwrap_or((resource, ""));
-        self.kind = Some(plural.to_owned());
-        self.group = Some(group.to_owned());
-        self.name = Some(name.to_owned());
+        self.details = Some(Box::new(Details {
+            group: group.to_owned(),
+            kind: plural.to_owned(),
+            name: name.to_owned(),
+            causes: Vec::new(),
+        }));
         self
+    }
+
+    /// The 422 causes, if any.
+    pub fn causes(&self) -> &[Cause] {
+        self.details.as_ref().map_or(&[], |d| &d.causes)
     }
 
     /// The `Status` object; also used as the payload of a watch `ERROR` event.
     pub fn status_body(&self) -> Value {
         let mut details = serde_json::Map::new();
-        if let Some(n) = &self.name {
-            details.insert("name".into(), json!(n));
-        }
-        if let Some(g) = self.group.as_ref().filter(|g| !g.is_empty()) {
-            details.insert("group".into(), json!(g));
-        }
-        if let Some(k) = &self.kind {
-            details.insert("kind".into(), json!(k));
-        }
-        if !self.causes.is_empty() {
-            let causes: Vec<Value> = self
-                .causes
-                .iter()
-                .map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field}))
-                .collect();
-            details.insert("causes".into(), Value::Array(causes));
+        if let Some(d) = &self.details {
+            if !d.name.is_empty() {
+                details.insert("name".into(), json!(d.name));
+            }
+            if !d.group.is_empty() {
+                details.insert("group".into(), json!(d.group));
+            }
+            if !d.kind.is_empty() {
+                details.insert("kind".into(), json!(d.kind));
+            }
+            if !d.causes.is_empty() {
+                let causes: Vec<Value> = d
+                    .causes
+                    .iter()
+                    .map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field}))
+                    .collect();
+                details.insert("causes".into(), Value::Array(causes));
+            }
         }
         let mut body = json!({
             "kind": "Status",

@@ -17,7 +17,14 @@ pub fn new_uid() -> String {
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
     let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
 }
 
 /// The 5-character suffix `generateName` gets (same alphabet as the real server: no vowels,
@@ -25,7 +32,9 @@ pub fn new_uid() -> String {
 pub fn random_suffix() -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let mut rng = rand::rng();
-    (0..5).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char).collect()
+    (0..5)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect()
 }
 
 /// `metadata` as a mutable map, created if missing or not an object.
@@ -34,7 +43,9 @@ pub fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
         *obj = Value::Object(Map::new());
     }
     let o = obj.as_object_mut().expect("just made an object");
-    let m = o.entry("metadata").or_insert_with(|| Value::Object(Map::new()));
+    let m = o
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Map::new()));
     if !m.is_object() {
         *m = Value::Object(Map::new());
     }
@@ -69,7 +80,11 @@ pub fn finalizers(obj: &Value) -> Vec<String> {
     obj.get("metadata")
         .and_then(|m| m.get("finalizers"))
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -82,7 +97,9 @@ pub fn owner_uids(obj: &Value) -> Vec<String> {
         .and_then(|m| m.get("ownerReferences"))
         .and_then(Value::as_array)
         .map(|a| {
-            a.iter().filter_map(|r| r.get("uid").and_then(Value::as_str).map(str::to_owned)).collect()
+            a.iter()
+                .filter_map(|r| r.get("uid").and_then(Value::as_str).map(str::to_owned))
+                .collect()
         })
         .unwrap_or_default()
 }
@@ -93,7 +110,8 @@ pub fn check_subdomain(field: &str, value: &str) -> Option<Cause> {
         && value.len() <= 253
         && value.split('.').all(|l| {
             !l.is_empty()
-                && l.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+                && l.bytes()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
                 && !l.starts_with('-')
                 && !l.ends_with('-')
         });
@@ -112,7 +130,9 @@ pub fn check_subdomain(field: &str, value: &str) -> Option<Cause> {
 pub fn check_label(field: &str, value: &str) -> Option<Cause> {
     let ok = !value.is_empty()
         && value.len() <= 63
-        && value.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+        && value
+            .bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
         && !value.starts_with('-')
         && !value.ends_with('-');
     (!ok).then(|| {
@@ -129,9 +149,13 @@ pub fn check_label(field: &str, value: &str) -> Option<Cause> {
 /// Label keys and values (`prefix/name` = `value`).
 pub fn check_labels(obj: &Value) -> Vec<Cause> {
     let mut out = Vec::new();
-    let Some(labels) = labels(obj) else { return out };
+    let Some(labels) = labels(obj) else {
+        return out;
+    };
     for (k, v) in labels {
-        let (prefix, name) = k.rsplit_once('/').map_or((None, k.as_str()), |(p, n)| (Some(p), n));
+        let (prefix, name) = k
+            .rsplit_once('/')
+            .map_or((None, k.as_str()), |(p, n)| (Some(p), n));
         let name_ok = !name.is_empty() && name.len() <= 63 && qualified_ok(name);
         let prefix_ok = prefix.is_none_or(|p| check_subdomain("", p).is_none());
         if !name_ok || !prefix_ok {
@@ -155,7 +179,8 @@ pub fn check_labels(obj: &Value) -> Vec<Cause> {
 
 fn qualified_ok(s: &str) -> bool {
     let b = s.as_bytes();
-    b.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+    b.iter()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
         && b.first().is_some_and(u8::is_ascii_alphanumeric)
         && b.last().is_some_and(u8::is_ascii_alphanumeric)
 }

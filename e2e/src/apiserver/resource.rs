@@ -49,11 +49,19 @@ impl ResourceType {
     /// Storage key: `plural.group` (core kinds: plural alone), the same text the real
     /// server uses as the resource name in error messages.
     pub fn key(&self) -> String {
-        if self.group.is_empty() { self.plural.clone() } else { format!("{}.{}", self.plural, self.group) }
+        if self.group.is_empty() {
+            self.plural.clone()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
     }
 
     pub fn api_version(&self, version: &str) -> String {
-        if self.group.is_empty() { version.to_owned() } else { format!("{}/{version}", self.group) }
+        if self.group.is_empty() {
+            version.to_owned()
+        } else {
+            format!("{}/{version}", self.group)
+        }
     }
 
     pub fn storage_version(&self) -> &str {
@@ -80,6 +88,7 @@ struct Builtin {
     scale: bool,
 }
 
+#[allow(clippy::too_many_arguments)] // a table row, read positionally
 const fn b(
     group: &'static str,
     version: &'static str,
@@ -90,39 +99,237 @@ const fn b(
     status: bool,
     scale: bool,
 ) -> Builtin {
-    Builtin { group, version, kind, plural, short, namespaced, status, scale }
+    Builtin {
+        group,
+        version,
+        kind,
+        plural,
+        short,
+        namespaced,
+        status,
+        scale,
+    }
 }
 
 /// The built-in kinds this project touches. Anything else is a 404, as on a cluster
 /// without that API.
 const BUILTINS: &[Builtin] = &[
-    b("", "v1", "Namespace", "namespaces", &["ns"], false, true, false),
+    b(
+        "",
+        "v1",
+        "Namespace",
+        "namespaces",
+        &["ns"],
+        false,
+        true,
+        false,
+    ),
     b("", "v1", "Pod", "pods", &["po"], true, true, false),
     b("", "v1", "Node", "nodes", &["no"], false, true, false),
     b("", "v1", "Service", "services", &["svc"], true, true, false),
-    b("", "v1", "Endpoints", "endpoints", &["ep"], true, false, false),
-    b("", "v1", "ConfigMap", "configmaps", &["cm"], true, false, false),
+    b(
+        "",
+        "v1",
+        "Endpoints",
+        "endpoints",
+        &["ep"],
+        true,
+        false,
+        false,
+    ),
+    b(
+        "",
+        "v1",
+        "ConfigMap",
+        "configmaps",
+        &["cm"],
+        true,
+        false,
+        false,
+    ),
     b("", "v1", "Secret", "secrets", &[], true, false, false),
-    b("", "v1", "ServiceAccount", "serviceaccounts", &["sa"], true, false, false),
+    b(
+        "",
+        "v1",
+        "ServiceAccount",
+        "serviceaccounts",
+        &["sa"],
+        true,
+        false,
+        false,
+    ),
     b("", "v1", "Event", "events", &["ev"], true, false, false),
-    b("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims", &["pvc"], true, true, false),
-    b("events.k8s.io", "v1", "Event", "events", &["ev"], true, false, false),
-    b("coordination.k8s.io", "v1", "Lease", "leases", &[], true, false, false),
-    b("rbac.authorization.k8s.io", "v1", "Role", "roles", &[], true, false, false),
-    b("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings", &[], true, false, false),
-    b("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", &[], false, false, false),
-    b("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", "clusterrolebindings", &[], false, false, false),
-    b("apps", "v1", "Deployment", "deployments", &["deploy"], true, true, true),
-    b("apps", "v1", "ReplicaSet", "replicasets", &["rs"], true, true, true),
-    b("apps", "v1", "StatefulSet", "statefulsets", &["sts"], true, true, true),
-    b("apps", "v1", "DaemonSet", "daemonsets", &["ds"], true, true, false),
+    b(
+        "",
+        "v1",
+        "PersistentVolumeClaim",
+        "persistentvolumeclaims",
+        &["pvc"],
+        true,
+        true,
+        false,
+    ),
+    b(
+        "events.k8s.io",
+        "v1",
+        "Event",
+        "events",
+        &["ev"],
+        true,
+        false,
+        false,
+    ),
+    b(
+        "coordination.k8s.io",
+        "v1",
+        "Lease",
+        "leases",
+        &[],
+        true,
+        false,
+        false,
+    ),
+    b(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "Role",
+        "roles",
+        &[],
+        true,
+        false,
+        false,
+    ),
+    b(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "RoleBinding",
+        "rolebindings",
+        &[],
+        true,
+        false,
+        false,
+    ),
+    b(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "ClusterRole",
+        "clusterroles",
+        &[],
+        false,
+        false,
+        false,
+    ),
+    b(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "ClusterRoleBinding",
+        "clusterrolebindings",
+        &[],
+        false,
+        false,
+        false,
+    ),
+    b(
+        "apps",
+        "v1",
+        "Deployment",
+        "deployments",
+        &["deploy"],
+        true,
+        true,
+        true,
+    ),
+    b(
+        "apps",
+        "v1",
+        "ReplicaSet",
+        "replicasets",
+        &["rs"],
+        true,
+        true,
+        true,
+    ),
+    b(
+        "apps",
+        "v1",
+        "StatefulSet",
+        "statefulsets",
+        &["sts"],
+        true,
+        true,
+        true,
+    ),
+    b(
+        "apps",
+        "v1",
+        "DaemonSet",
+        "daemonsets",
+        &["ds"],
+        true,
+        true,
+        false,
+    ),
     b("batch", "v1", "Job", "jobs", &[], true, true, false),
-    b("autoscaling", "v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", &["hpa"], true, true, false),
-    b("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", &["pdb"], true, true, false),
-    b("scheduling.k8s.io", "v1", "PriorityClass", "priorityclasses", &["pc"], false, false, false),
-    b("admissionregistration.k8s.io", "v1", "MutatingWebhookConfiguration", "mutatingwebhookconfigurations", &[], false, false, false),
-    b("admissionregistration.k8s.io", "v1", "ValidatingWebhookConfiguration", "validatingwebhookconfigurations", &[], false, false, false),
-    b("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions", &["crd", "crds"], false, true, false),
+    b(
+        "autoscaling",
+        "v2",
+        "HorizontalPodAutoscaler",
+        "horizontalpodautoscalers",
+        &["hpa"],
+        true,
+        true,
+        false,
+    ),
+    b(
+        "policy",
+        "v1",
+        "PodDisruptionBudget",
+        "poddisruptionbudgets",
+        &["pdb"],
+        true,
+        true,
+        false,
+    ),
+    b(
+        "scheduling.k8s.io",
+        "v1",
+        "PriorityClass",
+        "priorityclasses",
+        &["pc"],
+        false,
+        false,
+        false,
+    ),
+    b(
+        "admissionregistration.k8s.io",
+        "v1",
+        "MutatingWebhookConfiguration",
+        "mutatingwebhookconfigurations",
+        &[],
+        false,
+        false,
+        false,
+    ),
+    b(
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingWebhookConfiguration",
+        "validatingwebhookconfigurations",
+        &[],
+        false,
+        false,
+        false,
+    ),
+    b(
+        "apiextensions.k8s.io",
+        "v1",
+        "CustomResourceDefinition",
+        "customresourcedefinitions",
+        &["crd", "crds"],
+        false,
+        true,
+        false,
+    ),
 ];
 
 /// Every built-in type, in discovery order.

@@ -27,7 +27,9 @@ impl LabelSelector {
                 continue;
             }
             reqs.push(parse_req(term).ok_or_else(|| {
-                ApiError::bad_request(format!("unable to parse requirement: invalid label selector term {term:?}"))
+                ApiError::bad_request(format!(
+                    "unable to parse requirement: invalid label selector term {term:?}"
+                ))
             })?);
         }
         Ok(Self(reqs))
@@ -38,22 +40,42 @@ impl LabelSelector {
         let mut reqs = Vec::new();
         if let Some(m) = sel.get("matchLabels").and_then(Value::as_object) {
             for (k, v) in m {
-                reqs.push(Req::In(k.clone(), vec![v.as_str().unwrap_or_default().to_owned()]));
+                reqs.push(Req::In(
+                    k.clone(),
+                    vec![v.as_str().unwrap_or_default().to_owned()],
+                ));
             }
         }
-        for e in sel.get("matchExpressions").and_then(Value::as_array).into_iter().flatten() {
-            let key = e.get("key").and_then(Value::as_str).unwrap_or_default().to_owned();
+        for e in sel
+            .get("matchExpressions")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let key = e
+                .get("key")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
             let values: Vec<String> = e
                 .get("values")
                 .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|v| v.as_str().map(str::to_owned))
+                        .collect()
+                })
                 .unwrap_or_default();
             reqs.push(match e.get("operator").and_then(Value::as_str) {
                 Some("In") => Req::In(key, values),
                 Some("NotIn") => Req::NotIn(key, values),
                 Some("Exists") => Req::Exists(key),
                 Some("DoesNotExist") => Req::NotExists(key),
-                other => return Err(ApiError::bad_request(format!("{other:?} is not a valid label selector operator"))),
+                other => {
+                    return Err(ApiError::bad_request(format!(
+                        "{other:?} is not a valid label selector operator"
+                    )));
+                }
             });
         }
         Ok(Self(reqs))
@@ -95,11 +117,14 @@ fn split_top_level(s: &str) -> Vec<&str> {
 }
 
 fn valid_key(k: &str) -> bool {
-    !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+    !k.is_empty()
+        && k.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
 }
 
 fn valid_value(v: &str) -> bool {
-    v.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    v.chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
 }
 
 fn parse_req(t: &str) -> Option<Req> {
@@ -114,7 +139,11 @@ fn parse_req(t: &str) -> Option<Req> {
                 return None;
             }
             let vs = vec![v.to_owned()];
-            return Some(if neg { Req::NotIn(k.to_owned(), vs) } else { Req::In(k.to_owned(), vs) });
+            return Some(if neg {
+                Req::NotIn(k.to_owned(), vs)
+            } else {
+                Req::In(k.to_owned(), vs)
+            });
         }
     }
     if let Some(open) = t.find('(') {
@@ -123,7 +152,9 @@ fn parse_req(t: &str) -> Option<Req> {
             return None;
         }
         let head: Vec<&str> = t[..open].split_whitespace().collect();
-        let [k, op] = head.as_slice() else { return None };
+        let [k, op] = head.as_slice() else {
+            return None;
+        };
         let values: Vec<String> = t[open + 1..close]
             .split(',')
             .map(|v| v.trim().to_owned())
@@ -175,7 +206,15 @@ fn supported_fields(group: &str, plural: &str) -> &'static [&'static str] {
             "source",
             "type",
         ],
-        ("events.k8s.io", "events") => &["regarding.kind", "regarding.name", "regarding.namespace", "regarding.uid", "reason", "type", "reportingController"],
+        ("events.k8s.io", "events") => &[
+            "regarding.kind",
+            "regarding.name",
+            "regarding.namespace",
+            "regarding.uid",
+            "reason",
+            "type",
+            "reportingController",
+        ],
         ("batch", "jobs") => &["status.successful"],
         _ => &[],
     }
@@ -192,14 +231,18 @@ impl FieldSelector {
             } else if let Some((k, v)) = term.split_once('=') {
                 (k, false, v)
             } else {
-                return Err(ApiError::bad_request(format!("invalid selector: '{s}'; can't understand '{term}'")));
+                return Err(ApiError::bad_request(format!(
+                    "invalid selector: '{s}'; can't understand '{term}'"
+                )));
             };
             let k = k.trim();
             let generic = k == "metadata.name" || k == "metadata.namespace";
             if !generic && !supported_fields(group, plural).contains(&k) {
                 // CRDs may declare selectableFields; this server supports only the generic two.
                 let what = if custom { "custom resources" } else { plural };
-                return Err(ApiError::bad_request(format!("\"{k}\" is not a known field selector: only \"metadata.name\", \"metadata.namespace\" (field label not supported for {what})")));
+                return Err(ApiError::bad_request(format!(
+                    "\"{k}\" is not a known field selector: only \"metadata.name\", \"metadata.namespace\" (field label not supported for {what})"
+                )));
             }
             reqs.push((k.to_owned(), neg, v.trim().to_owned()));
         }
@@ -266,7 +309,8 @@ mod tests {
 
     #[test]
     fn field_selector_on_pods() {
-        let s = FieldSelector::parse("spec.nodeName=n1,status.phase!=Failed", "", "pods", false).unwrap();
+        let s = FieldSelector::parse("spec.nodeName=n1,status.phase!=Failed", "", "pods", false)
+            .unwrap();
         assert!(s.matches(&json!({"spec": {"nodeName": "n1"}, "status": {"phase": "Running"}})));
         assert!(!s.matches(&json!({"spec": {"nodeName": "n1"}, "status": {"phase": "Failed"}})));
         let unbound = FieldSelector::parse("spec.nodeName=", "", "pods", false).unwrap();

@@ -85,11 +85,18 @@ pub struct Store {
 
 impl Store {
     pub fn new(types: Vec<Arc<ResourceType>>, window_cap: usize) -> Self {
-        let mut st = State { rv: 0, types: BTreeMap::new(), window_cap: window_cap.max(1) };
+        let mut st = State {
+            rv: 0,
+            types: BTreeMap::new(),
+            window_cap: window_cap.max(1),
+        };
         for rt in types {
             st.add_type(rt);
         }
-        Self { state: Mutex::new(st), changed: watch::channel(0).0 }
+        Self {
+            state: Mutex::new(st),
+            changed: watch::channel(0).0,
+        }
     }
 
     /// Locks the state. A poisoned lock means a handler panicked mid-change; the state is
@@ -127,7 +134,15 @@ impl State {
             Some(ts) => ts.rt = rt,
             None => {
                 let key = rt.key();
-                self.types.insert(key, TypeState { rt, objects: BTreeMap::new(), window: VecDeque::new(), window_start: 0 });
+                self.types.insert(
+                    key,
+                    TypeState {
+                        rt,
+                        objects: BTreeMap::new(),
+                        window: VecDeque::new(),
+                        window_start: 0,
+                    },
+                );
             }
         }
     }
@@ -138,8 +153,15 @@ impl State {
     }
 
     pub fn resolve(&self, group: &str, version: &str, plural: &str) -> Option<Arc<ResourceType>> {
-        let key = if group.is_empty() { plural.to_owned() } else { format!("{plural}.{group}") };
-        self.types.get(&key).map(|t| t.rt.clone()).filter(|rt| rt.serves(version))
+        let key = if group.is_empty() {
+            plural.to_owned()
+        } else {
+            format!("{plural}.{group}")
+        };
+        self.types
+            .get(&key)
+            .map(|t| t.rt.clone())
+            .filter(|rt| rt.serves(version))
     }
 
     pub fn all_types(&self) -> Vec<Arc<ResourceType>> {
@@ -147,11 +169,15 @@ impl State {
     }
 
     fn ts(&self, rt: &ResourceType) -> ApiResult<&TypeState> {
-        self.types.get(&rt.key()).ok_or_else(|| ApiError::not_found("resource", &rt.key()))
+        self.types
+            .get(&rt.key())
+            .ok_or_else(|| ApiError::not_found("resource", &rt.key()))
     }
 
     fn ts_mut(&mut self, rt: &ResourceType) -> ApiResult<&mut TypeState> {
-        self.types.get_mut(&rt.key()).ok_or_else(|| ApiError::not_found("resource", &rt.key()))
+        self.types
+            .get_mut(&rt.key())
+            .ok_or_else(|| ApiError::not_found("resource", &rt.key()))
     }
 
     pub fn get(&self, rt: &ResourceType, ns: &str, name: &str) -> ApiResult<Value> {
@@ -163,7 +189,10 @@ impl State {
     }
 
     pub fn try_get(&self, key: &str, ns: &str, name: &str) -> Option<&Value> {
-        self.types.get(key)?.objects.get(&(ns.to_owned(), name.to_owned()))
+        self.types
+            .get(key)?
+            .objects
+            .get(&(ns.to_owned(), name.to_owned()))
     }
 
     /// Objects of a type in key order, optionally in one namespace, starting after `after`.
@@ -187,7 +216,10 @@ impl State {
     /// Stores a new object. `obj` has its name and namespace final; this fills uid,
     /// creationTimestamp, generation and resourceVersion.
     pub fn create(&mut self, rt: &ResourceType, mut obj: Value) -> ApiResult<Value> {
-        let (ns, name) = (meta::namespace(&obj).to_owned(), meta::name(&obj).to_owned());
+        let (ns, name) = (
+            meta::namespace(&obj).to_owned(),
+            meta::name(&obj).to_owned(),
+        );
         if rt.namespaced {
             match self.try_get("namespaces", "", &ns) {
                 None => return Err(ApiError::not_found("namespaces", &ns)),
@@ -216,7 +248,15 @@ impl State {
         let cap = self.window_cap;
         let ts = self.ts_mut(rt)?;
         ts.objects.insert(key, obj.clone());
-        ts.push(Event { rv, kind: EventKind::Added, object: obj.clone(), prev: None }, cap);
+        ts.push(
+            Event {
+                rv,
+                kind: EventKind::Added,
+                object: obj.clone(),
+                prev: None,
+            },
+            cap,
+        );
         Ok(obj)
     }
 
@@ -224,10 +264,23 @@ impl State {
     /// when anything other than metadata (and status, for types with a status subresource)
     /// changed, or when deletion starts. An object that is being deleted and has no
     /// finalizers left is removed.
-    pub fn update(&mut self, rt: &ResourceType, mut new: Value, expected_rv: &str) -> ApiResult<Value> {
-        let (ns, name) = (meta::namespace(&new).to_owned(), meta::name(&new).to_owned());
+    pub fn update(
+        &mut self,
+        rt: &ResourceType,
+        mut new: Value,
+        expected_rv: &str,
+    ) -> ApiResult<Value> {
+        let (ns, name) = (
+            meta::namespace(&new).to_owned(),
+            meta::name(&new).to_owned(),
+        );
         let key = (ns, name.clone());
-        let old = self.ts(rt)?.objects.get(&key).cloned().ok_or_else(|| ApiError::not_found(&rt.key(), &name))?;
+        let old = self
+            .ts(rt)?
+            .objects
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(&rt.key(), &name))?;
         if meta::resource_version(&old) != Some(expected_rv) {
             return Err(ApiError::stale(&rt.key(), &name));
         }
@@ -250,14 +303,40 @@ impl State {
             m.remove("finalizers");
         }
         let cap = self.window_cap;
-        let finished = meta::is_deleting(&new) && meta::finalizers(&new).is_empty();
+        // A pod in its grace period waits for the kubelet's final delete; a namespace waits
+        // for the namespace cleanup (its `spec.finalizers`).
+        let grace_pending = new["metadata"]["deletionGracePeriodSeconds"]
+            .as_i64()
+            .unwrap_or(0)
+            > 0;
+        let is_ns = rt.group.is_empty() && rt.plural == "namespaces";
+        let finished = meta::is_deleting(&new)
+            && meta::finalizers(&new).is_empty()
+            && !grace_pending
+            && !is_ns;
         let ts = self.ts_mut(rt)?;
         if finished {
             ts.objects.remove(&key);
-            ts.push(Event { rv, kind: EventKind::Deleted, object: new.clone(), prev: None }, cap);
+            ts.push(
+                Event {
+                    rv,
+                    kind: EventKind::Deleted,
+                    object: new.clone(),
+                    prev: None,
+                },
+                cap,
+            );
         } else {
             ts.objects.insert(key, new.clone());
-            ts.push(Event { rv, kind: EventKind::Modified, object: new.clone(), prev: Some(old) }, cap);
+            ts.push(
+                Event {
+                    rv,
+                    kind: EventKind::Modified,
+                    object: new.clone(),
+                    prev: Some(old),
+                },
+                cap,
+            );
         }
         Ok(new)
     }
@@ -266,20 +345,34 @@ impl State {
     pub fn remove(&mut self, rt: &ResourceType, ns: &str, name: &str) -> ApiResult<Value> {
         let key = (ns.to_owned(), name.to_owned());
         let ts = self.ts(rt)?;
-        let mut obj = ts.objects.get(&key).cloned().ok_or_else(|| ApiError::not_found(&rt.key(), name))?;
+        let mut obj = ts
+            .objects
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(&rt.key(), name))?;
         self.rv += 1;
         let rv = self.rv;
         meta::meta_mut(&mut obj).insert("resourceVersion".into(), json!(rv.to_string()));
         let cap = self.window_cap;
         let ts = self.ts_mut(rt)?;
         ts.objects.remove(&key);
-        ts.push(Event { rv, kind: EventKind::Deleted, object: obj.clone(), prev: None }, cap);
+        ts.push(
+            Event {
+                rv,
+                kind: EventKind::Deleted,
+                object: obj.clone(),
+                prev: None,
+            },
+            cap,
+        );
         Ok(obj)
     }
 
     /// Events of a type after `rv`.
     pub fn since(&self, key: &str, rv: u64) -> Since {
-        let Some(ts) = self.types.get(key) else { return Since::Gone };
+        let Some(ts) = self.types.get(key) else {
+            return Since::Gone;
+        };
         if rv < ts.window_start {
             return Since::TooOld;
         }

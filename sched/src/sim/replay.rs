@@ -22,7 +22,9 @@
 //!   shadow time or uses only the *extra* processors the reservation leaves.
 //!   [`BackfillRule::ShadowOnly`] is RLScheduler's variant: only jobs that end
 //!   strictly before the shadow time, no extra-processor rule.
-//! - Tandem: see [`super::tandem`].
+//! - Tandem: the scheduling core itself, see [`super::tandem`]. FCFS and
+//!   EASY are the textbook rules on the counted machine, so they stay exact
+//!   and fast on every trace; Tandem's policy is only what the core does.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -30,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::SimError;
 use super::swf::SimJob;
 use super::tandem::TandemPolicy;
 
@@ -49,7 +52,9 @@ impl std::str::FromStr for Policy {
             "fcfs" => Ok(Self::Fcfs),
             "easy" => Ok(Self::Easy),
             "tandem" => Ok(Self::Tandem),
-            other => Err(format!("unknown policy {other:?} (expected fcfs, easy or tandem)")),
+            other => Err(format!(
+                "unknown policy {other:?} (expected fcfs, easy or tandem)"
+            )),
         }
     }
 }
@@ -81,6 +86,9 @@ pub struct ReplayConfig {
     pub procs: u64,
     pub policy: Policy,
     pub backfill: BackfillRule,
+    /// CPUs per node of the core's cluster (Tandem policy only); see
+    /// [`super::tandem::node_cpus`].
+    pub node_cpus: u64,
 }
 
 /// When each job started, and what the passes cost.
@@ -98,12 +106,14 @@ pub struct Replayed {
 
 /// Replay `jobs` (sorted by submit time) from an empty machine. Every job fits
 /// the machine (the cleaning rules guarantee it), so every job starts.
-pub fn replay(jobs: &[SimJob], cfg: &ReplayConfig) -> Replayed {
+pub fn replay(jobs: &[SimJob], cfg: &ReplayConfig) -> Result<Replayed, SimError> {
     let mut machine = Machine::new(cfg.procs);
     let mut policy: Box<dyn Scheduler> = match cfg.policy {
         Policy::Fcfs => Box::new(Fcfs),
         Policy::Easy => Box::new(Easy { rule: cfg.backfill }),
-        Policy::Tandem => Box::new(TandemPolicy::new(jobs, cfg.procs)),
+        Policy::Tandem => {
+            Box::new(TandemPolicy::new(jobs, cfg.procs, cfg.node_cpus).map_err(SimError::Core)?)
+        }
     };
     let mut out = Replayed {
         start: vec![i64::MIN; jobs.len()],
@@ -139,8 +149,17 @@ pub fn replay(jobs: &[SimJob], cfg: &ReplayConfig) -> Replayed {
         for idx in started {
             out.start[idx] = now;
         }
+        if let Some(e) = policy.error() {
+            return Err(SimError::Core(e));
+        }
     }
-    out
+    if let Some(i) = out.start.iter().position(|s| *s == i64::MIN) {
+        return Err(SimError::Core(format!(
+            "trace job {} never started",
+            jobs[i].id
+        )));
+    }
+    Ok(out)
 }
 
 /// A replay policy: told about submits and ends, asked for starts.
@@ -156,6 +175,10 @@ pub(crate) trait Scheduler {
         queue: &mut Vec<usize>,
         jobs: &[SimJob],
     ) -> Vec<usize>;
+    /// Something the policy could not do; the replay stops with it.
+    fn error(&mut self) -> Option<String> {
+        None
+    }
 }
 
 // === impl Machine ===
@@ -164,7 +187,6 @@ pub(crate) trait Scheduler {
 /// and by estimated end (reservations).
 #[derive(Debug)]
 pub(crate) struct Machine {
-    procs: u64,
     free: u64,
     /// Real ends drive the simulation clock.
     ends: BinaryHeap<Reverse<(i64, usize)>>,
@@ -177,16 +199,11 @@ pub(crate) struct Machine {
 impl Machine {
     pub(crate) fn new(procs: u64) -> Self {
         Self {
-            procs,
             free: procs,
             ends: BinaryHeap::new(),
             planned: BTreeMap::new(),
             est_end: Vec::new(),
         }
-    }
-
-    pub(crate) fn procs(&self) -> u64 {
-        self.procs
     }
 
     pub(crate) fn free(&self) -> u64 {
@@ -227,7 +244,9 @@ impl Machine {
     /// Running jobs as (estimated end, processors), earliest first. A job
     /// past its estimate is taken to end now.
     pub(crate) fn planned_ends(&self, now: i64) -> impl Iterator<Item = (i64, u64)> + '_ {
-        self.planned.iter().map(move |((t, _), p)| ((*t).max(now), *p))
+        self.planned
+            .iter()
+            .map(move |((t, _), p)| ((*t).max(now), *p))
     }
 
     /// EASY's reservation for a job of `need` processors: the earliest
@@ -265,7 +284,12 @@ impl Scheduler for Fcfs {
 }
 
 /// Start jobs from the front of `queue` while they fit.
-fn start_heads(now: i64, machine: &mut Machine, queue: &mut Vec<usize>, jobs: &[SimJob]) -> Vec<usize> {
+fn start_heads(
+    now: i64,
+    machine: &mut Machine,
+    queue: &mut Vec<usize>,
+    jobs: &[SimJob],
+) -> Vec<usize> {
     let mut k = 0;
     while k < queue.len() && jobs[queue[k]].procs <= machine.free() {
         machine.start(now, queue[k], &jobs[queue[k]]);
@@ -364,8 +388,10 @@ mod tests {
                 procs,
                 policy,
                 backfill,
+                node_cpus: 1,
             },
         )
+        .unwrap()
         .start
     }
 
@@ -378,11 +404,25 @@ mod tests {
     /// j4: t=3, 2 procs,  90 s  -> FCFS 150; EASY: 3 + 90 = 93 <= 100: backfills at 3
     #[test]
     fn easy_backfills_only_what_cannot_delay_the_head() {
-        let jobs = [job(1, 0, 100, 2), job(2, 1, 50, 4), job(3, 2, 150, 2), job(4, 3, 90, 2)];
-        assert_eq!(run(&jobs, 4, Policy::Fcfs, BackfillRule::Easy), vec![0, 100, 150, 150]);
-        assert_eq!(run(&jobs, 4, Policy::Easy, BackfillRule::Easy), vec![0, 100, 150, 3]);
+        let jobs = [
+            job(1, 0, 100, 2),
+            job(2, 1, 50, 4),
+            job(3, 2, 150, 2),
+            job(4, 3, 90, 2),
+        ];
+        assert_eq!(
+            run(&jobs, 4, Policy::Fcfs, BackfillRule::Easy),
+            vec![0, 100, 150, 150]
+        );
+        assert_eq!(
+            run(&jobs, 4, Policy::Easy, BackfillRule::Easy),
+            vec![0, 100, 150, 3]
+        );
         // Under RLScheduler's strict rule 93 < 100 still backfills.
-        assert_eq!(run(&jobs, 4, Policy::Easy, BackfillRule::ShadowOnly), vec![0, 100, 150, 3]);
+        assert_eq!(
+            run(&jobs, 4, Policy::Easy, BackfillRule::ShadowOnly),
+            vec![0, 100, 150, 3]
+        );
     }
 
     /// 4 processors, j1 holds 3 until 100. j2 wants 2 (shadow 100, extra 4 - 2 = 2
@@ -393,8 +433,14 @@ mod tests {
     #[test]
     fn extra_processors_rule_is_classic_easy_only() {
         let jobs = [job(1, 0, 100, 3), job(2, 1, 50, 2), job(3, 2, 500, 1)];
-        assert_eq!(run(&jobs, 4, Policy::Easy, BackfillRule::Easy), vec![0, 100, 2]);
-        assert_eq!(run(&jobs, 4, Policy::Easy, BackfillRule::ShadowOnly), vec![0, 100, 100]);
+        assert_eq!(
+            run(&jobs, 4, Policy::Easy, BackfillRule::Easy),
+            vec![0, 100, 2]
+        );
+        assert_eq!(
+            run(&jobs, 4, Policy::Easy, BackfillRule::ShadowOnly),
+            vec![0, 100, 100]
+        );
     }
 
     /// A backfilled job never delays the head even when estimates are long:
@@ -404,13 +450,24 @@ mod tests {
         let mut j3 = job(3, 2, 10, 2);
         j3.estimate = 200;
         let jobs = [job(1, 0, 100, 2), job(2, 1, 50, 4), j3];
-        assert_eq!(run(&jobs, 4, Policy::Easy, BackfillRule::Easy), vec![0, 100, 150]);
+        assert_eq!(
+            run(&jobs, 4, Policy::Easy, BackfillRule::Easy),
+            vec![0, 100, 150]
+        );
     }
 
     #[test]
     fn idle_gaps_and_simultaneous_events() {
         // j2 arrives long after j1 ended; j3 and j4 arrive together.
-        let jobs = [job(1, 0, 10, 4), job(2, 1000, 10, 4), job(3, 2000, 5, 2), job(4, 2000, 5, 2)];
-        assert_eq!(run(&jobs, 4, Policy::Fcfs, BackfillRule::Easy), vec![0, 1000, 2000, 2000]);
+        let jobs = [
+            job(1, 0, 10, 4),
+            job(2, 1000, 10, 4),
+            job(3, 2000, 5, 2),
+            job(4, 2000, 5, 2),
+        ];
+        assert_eq!(
+            run(&jobs, 4, Policy::Fcfs, BackfillRule::Easy),
+            vec![0, 1000, 2000, 2000]
+        );
     }
 }

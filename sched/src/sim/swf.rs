@@ -343,8 +343,11 @@ mod tests {
 
     #[test]
     fn max_nodes_stands_in_for_missing_max_procs() {
-        let t = parse("; MaxNodes: 256\n1 0 -1 5 1\t-1 -1 -1 -1 -1 1 -1 -1 -1 0 -1 -1 -1\n".as_bytes(), &inline_path())
-            .unwrap();
+        let t = parse(
+            "; MaxNodes: 256\n1 0 -1 5 1\t-1 -1 -1 -1 -1 1 -1 -1 -1 0 -1 -1 -1\n".as_bytes(),
+            &inline_path(),
+        )
+        .unwrap();
         assert_eq!(t.header.machine_procs(), Some(256));
         assert_eq!(t.records[0].run, Some(5));
     }
@@ -353,7 +356,11 @@ mod tests {
     fn bad_line_names_its_number() {
         let err = parse("; x\n1 2 3\n".as_bytes(), &inline_path()).unwrap_err();
         assert!(err.to_string().contains("line 2"), "{err}");
-        let err = parse("1 0 0 abc 1 -1 -1 1 1 -1 1 1 1 -1 1 1 -1 -1\n".as_bytes(), &inline_path()).unwrap_err();
+        let err = parse(
+            "1 0 0 abc 1 -1 -1 1 1 -1 1 1 1 -1 1 1 -1 -1\n".as_bytes(),
+            &inline_path(),
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("field 4"), "{err}");
     }
 

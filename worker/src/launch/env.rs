@@ -177,7 +177,10 @@ mod tests {
         assert_eq!(env["SLURM_CPUS_ON_NODE"], "8", "controller's job size wins");
         assert_eq!(env["TMPDIR"], "/scratch/alice");
         assert_eq!(env["SLURM_GPUS_ON_NODE"], "0");
-        assert_eq!(env["CUDA_VISIBLE_DEVICES"], "", "no GPUs held: none visible");
+        assert_eq!(
+            env["CUDA_VISIBLE_DEVICES"], "",
+            "no GPUs held: none visible"
+        );
         assert!(!env.contains_key("SLURM_JOB_GPUS"));
     }
 

@@ -26,7 +26,9 @@ pub enum EndCause {
 enum Phase {
     Running,
     /// SIGTERM was sent; SIGKILL follows at `kill_at`.
-    Terminating { kill_at: Instant },
+    Terminating {
+        kill_at: Instant,
+    },
     /// SIGKILL was sent; nothing more to do but wait for the exit.
     Killed,
 }
@@ -180,7 +182,10 @@ mod tests {
     fn cancel_escalates_like_a_timeout_but_reports_cancelled() {
         let t0 = Instant::now();
         let mut e = Enforcer::new(t0, Some(60 * SEC), 5 * SEC);
-        assert_eq!(e.terminate(t0 + SEC, EndCause::Cancel), Some(Signal::SIGTERM));
+        assert_eq!(
+            e.terminate(t0 + SEC, EndCause::Cancel),
+            Some(Signal::SIGTERM)
+        );
         assert!(e.cancelled() && !e.timed_out());
         // The time limit passing during the grace neither re-sends TERM nor flips the cause.
         assert_eq!(e.on_tick(t0 + 4 * SEC), None);

@@ -20,10 +20,11 @@
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
+use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
 
@@ -33,6 +34,8 @@ use super::output::{PatternFields, expand};
 const DEFAULT_OUTPUT: &str = "slurm-%j.out";
 /// Shell used to open output files as the job's user.
 const REDIRECT_SHELL: &str = "/bin/sh";
+/// How long the shell may take to open the output files as the user.
+const REDIRECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// Redirects stdout/stderr (same file when `$2` is empty), then execs the script.
 const REDIRECT_SCRIPT: &str = r#"o=$1 e=$2 s=$3; shift 3
 if [ -z "$e" ]; then exec >"$o" 2>&1; else exec >"$o" 2>"$e"; fi
@@ -247,17 +250,28 @@ fn base_command(program: &Path, spec: &BatchSpec<'_>) -> Command {
     cmd
 }
 
+/// Opens (creates, truncates) an output file. Non-blocking, so a FIFO without a reader
+/// fails instead of hanging the worker; FIFOs and sockets are refused, since a job's
+/// output must not wait on someone else's reader. Blocking mode is restored for the job.
 fn open_output(path: &Path) -> Result<File, LaunchError> {
-    OpenOptions::new()
+    let err = |source| LaunchError::Output {
+        path: path.to_owned(),
+        source,
+    };
+    let file = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(0o644)
+        .custom_flags(OFlag::O_NONBLOCK.bits())
         .open(path)
-        .map_err(|source| LaunchError::Output {
-            path: path.to_owned(),
-            source,
-        })
+        .map_err(err)?;
+    let kind = file.metadata().map_err(err)?.file_type();
+    if kind.is_fifo() || kind.is_socket() {
+        return Err(err(io::Error::other("is a FIFO or socket, not a file")));
+    }
+    fcntl(&file, FcntlArg::F_SETFL(OFlag::empty())).map_err(|e| err(e.into()))?;
+    Ok(file)
 }
 
 fn start_as_worker(
@@ -309,7 +323,19 @@ async fn start_as_user(
     // EOF arrives when the shell's redirection replaced the pipe; text before it is an error.
     let mut message = String::new();
     if let Some(mut pipe) = child.stderr.take() {
-        let _ = pipe.read_to_string(&mut message).await;
+        let read = tokio::time::timeout(REDIRECT_TIMEOUT, pipe.read_to_string(&mut message));
+        if read.await.is_err() {
+            // Opening blocked (a FIFO nobody reads, a hung file system): give up on the job.
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            return Err(LaunchError::Redirect {
+                uid,
+                message: format!(
+                    "opening the output files did not finish within {}s",
+                    REDIRECT_TIMEOUT.as_secs()
+                ),
+            });
+        }
     }
     if message.trim().is_empty() {
         return Ok(child);

@@ -1,0 +1,41 @@
+//! One module per command. Each has an `Args` (clap derive; doc comments are the help text)
+//! and an async or plain `run(Args) -> Exit`.
+
+pub mod controller;
+pub mod demo;
+pub mod down;
+pub mod links;
+pub mod sacct;
+pub mod sbatch;
+pub mod scancel;
+pub mod scontrol;
+pub mod sinfo;
+pub mod squeue;
+pub mod srun;
+pub mod up;
+pub mod worker;
+
+/// A comma-separated list option (`-u alice,bob`), repeated or not.
+pub(crate) fn split_commas(values: &[String]) -> Vec<String> {
+    values
+        .iter()
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Job states from `-t`/`--states` lists; `all` means no filter.
+pub(crate) fn parse_states(values: &[String]) -> anyhow::Result<Vec<tandem_proto::v1::JobState>> {
+    let mut out = Vec::new();
+    for s in split_commas(values) {
+        if s.eq_ignore_ascii_case("all") {
+            return Ok(Vec::new());
+        }
+        let st = crate::format::view::parse_state(&s)
+            .ok_or_else(|| anyhow::anyhow!("Invalid job state specified: {s}"))?;
+        out.push(st);
+    }
+    Ok(out)
+}

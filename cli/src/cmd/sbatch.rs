@@ -1,0 +1,186 @@
+//! `sbatch`: submit a batch script.
+//!
+//! Order of work: read the script, parse its `#SBATCH` lines, merge the command line over
+//! them, validate, and only then talk to the controller. The submit carries a random
+//! idempotency key, so retrying after a lost connection cannot create the job twice.
+
+use std::io::{IsTerminal, Read};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::Parser;
+use tandem_proto::v1::{JobRef, JobState, SubmitRequest, WatchJobRequest};
+
+use crate::Exit;
+use crate::client::{Client, RpcResult as _, status_error};
+use crate::opts::{JobOpts, SubmitContext, wrap_script};
+use crate::{clock, directives};
+
+/// Submit a batch script to the cluster.
+#[derive(Debug, Parser)]
+#[command(name = "sbatch", infer_long_args = true)]
+pub struct Args {
+    #[command(flatten)]
+    pub opts: JobOpts,
+    /// The batch script, then arguments passed to it (stdin when absent).
+    #[arg(value_name = "SCRIPT [ARGS]", trailing_var_arg = true)]
+    pub script: Vec<String>,
+}
+
+/// A script ready to submit: its text, arguments, default name and merged options.
+#[derive(Debug)]
+pub struct Prepared {
+    pub opts: JobOpts,
+    pub script: String,
+    pub argv: Vec<String>,
+    pub default_name: String,
+}
+
+/// Reads the script and merges its directives under the command-line options.
+pub fn prepare(args: Args, env: &[(String, String)]) -> anyhow::Result<Prepared> {
+    let Args { opts, script } = args;
+    let mut words = script.into_iter();
+    let (text, default_name, argv) = match (&opts.wrap, words.next()) {
+        (Some(_), Some(extra)) => {
+            bail!("--wrap takes no script file, but {extra:?} was given")
+        }
+        (Some(cmd), None) => (wrap_script(cmd), "wrap".to_string(), Vec::new()),
+        (None, Some(path)) => {
+            let text = crate::client::read_file(Path::new(&path))?;
+            let name = Path::new(&path)
+                .file_name()
+                .map_or_else(|| path.clone(), |n| n.to_string_lossy().into_owned());
+            (text, name, words.collect())
+        }
+        (None, None) => {
+            let mut stdin = std::io::stdin();
+            if stdin.is_terminal() {
+                bail!("no batch script given: name a script file, pipe one in, or use --wrap");
+            }
+            let mut text = String::new();
+            stdin
+                .read_to_string(&mut text)
+                .context("reading the batch script from standard input")?;
+            (text, "sbatch".to_string(), Vec::new())
+        }
+    };
+    let from_script = if opts.wrap.is_some() {
+        JobOpts::default()
+    } else {
+        JobOpts::from_directives(&directives::parse(&text)?)?
+    };
+    Ok(Prepared {
+        opts: from_script.merge(JobOpts::from_env(env)?).merge(opts),
+        script: text,
+        argv,
+        default_name,
+    })
+}
+
+/// The caller's side of a submit: environment, directory, host, clock.
+pub fn submit_context() -> anyhow::Result<SubmitContext> {
+    let cwd: PathBuf = std::env::current_dir().context("cannot read the current directory")?;
+    Ok(SubmitContext {
+        env: std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+            .collect(),
+        cwd,
+        hostname: crate::client::hostname(),
+        now: clock::now(),
+        utc_offset_s: clock::local_utc_offset(),
+    })
+}
+
+pub async fn run(args: Args) -> Exit {
+    let ctx = submit_context()?;
+    let prepared = prepare(args, &ctx.env)?;
+    let mut spec =
+        prepared
+            .opts
+            .to_spec(prepared.script, prepared.argv, &prepared.default_name, &ctx)?;
+    spec.idempotency_key = idempotency_key()?;
+    let mut client = Client::connect().await?;
+    let resp = submit_with_retry(&mut client, spec).await?;
+    for w in &resp.warnings {
+        eprintln!("sbatch: warning: {w}");
+    }
+    if prepared.opts.parsable {
+        // Slurm adds ";cluster" only when talking to a cluster other than the local one.
+        if resp.cluster.is_empty() || resp.cluster == client.cluster_name {
+            println!("{}", resp.job_id);
+        } else {
+            println!("{};{}", resp.job_id, resp.cluster);
+        }
+    } else {
+        println!("Submitted batch job {}", resp.job_id);
+    }
+    if prepared.opts.wait {
+        return wait_for(&mut client, resp.job_id).await;
+    }
+    Ok(0)
+}
+
+/// Retries only transport failures, for a short while, with the same idempotency key: the
+/// controller may have committed the first attempt before the connection broke.
+async fn submit_with_retry(
+    client: &mut Client,
+    spec: tandem_proto::v1::JobSpec,
+) -> anyhow::Result<tandem_proto::v1::SubmitResponse> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut delay = Duration::from_millis(50);
+    loop {
+        let req = SubmitRequest {
+            spec: Some(spec.clone()),
+        };
+        match client.jobs.submit(req).await {
+            Ok(r) => return Ok(r.into_inner()),
+            Err(s)
+                if s.code() == tonic::Code::Unavailable
+                    && tokio::time::Instant::now() + delay < deadline =>
+            {
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
+            Err(s) => return Err(status_error(s)),
+        }
+    }
+}
+
+/// `--wait`: follow the job until it ends and exit with its exit code (1 if it ended
+/// without one, e.g. cancelled).
+pub async fn wait_for(client: &mut Client, job_id: u64) -> Exit {
+    let mut stream = client
+        .jobs
+        .watch_job(WatchJobRequest {
+            job: Some(JobRef {
+                job_id,
+                array_tasks: String::new(),
+            }),
+        })
+        .await
+        .rpc()?;
+    let mut last = None;
+    while let Some(info) = stream.message().await.map_err(status_error)? {
+        last = Some(info);
+    }
+    let Some(info) = last else {
+        bail!("lost track of job {job_id}");
+    };
+    Ok(exit_status_of(info.state(), info.exit_code))
+}
+
+/// The process exit status that reports a finished job.
+pub fn exit_status_of(state: JobState, exit_code: i32) -> u8 {
+    match (state, exit_code) {
+        (JobState::Completed, 0) => 0,
+        (_, code) if code > 0 => u8::try_from(code.min(255)).unwrap_or(1),
+        _ => 1,
+    }
+}
+
+fn idempotency_key() -> anyhow::Result<String> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}

@@ -1,0 +1,123 @@
+//! `scancel`: cancel or signal jobs.
+
+use std::str::FromStr;
+
+use anyhow::bail;
+use clap::Parser;
+use tandem_proto::v1::CancelRequest;
+
+use crate::Exit;
+use crate::client::{Client, RpcResult as _};
+
+/// Cancel jobs, array tasks or whole arrays, or send them a signal.
+#[derive(Debug, Parser)]
+#[command(name = "scancel", infer_long_args = true)]
+pub struct Args {
+    /// Jobs: 12, 12_3, 12_[3-5].
+    #[arg(value_name = "JOB")]
+    pub jobs: Vec<String>,
+    /// Only jobs of this user.
+    #[arg(short = 'u', long = "user", value_name = "USER")]
+    pub user: Option<String>,
+    /// Only jobs with this name.
+    #[arg(short = 'n', long = "name", value_name = "NAME")]
+    pub name: Option<String>,
+    /// Only jobs in this partition.
+    #[arg(short = 'p', long = "partition", value_name = "PARTITION")]
+    pub partition: Option<String>,
+    /// Only jobs in these states.
+    #[arg(short = 't', long = "state", value_name = "STATES")]
+    pub states: Vec<String>,
+    /// Only jobs of this account.
+    #[arg(short = 'A', long = "account", value_name = "ACCOUNT")]
+    pub account: Option<String>,
+    /// Send this signal instead of ending the jobs (name or number).
+    #[arg(short = 's', long = "signal", value_name = "SIGNAL")]
+    pub signal: Option<String>,
+    /// With --signal: signal only the batch shell.
+    #[arg(short = 'b', long = "batch")]
+    pub batch: bool,
+    /// Only the current user's jobs.
+    #[arg(long)]
+    pub me: bool,
+}
+
+pub async fn run(args: Args) -> Exit {
+    let mut jobs = Vec::new();
+    for j in &args.jobs {
+        jobs.extend(crate::jobref::parse_list(j).map_err(anyhow::Error::msg)?);
+    }
+    let user = match (args.user, args.me) {
+        (Some(u), _) => u,
+        (None, true) => crate::client::user_name(),
+        (None, false) => String::new(),
+    };
+    let states = super::parse_states(&args.states)?;
+    let has_filter = !user.is_empty()
+        || args.name.is_some()
+        || args.partition.is_some()
+        || args.account.is_some()
+        || !states.is_empty();
+    if jobs.is_empty() && !has_filter {
+        bail!("No job identification provided");
+    }
+    let signal = match &args.signal {
+        None => 0,
+        Some(s) => parse_signal(s)?,
+    };
+    if args.batch && signal == 0 {
+        bail!("--batch needs --signal");
+    }
+    let req = CancelRequest {
+        jobs,
+        user,
+        name: args.name.unwrap_or_default(),
+        partition: args.partition.unwrap_or_default(),
+        states: states.into_iter().map(|s| s as i32).collect(),
+        account: args.account.unwrap_or_default(),
+        signal,
+        batch_only: args.batch,
+    };
+    let mut client = Client::connect().await?;
+    let resp = client.jobs.cancel(req).await.rpc()?;
+    for e in &resp.errors {
+        eprintln!("scancel: error: {e}");
+    }
+    Ok(if resp.errors.is_empty() { 0 } else { 1 })
+}
+
+/// `TERM`, `SIGTERM`, `15`.
+pub fn parse_signal(s: &str) -> anyhow::Result<i32> {
+    if let Ok(n) = s.parse::<i32>() {
+        if nix::sys::signal::Signal::try_from(n).is_ok() {
+            return Ok(n);
+        }
+        bail!("Unknown job signal: {s}");
+    }
+    let upper = s.to_ascii_uppercase();
+    let name = if upper.starts_with("SIG") {
+        upper
+    } else {
+        format!("SIG{upper}")
+    };
+    nix::sys::signal::Signal::from_str(&name)
+        .map(|sig| sig as i32)
+        .map_err(|_| anyhow::anyhow!("Unknown job signal: {s}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signals_by_name_and_number() {
+        assert_eq!(parse_signal("TERM").unwrap(), 15);
+        assert_eq!(
+            parse_signal("sigusr1").unwrap(),
+            nix::sys::signal::Signal::SIGUSR1 as i32
+        );
+        assert_eq!(parse_signal("9").unwrap(), 9);
+        assert!(parse_signal("BOGUS").is_err());
+        assert!(parse_signal("999").is_err());
+    }
+}

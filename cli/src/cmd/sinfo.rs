@@ -1,0 +1,214 @@
+//! `sinfo`: partitions and their nodes, grouped by state as Slurm groups them.
+
+use clap::Parser;
+use tandem_proto::v1::{ListNodesRequest, ListPartitionsRequest};
+
+use crate::Exit;
+use crate::client::{Client, RpcResult as _};
+use crate::format::columns::{SINFO_LONG, SINFO_NODES, SINFO_NODES_LONG, SinfoRow, sinfo_format};
+use crate::format::view::{NodeView, PartitionView};
+use crate::format::{Columns, Human, Json, Output};
+
+/// Show partitions and node states.
+#[derive(Debug, Parser)]
+#[command(name = "sinfo", infer_long_args = true, disable_help_flag = true)]
+pub struct Args {
+    /// Print help (-h is --noheader, as in Slurm).
+    #[arg(long, action = clap::ArgAction::Help)]
+    pub help: Option<bool>,
+    /// One line per node instead of per partition and state.
+    #[arg(short = 'N', long = "Node")]
+    pub node_oriented: bool,
+    /// Long format.
+    #[arg(short = 'l', long)]
+    pub long: bool,
+    /// Only these partitions.
+    #[arg(short = 'p', long = "partition", value_name = "PARTITIONS")]
+    pub partitions: Vec<String>,
+    /// Only these nodes (host list).
+    #[arg(short = 'n', long = "nodes", value_name = "HOSTS")]
+    pub nodes: Option<String>,
+    /// Only nodes in these states (idle, mix, alloc, down, drain, ...).
+    #[arg(short = 't', long = "states", value_name = "STATES")]
+    pub states: Vec<String>,
+    /// Columns as %-fields, e.g. "%P %a %l %D %t %N".
+    #[arg(short = 'o', long = "format", value_name = "FORMAT")]
+    pub format: Option<String>,
+    /// Do not print the header line.
+    #[arg(short = 'h', long = "noheader")]
+    pub noheader: bool,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn run(args: Args) -> Exit {
+    let spec = match (&args.format, args.node_oriented, args.long) {
+        (Some(f), _, _) => f.clone(),
+        (None, true, true) => SINFO_NODES_LONG.to_string(),
+        (None, true, false) => SINFO_NODES.to_string(),
+        (None, false, true) => SINFO_LONG.to_string(),
+        (None, false, false) => crate::format::columns::SINFO_DEFAULT.to_string(),
+    };
+    sinfo_format(&spec)?;
+    let output: Box<dyn Output> = if args.json {
+        Box::new(Json)
+    } else {
+        Box::new(Human::new(Some(Columns::Percent(spec)), !args.noheader))
+    };
+    if let Some(n) = &args.nodes {
+        tandem_sched::hostlist::expand(n)?;
+    }
+    let mut client = Client::connect().await?;
+    let parts = client
+        .nodes
+        .list_partitions(ListPartitionsRequest {})
+        .await
+        .rpc()?;
+    let nodes = client
+        .nodes
+        .list_nodes(ListNodesRequest {
+            nodes: args.nodes.clone().unwrap_or_default(),
+            partition: String::new(),
+        })
+        .await
+        .rpc()?;
+    let parts: Vec<PartitionView> = parts
+        .partitions
+        .iter()
+        .map(PartitionView::from_partition)
+        .collect();
+    let nodes: Vec<NodeView> = nodes.nodes.iter().map(NodeView::from_node).collect();
+    let wanted_parts = super::split_commas(&args.partitions);
+    let wanted_states: Vec<String> = super::split_commas(&args.states)
+        .into_iter()
+        .map(|s| s.to_ascii_lowercase())
+        .collect();
+    let rows = group(
+        &parts,
+        &nodes,
+        &wanted_parts,
+        &wanted_states,
+        args.node_oriented,
+    );
+    print!("{}", output.sinfo(&rows)?);
+    Ok(0)
+}
+
+/// Rows in partition order; within a partition, one row per node state (first-seen order),
+/// or one per node with `node_oriented`.
+pub fn group(
+    parts: &[PartitionView],
+    nodes: &[NodeView],
+    wanted_parts: &[String],
+    wanted_states: &[String],
+    node_oriented: bool,
+) -> Vec<SinfoRow> {
+    let state_ok = |n: &NodeView| {
+        wanted_states.is_empty()
+            || wanted_states
+                .iter()
+                .any(|s| *s == n.state_compact() || *s == n.state.to_ascii_lowercase())
+    };
+    let mut rows = Vec::new();
+    for p in parts {
+        if !wanted_parts.is_empty() && !wanted_parts.contains(&p.name) {
+            continue;
+        }
+        let members: Vec<&NodeView> = nodes
+            .iter()
+            .filter(|n| p.nodes.contains(&n.name) || n.partitions.contains(&p.name))
+            .filter(|n| state_ok(n))
+            .collect();
+        if node_oriented {
+            rows.extend(members.into_iter().map(|n| SinfoRow {
+                partition: p.clone(),
+                nodes: vec![n.clone()],
+            }));
+            continue;
+        }
+        let mut groups: Vec<(String, Vec<NodeView>)> = Vec::new();
+        for n in members {
+            let key = n.state_compact();
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, g)) => g.push(n.clone()),
+                None => groups.push((key, vec![n.clone()])),
+            }
+        }
+        if groups.is_empty() && wanted_states.is_empty() {
+            // Slurm still lists a partition without nodes.
+            rows.push(SinfoRow {
+                partition: p.clone(),
+                nodes: Vec::new(),
+            });
+        }
+        rows.extend(groups.into_iter().map(|(_, nodes)| SinfoRow {
+            partition: p.clone(),
+            nodes,
+        }));
+    }
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::columns::RenderCtx;
+    use crate::format::columns::SINFO_DEFAULT;
+    use tandem_proto::v1::{NodeInfo, PartitionInfo, Tres};
+
+    fn node(name: &str, state: &str) -> NodeView {
+        NodeView::from_node(&NodeInfo {
+            name: name.into(),
+            state: state.into(),
+            total: Some(Tres {
+                cpus: 8,
+                mem_mb: 1024,
+                gpus: 8,
+                gpu_type: String::new(),
+            }),
+            partitions: vec!["batch".into()],
+            ..NodeInfo::default()
+        })
+    }
+
+    #[test]
+    fn default_view_groups_nodes_by_state() {
+        let p = PartitionView::from_partition(&PartitionInfo {
+            name: "batch".into(),
+            is_default: true,
+            state: "UP".into(),
+            nodes: (1..=4).map(|i| format!("node-{i}")).collect(),
+            ..PartitionInfo::default()
+        });
+        let nodes = vec![
+            node("node-1", "ALLOCATED"),
+            node("node-2", "IDLE"),
+            node("node-3", "ALLOCATED"),
+            node("node-4", "IDLE"),
+        ];
+        let rows = group(&[p], &nodes, &[], &[], false);
+        let f = sinfo_format(SINFO_DEFAULT).unwrap();
+        let ctx = RenderCtx::default();
+        assert_eq!(
+            f.header(),
+            "PARTITION AVAIL  TIMELIMIT  NODES  STATE NODELIST"
+        );
+        let lines: Vec<String> = rows.iter().map(|r| f.row(r, &ctx)).collect();
+        assert_eq!(
+            lines,
+            [
+                "batch*       up   infinite      2  alloc node-[1,3]",
+                "batch*       up   infinite      2   idle node-[2,4]",
+            ]
+        );
+        let idle_only = group(
+            &[rows[0].partition.clone()],
+            &nodes,
+            &[],
+            &["idle".into()],
+            true,
+        );
+        assert_eq!(idle_only.len(), 2);
+    }
+}

@@ -1,0 +1,286 @@
+//! `srun`: run a parallel job step.
+//!
+//! Inside an allocation (`SLURM_JOB_ID` set) it creates a step with `CreateStep`, launches
+//! the tasks on each node's worker through `StepLauncher`, streams their output (with
+//! `-l`, prefixed by the task id) and exits with the worst task's status. Outside an
+//! allocation it submits a job for the command, waits for it to start, and then runs the
+//! step inside it, as Slurm's srun does.
+
+use std::collections::HashMap;
+
+use anyhow::{Context as _, bail};
+use clap::Parser;
+use futures::StreamExt as _;
+use std::io::Write as _;
+use tandem_proto::v1::step_launcher_client::StepLauncherClient;
+use tandem_proto::v1::task_output::Event;
+use tandem_proto::v1::{
+    CancelRequest, CompleteStepRequest, CreateStepRequest, JobRef, JobState, LaunchTasksRequest,
+    ListJobsRequest, SubmitRequest,
+};
+
+use crate::Exit;
+use crate::client::{Client, RpcResult as _};
+use crate::opts::JobOpts;
+
+/// Run a parallel job step.
+#[derive(Debug, Parser)]
+#[command(name = "srun", infer_long_args = true)]
+pub struct Args {
+    #[command(flatten)]
+    pub opts: JobOpts,
+    /// Prefix each output line with the task id.
+    #[arg(short = 'l', long)]
+    pub label: bool,
+    /// The command and its arguments.
+    #[arg(value_name = "COMMAND", required = true, trailing_var_arg = true)]
+    pub command: Vec<String>,
+}
+
+pub async fn run(args: Args) -> Exit {
+    let mut client = Client::connect().await?;
+    let inside = std::env::var("SLURM_JOB_ID")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok());
+    match inside {
+        Some(job_id) => run_step(&mut client, job_id, &args).await,
+        None => run_with_allocation(&mut client, &args).await,
+    }
+}
+
+/// Outside an allocation: a job whose batch script waits, holding the allocation, while the
+/// step runs; cancelled when the step ends.
+async fn run_with_allocation(client: &mut Client, args: &Args) -> Exit {
+    let ctx = crate::cmd::sbatch::submit_context()?;
+    let name = args
+        .command
+        .first()
+        .map(|c| c.rsplit('/').next().unwrap_or(c).to_string())
+        .unwrap_or_else(|| "srun".to_string());
+    // The holder script sleeps until the step is over; srun cancels it then.
+    let script = "#!/bin/sh\nwhile :; do sleep 3600; done\n".to_string();
+    let spec = args.opts.to_spec(script, Vec::new(), &name, &ctx)?;
+    let resp = client
+        .jobs
+        .submit(SubmitRequest { spec: Some(spec) })
+        .await
+        .rpc()?;
+    let job_id = resp.job_id;
+    eprintln!("srun: job {job_id} queued and waiting for resources");
+    let result = async {
+        wait_running(client, job_id).await?;
+        eprintln!("srun: job {job_id} has been allocated resources");
+        run_step(client, job_id, args).await
+    }
+    .await;
+    let _ = client
+        .jobs
+        .cancel(CancelRequest {
+            jobs: vec![JobRef {
+                job_id,
+                array_tasks: String::new(),
+            }],
+            ..CancelRequest::default()
+        })
+        .await;
+    result
+}
+
+async fn wait_running(client: &mut Client, job_id: u64) -> anyhow::Result<()> {
+    loop {
+        let resp = client
+            .jobs
+            .list_jobs(ListJobsRequest {
+                jobs: vec![JobRef {
+                    job_id,
+                    array_tasks: String::new(),
+                }],
+                include_finished: true,
+                ..ListJobsRequest::default()
+            })
+            .await
+            .rpc()?;
+        let Some(job) = resp.jobs.first() else {
+            bail!("job {job_id} vanished");
+        };
+        match job.state() {
+            JobState::Running => return Ok(()),
+            JobState::Pending => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+            other => bail!(
+                "job {job_id} ended before it started: {}",
+                crate::format::view::state_name(other)
+            ),
+        }
+    }
+}
+
+async fn run_step(client: &mut Client, job_id: u64, args: &Args) -> Exit {
+    let opts = &args.opts;
+    let step = client
+        .jobs
+        .create_step(CreateStepRequest {
+            job_id,
+            name: args.command.first().cloned().unwrap_or_default(),
+            nodes: opts.nodes.map_or(0, |n| n.min),
+            ntasks: opts.ntasks.unwrap_or(0),
+            ntasks_per_node: opts.ntasks_per_node.unwrap_or(0),
+            cpus_per_task: opts.cpus_per_task.unwrap_or(0),
+            gpus_per_task: opts.gpus_per_task.as_ref().map_or(0, |g| g.count),
+            nodelist: opts.nodelist.clone().unwrap_or_default(),
+            argv: args.command.clone(),
+        })
+        .await
+        .rpc()
+        .context("cannot create the step")?;
+    let ctx = crate::cmd::sbatch::submit_context()?;
+    let export = opts
+        .export
+        .clone()
+        .unwrap_or(crate::opts::Export::All(Vec::new()));
+    let mut env: HashMap<String, String> = crate::opts::build_environment(&export, &ctx.env)
+        .into_iter()
+        .collect();
+    env.insert("SLURM_STEP_ID".into(), step.step_id.to_string());
+    env.insert("SLURM_STEPID".into(), step.step_id.to_string());
+    env.insert("SLURM_STEP_NODELIST".into(), step.nodelist.clone());
+    env.insert("SLURM_STEP_NUM_TASKS".into(), step.ntasks.to_string());
+    env.insert("SLURM_NTASKS".into(), step.ntasks.to_string());
+    env.insert("SLURM_NPROCS".into(), step.ntasks.to_string());
+    let workdir = ctx.cwd.to_string_lossy().into_owned();
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(u32, Event)>(256);
+    let mut launches = Vec::new();
+    for target in &step.targets {
+        let address = if target.address.contains("://") {
+            target.address.clone()
+        } else {
+            format!("http://{}", target.address)
+        };
+        let key = tandem_proto::endpoint::discover()?.load_key()?;
+        let channel = tandem_proto::endpoint::connect(&address, &key, &client.identity)
+            .await
+            .with_context(|| format!("cannot reach node {}", target.node))?;
+        let mut launcher = StepLauncherClient::new(channel);
+        let req = LaunchTasksRequest {
+            job_id,
+            step_id: step.step_id,
+            argv: args.command.clone(),
+            workdir: workdir.clone(),
+            environment: env.clone(),
+            task_ids: target.task_ids.clone(),
+            gpus: target.gpus.clone(),
+            node_index: target.node_index,
+            launch_token: step.launch_token.clone(),
+            uid: client.identity.uid,
+            gid: client.identity.gid,
+            ntasks_total: step.ntasks,
+        };
+        let tx = tx.clone();
+        let node = target.node.clone();
+        launches.push(tokio::spawn(async move {
+            let mut stream = launcher
+                .launch_tasks(req)
+                .await
+                .map_err(|s| anyhow::anyhow!("node {node}: {}", s.message()))?
+                .into_inner();
+            while let Some(msg) = stream.next().await {
+                let msg = msg.map_err(|s| anyhow::anyhow!("node {node}: {}", s.message()))?;
+                if let Some(ev) = msg.event
+                    && tx.send((msg.task_id, ev)).await.is_err()
+                {
+                    break;
+                }
+            }
+            anyhow::Ok(())
+        }));
+    }
+    drop(tx);
+    // Blocking writes to the terminal are fine here: this task does nothing else.
+    let mut stdout = std::io::stdout().lock();
+    let mut stderr = std::io::stderr().lock();
+    let mut worst: (i32, i32) = (0, 0);
+    let mut partial: HashMap<(u32, bool), Vec<u8>> = HashMap::new();
+    while let Some((task, ev)) = rx.recv().await {
+        match ev {
+            Event::Stdout(bytes) => {
+                write_labelled(&mut stdout, &mut partial, task, false, &bytes, args.label)?
+            }
+            Event::Stderr(bytes) => {
+                write_labelled(&mut stderr, &mut partial, task, true, &bytes, args.label)?
+            }
+            Event::Exit(e) => {
+                if e.signal != 0 && worst.1 == 0 {
+                    worst.1 = e.signal;
+                }
+                worst.0 = worst.0.max(e.exit_code);
+            }
+        }
+    }
+    // Output without a final newline is still shown.
+    for ((task, is_err), rest) in partial {
+        if !rest.is_empty() {
+            let line = label_line(task, &rest, args.label);
+            if is_err {
+                stderr.write_all(&line)?;
+            } else {
+                stdout.write_all(&line)?;
+            }
+        }
+    }
+    stdout.flush()?;
+    stderr.flush()?;
+    drop((stdout, stderr));
+    let mut launch_error = None;
+    for l in launches {
+        if let Err(e) = l.await.map_err(anyhow::Error::from).and_then(|r| r) {
+            launch_error = Some(e);
+        }
+    }
+    let _ = client
+        .jobs
+        .complete_step(CompleteStepRequest {
+            job_id,
+            step_id: step.step_id,
+            exit_code: worst.0,
+            signal: worst.1,
+        })
+        .await;
+    if let Some(e) = launch_error {
+        return Err(e);
+    }
+    Ok(match worst {
+        (0, 0) => 0,
+        (code, _) if code > 0 => u8::try_from(code.min(255)).unwrap_or(1),
+        (_, sig) => u8::try_from((128 + sig).min(255)).unwrap_or(1),
+    })
+}
+
+fn label_line(task: u32, line: &[u8], label: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(line.len() + 8);
+    if label {
+        out.extend_from_slice(format!("{task}: ").as_bytes());
+    }
+    out.extend_from_slice(line);
+    if !line.ends_with(b"\n") {
+        out.push(b'\n');
+    }
+    out
+}
+
+/// Writes complete lines (labelled when asked) and keeps a task's unfinished line for later,
+/// so labels never land in the middle of a line.
+fn write_labelled<W: std::io::Write>(
+    out: &mut W,
+    partial: &mut HashMap<(u32, bool), Vec<u8>>,
+    task: u32,
+    is_err: bool,
+    bytes: &[u8],
+    label: bool,
+) -> anyhow::Result<()> {
+    let buf = partial.entry((task, is_err)).or_default();
+    buf.extend_from_slice(bytes);
+    while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+        let line: Vec<u8> = buf.drain(..=pos).collect();
+        out.write_all(&label_line(task, &line, label))?;
+    }
+    Ok(())
+}

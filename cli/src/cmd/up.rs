@@ -1,0 +1,359 @@
+//! `tandem up`: an all-in-one cluster on this machine.
+//!
+//! Creates the cluster key, starts `tandem controller` and N `tandem worker` processes (this
+//! same binary) in their own process groups so they outlive this command and a ctrl-c in the
+//! terminal, and returns once every node has registered. Everything lives in the state dir:
+//!
+//! ```text
+//! DIR/cluster.key        the key (mode 0600)
+//! DIR/cluster.json       how clients find the cluster ($TANDEM_CONFIG)
+//! DIR/controller/        the controller's durable store
+//! DIR/controller.pid     pid of the controller
+//! DIR/controller.args    its arguments, one per line (to restart it by hand or in tests)
+//! DIR/controller.log     its log
+//! DIR/workers/NAME/      a worker's spool; DIR/workers/NAME.pid, DIR/workers/NAME.log
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use tandem_proto::auth::ClusterKey;
+use tandem_proto::endpoint::ClusterFile;
+use tandem_proto::v1::nodes_client::NodesClient;
+use tandem_proto::v1::{ClusterInfoRequest, ListNodesRequest};
+
+use crate::Exit;
+
+/// Start a local cluster: one controller and N workers as background processes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Number of worker nodes.
+    #[arg(long, default_value_t = 4)]
+    pub nodes: u32,
+    /// GPUs each node declares (the machine's real GPUs are not needed).
+    #[arg(long, default_value_t = 8)]
+    pub gpus_per_node: u32,
+    /// CPUs each node offers. Default: the CPUs of this machine.
+    #[arg(long)]
+    pub cpus_per_node: Option<u32>,
+    /// Memory each node offers (64G, 4096). Default: this machine's memory.
+    #[arg(long)]
+    pub mem_per_node: Option<String>,
+    /// GPU type the nodes declare (e.g. h100).
+    #[arg(long)]
+    pub gpu_type: Option<String>,
+    /// Where the cluster keeps its state, logs and pids. Default: ~/.tandem/local.
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Controller address; port 0 picks a free port.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: std::net::SocketAddr,
+    /// Do not write ~/.tandem/cluster.json (clients then need TANDEM_CONFIG=DIR/cluster.json).
+    #[arg(long)]
+    pub no_default_config: bool,
+    /// Controller TOML file (partitions, QOS, accounts).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Seconds between SIGTERM and SIGKILL at a time limit or cancel.
+    #[arg(long, value_name = "DURATION")]
+    pub kill_wait: Option<String>,
+    /// Heartbeat period of the workers (e.g. 500ms).
+    #[arg(long, value_name = "DURATION")]
+    pub heartbeat_interval: Option<String>,
+    /// A worker silent this long is lost.
+    #[arg(long, value_name = "DURATION")]
+    pub node_timeout: Option<String>,
+    /// How long to wait for the cluster to be ready, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub timeout: u64,
+}
+
+/// The default state dir, `~/.tandem/local`.
+pub fn default_state_dir() -> anyhow::Result<PathBuf> {
+    let home = std::env::var_os("HOME").context("HOME is not set; pass --state-dir")?;
+    Ok(PathBuf::from(home).join(".tandem").join("local"))
+}
+
+/// `~/.tandem/cluster.json`, if HOME is set.
+pub fn home_cluster_file() -> Option<PathBuf> {
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".tandem").join("cluster.json"))
+}
+
+pub fn node_name(i: u32) -> String {
+    format!("node-{i}")
+}
+
+/// What `tandem up` left behind: where the cluster is.
+#[derive(Debug, Clone)]
+pub struct Started {
+    pub state_dir: PathBuf,
+    pub cluster_file: PathBuf,
+    pub controller: String,
+}
+
+pub async fn run(args: Args) -> Exit {
+    let started = start(&args).await?;
+    println!(
+        "tandem: cluster up: controller {} with {} nodes ({} GPUs each)",
+        started.controller, args.nodes, args.gpus_per_node
+    );
+    println!(
+        "tandem: clients find it through {}{}",
+        started.cluster_file.display(),
+        if args.no_default_config {
+            " (set TANDEM_CONFIG to it)"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "tandem: stop it with `tandem down{}`",
+        state_dir_flag(&args.state_dir)
+    );
+    Ok(0)
+}
+
+fn state_dir_flag(dir: &Option<PathBuf>) -> String {
+    dir.as_ref()
+        .map(|d| format!(" --state-dir {}", d.display()))
+        .unwrap_or_default()
+}
+
+/// Starts the cluster and waits for it; on failure stops what it started.
+pub async fn start(args: &Args) -> anyhow::Result<Started> {
+    if args.nodes == 0 {
+        bail!("--nodes must be at least 1");
+    }
+    let dir = match &args.state_dir {
+        Some(d) => std::path::absolute(d).context("invalid --state-dir")?,
+        None => default_state_dir()?,
+    };
+    std::fs::create_dir_all(dir.join("workers"))
+        .with_context(|| format!("cannot create {}", dir.display()))?;
+    if let Some(pid) = super::down::running_controller(&dir) {
+        bail!(
+            "a cluster is already running in {} (controller pid {pid}); stop it with `tandem down{}`",
+            dir.display(),
+            state_dir_flag(&args.state_dir)
+        );
+    }
+    let key_file = dir.join("cluster.key");
+    let key = ClusterKey::load_or_create(&key_file)
+        .with_context(|| format!("cannot create the cluster key {}", key_file.display()))?;
+
+    let addr = resolve_listen(args.listen)?;
+    let controller_url = format!("http://{addr}");
+    let exe = std::env::current_exe().context("cannot find this binary's path")?;
+
+    let mut cargs: Vec<String> = vec![
+        "controller".into(),
+        "--listen".into(),
+        addr.to_string(),
+        "--state-dir".into(),
+        dir.join("controller").to_string_lossy().into_owned(),
+        "--key-file".into(),
+        key_file.to_string_lossy().into_owned(),
+    ];
+    for (flag, v) in [
+        ("--kill-wait", &args.kill_wait),
+        ("--heartbeat-interval", &args.heartbeat_interval),
+        ("--node-timeout", &args.node_timeout),
+    ] {
+        if let Some(v) = v {
+            cargs.push(flag.into());
+            cargs.push(v.clone());
+        }
+    }
+    if let Some(c) = &args.config {
+        cargs.push("--config".into());
+        cargs.push(std::path::absolute(c)?.to_string_lossy().into_owned());
+    }
+    std::fs::write(dir.join("controller.args"), cargs.join("\n") + "\n")
+        .context("cannot write controller.args")?;
+    let mut controller = spawn_daemon(&exe, &cargs, &dir.join("controller.log"))?;
+    write_pid(&dir.join("controller.pid"), controller.id())?;
+
+    let mut workers = Vec::new();
+    for i in 1..=args.nodes {
+        let name = node_name(i);
+        let mut wargs: Vec<String> = vec![
+            "worker".into(),
+            "--controller".into(),
+            controller_url.clone(),
+            "--key-file".into(),
+            key_file.to_string_lossy().into_owned(),
+            "--name".into(),
+            name.clone(),
+            "--gpus".into(),
+            args.gpus_per_node.to_string(),
+            "--state-dir".into(),
+            dir.join("workers")
+                .join(&name)
+                .to_string_lossy()
+                .into_owned(),
+        ];
+        if let Some(c) = args.cpus_per_node {
+            wargs.push("--cpus".into());
+            wargs.push(c.to_string());
+        }
+        if let Some(m) = &args.mem_per_node {
+            wargs.push("--mem".into());
+            wargs.push(m.clone());
+        }
+        if let Some(t) = &args.gpu_type {
+            wargs.push("--gpu-type".into());
+            wargs.push(t.clone());
+        }
+        let log = dir.join("workers").join(format!("{name}.log"));
+        let child = spawn_daemon(&exe, &wargs, &log)?;
+        write_pid(&dir.join("workers").join(format!("{name}.pid")), child.id())?;
+        workers.push((name, child, log));
+    }
+
+    let cluster_file = dir.join("cluster.json");
+    let ready = wait_ready(
+        &controller_url,
+        &key,
+        args.nodes as usize,
+        Duration::from_secs(args.timeout),
+        &mut controller,
+        &dir.join("controller.log"),
+        &mut workers,
+    )
+    .await;
+    let cluster_name = match ready {
+        Ok(name) => name,
+        Err(e) => {
+            super::down::stop(&dir, Duration::from_secs(5));
+            return Err(e);
+        }
+    };
+    let file = ClusterFile {
+        cluster_name,
+        controller: controller_url.clone(),
+        key_file: key_file.clone(),
+    };
+    file.write(&cluster_file)?;
+    if !args.no_default_config
+        && let Some(home) = home_cluster_file()
+    {
+        if let Some(parent) = home.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
+        }
+        file.write(&home)?;
+    }
+    Ok(Started {
+        state_dir: dir,
+        cluster_file,
+        controller: controller_url,
+    })
+}
+
+/// A fixed address: port 0 is resolved here, once, so a restarted controller comes back on
+/// the same port and its workers find it again.
+fn resolve_listen(listen: std::net::SocketAddr) -> anyhow::Result<std::net::SocketAddr> {
+    if listen.port() != 0 {
+        return Ok(listen);
+    }
+    let probe =
+        std::net::TcpListener::bind(listen).with_context(|| format!("cannot bind {listen}"))?;
+    Ok(probe.local_addr()?)
+}
+
+fn spawn_daemon(exe: &Path, args: &[String], log: &Path) -> anyhow::Result<std::process::Child> {
+    use std::os::unix::process::CommandExt as _;
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("cannot open {}", log.display()))?;
+    let err = out.try_clone()?;
+    std::process::Command::new(exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        // Its own process group: a ctrl-c meant for the terminal's foreground job does not
+        // reach the daemons.
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("cannot start {} {}", exe.display(), args.join(" ")))
+}
+
+fn write_pid(path: &Path, pid: u32) -> anyhow::Result<()> {
+    std::fs::write(path, format!("{pid}\n"))
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// The last lines of a log, for error messages.
+pub fn log_tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join(" | ")
+}
+
+async fn wait_ready(
+    url: &str,
+    key: &ClusterKey,
+    nodes: usize,
+    timeout: Duration,
+    controller: &mut std::process::Child,
+    controller_log: &Path,
+    workers: &mut [(String, std::process::Child, PathBuf)],
+) -> anyhow::Result<String> {
+    let identity = crate::client::current_identity();
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut registered = 0;
+    loop {
+        if let Some(status) = controller.try_wait()? {
+            bail!(
+                "the controller exited ({status}) during startup; log {}: {}",
+                controller_log.display(),
+                log_tail(controller_log, 5)
+            );
+        }
+        for (name, child, log) in workers.iter_mut() {
+            if let Some(status) = child.try_wait()? {
+                bail!(
+                    "worker {name} exited ({status}) during startup; log {}: {}",
+                    log.display(),
+                    log_tail(log, 5)
+                );
+            }
+        }
+        if let Ok(channel) = tandem_proto::endpoint::connect(url, key, &identity).await {
+            let mut client = NodesClient::new(channel);
+            if let Ok(resp) = client.list_nodes(ListNodesRequest::default()).await {
+                let up = resp.into_inner().nodes;
+                registered = up
+                    .iter()
+                    .filter(|n| !n.state.to_ascii_uppercase().starts_with("DOWN"))
+                    .count();
+                if registered >= nodes {
+                    let info = client
+                        .cluster_info(ClusterInfoRequest {})
+                        .await
+                        .map(|r| r.into_inner().cluster_name)
+                        .unwrap_or_default();
+                    return Ok(if info.is_empty() {
+                        tandem_proto::endpoint::DEFAULT_CLUSTER_NAME.to_string()
+                    } else {
+                        info
+                    });
+                }
+            }
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!(
+                "only {registered} of {nodes} nodes registered within {}s; controller log {}: {}",
+                timeout.as_secs(),
+                controller_log.display(),
+                log_tail(controller_log, 5)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -1,0 +1,917 @@
+//! Column specifications: `squeue -o "%.18i %.9P %j"`, `squeue -O jobid:10,name`,
+//! `sinfo -o "%P %a %D"` and `sacct --format JobID,JobName%30`, parsed into lists of fields
+//! with width and alignment. Each field renders from a view ([`super::view`]), the same view
+//! the JSON output serializes.
+
+use thiserror::Error;
+
+use super::table::{Align, fit};
+use super::view::{JobView, NodeView, PartitionView, timestamp};
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum FormatError {
+    #[error("invalid format specification {spec:?}: unknown field {field:?}")]
+    UnknownField { spec: String, field: String },
+    #[error("invalid format specification {spec:?}: {problem}")]
+    Malformed { spec: String, problem: &'static str },
+}
+
+/// One piece of a format: literal text, or a field with its width.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece<F> {
+    Text(String),
+    Field {
+        field: F,
+        width: Option<usize>,
+        align: Align,
+    },
+}
+
+/// A parsed format: pieces printed in order, per row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Format<F> {
+    pub pieces: Vec<Piece<F>>,
+    /// sacct marks cut values with `+`; squeue and sinfo cut silently.
+    pub trunc_mark: bool,
+}
+
+/// Something a column can show.
+pub trait Field: Copy {
+    type Row;
+    fn header(self) -> &'static str;
+    fn render(self, row: &Self::Row, ctx: &RenderCtx) -> String;
+}
+
+/// What rendering needs besides the row.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RenderCtx {
+    pub utc_offset_s: i32,
+}
+
+impl<F: Field> Format<F> {
+    pub fn header(&self) -> String {
+        self.line(|f| f.header().to_string())
+    }
+
+    pub fn row(&self, row: &F::Row, ctx: &RenderCtx) -> String {
+        self.line(|f| f.render(row, ctx))
+    }
+
+    /// sacct's dashed line under the header.
+    pub fn rule(&self) -> String {
+        let mut out = String::new();
+        for p in &self.pieces {
+            match p {
+                Piece::Text(t) => out.push_str(t),
+                Piece::Field { width, field, .. } => {
+                    let w = width.unwrap_or_else(|| field.header().len());
+                    out.push_str(&"-".repeat(w));
+                }
+            }
+        }
+        out.trim_end().to_string()
+    }
+
+    /// Fields joined by `sep` without padding (`sacct -P`, `squeue` JSON-less machine use).
+    pub fn delimited(&self, row: Option<&F::Row>, ctx: &RenderCtx, sep: &str) -> String {
+        self.pieces
+            .iter()
+            .filter_map(|p| match p {
+                Piece::Field { field, .. } => Some(match row {
+                    Some(r) => field.render(r, ctx),
+                    None => field.header().to_string(),
+                }),
+                Piece::Text(_) => None,
+            })
+            .collect::<Vec<_>>()
+            .join(sep)
+    }
+
+    fn line(&self, mut text: impl FnMut(F) -> String) -> String {
+        let mut out = String::new();
+        for p in &self.pieces {
+            match p {
+                Piece::Text(t) => out.push_str(t),
+                Piece::Field {
+                    field,
+                    width,
+                    align,
+                } => out.push_str(&fit(&text(*field), *width, *align, self.trunc_mark)),
+            }
+        }
+        out.trim_end().to_string()
+    }
+}
+
+/// Parses a `%[.][#][width]X` format; `field_of` maps the letter.
+pub fn parse_percent<F>(
+    spec: &str,
+    field_of: impl Fn(char) -> Option<F>,
+) -> Result<Format<F>, FormatError> {
+    let mut pieces = Vec::new();
+    let mut text = String::new();
+    let mut chars = spec.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            text.push(c);
+            continue;
+        }
+        if chars.next_if_eq(&'%').is_some() {
+            text.push('%');
+            continue;
+        }
+        let align = if chars.next_if_eq(&'.').is_some() {
+            Align::Right
+        } else {
+            Align::Left
+        };
+        // sinfo's "%#P" (width of the widest value) is treated as its usual width of 9.
+        let auto = chars.next_if_eq(&'#').is_some();
+        let mut digits = String::new();
+        while let Some(d) = chars.next_if(char::is_ascii_digit) {
+            digits.push(d);
+        }
+        let letter = chars.next().ok_or_else(|| FormatError::Malformed {
+            spec: spec.to_string(),
+            problem: "ends inside a % field",
+        })?;
+        let field = field_of(letter).ok_or_else(|| FormatError::UnknownField {
+            spec: spec.to_string(),
+            field: format!("%{letter}"),
+        })?;
+        let width = if auto {
+            Some(9)
+        } else if digits.is_empty() {
+            None
+        } else {
+            Some(digits.parse().map_err(|_| FormatError::Malformed {
+                spec: spec.to_string(),
+                problem: "width too large",
+            })?)
+        };
+        if !text.is_empty() {
+            pieces.push(Piece::Text(std::mem::take(&mut text)));
+        }
+        pieces.push(Piece::Field {
+            field,
+            width,
+            align,
+        });
+    }
+    if !text.is_empty() {
+        pieces.push(Piece::Text(text));
+    }
+    Ok(Format {
+        pieces,
+        trunc_mark: false,
+    })
+}
+
+/// Parses a comma list of field names with optional widths. `sep_width` is `:` for
+/// `squeue -O name:20` and `%` for `sacct --format JobName%20`; `default_width` and
+/// `align_of` give each field's default.
+pub fn parse_named<F>(
+    spec: &str,
+    sep_width: char,
+    field_of: impl Fn(&str) -> Option<F>,
+    default_width: impl Fn(F) -> usize,
+    align_of: impl Fn(F) -> Align,
+    trunc_mark: bool,
+) -> Result<Format<F>, FormatError>
+where
+    F: Copy,
+{
+    let mut pieces = Vec::new();
+    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (name, width) = match item.split_once(sep_width) {
+            Some((n, w)) => (n, Some(w)),
+            None => (item, None),
+        };
+        let field = field_of(name).ok_or_else(|| FormatError::UnknownField {
+            spec: spec.to_string(),
+            field: name.to_string(),
+        })?;
+        let (align, width) = match width {
+            None => (align_of(field), default_width(field)),
+            Some(w) => {
+                let (align, w) = match w.strip_prefix('.') {
+                    Some(w) => (Align::Right, w),
+                    None => (align_of(field), w),
+                };
+                let w = w.parse::<usize>().map_err(|_| FormatError::Malformed {
+                    spec: spec.to_string(),
+                    problem: "a width must be a number",
+                })?;
+                (align, w)
+            }
+        };
+        if !pieces.is_empty() {
+            pieces.push(Piece::Text(" ".to_string()));
+        }
+        pieces.push(Piece::Field {
+            field,
+            width: Some(width),
+            align,
+        });
+    }
+    if pieces.is_empty() {
+        return Err(FormatError::Malformed {
+            spec: spec.to_string(),
+            problem: "no fields",
+        });
+    }
+    Ok(Format { pieces, trunc_mark })
+}
+
+// === squeue ===
+
+/// squeue's fields (`-o` letters, `-O` names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobField {
+    JobId,
+    JobIdRaw,
+    ArrayJobId,
+    ArrayTaskId,
+    Partition,
+    Name,
+    User,
+    Uid,
+    StateCompact,
+    State,
+    TimeUsed,
+    TimeLimit,
+    TimeLeft,
+    Nodes,
+    ReasonOrNodes,
+    NodeList,
+    Reason,
+    Cpus,
+    TresPerNode,
+    Priority,
+    StartTime,
+    SubmitTime,
+    EndTime,
+    Account,
+    Qos,
+    WorkDir,
+    Command,
+    Dependency,
+    MinMemory,
+    Comment,
+    Features,
+}
+
+pub const SQUEUE_DEFAULT: &str = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R";
+pub const SQUEUE_LONG: &str = "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R";
+
+impl JobField {
+    pub fn from_letter(c: char) -> Option<JobField> {
+        use JobField::*;
+        Some(match c {
+            'i' => JobId,
+            'A' => JobIdRaw,
+            'F' => ArrayJobId,
+            'K' => ArrayTaskId,
+            'P' => Partition,
+            'j' => Name,
+            'u' => User,
+            'U' => Uid,
+            't' => StateCompact,
+            'T' => State,
+            'M' => TimeUsed,
+            'l' => TimeLimit,
+            'L' => TimeLeft,
+            'D' => Nodes,
+            'R' => ReasonOrNodes,
+            'N' => NodeList,
+            'r' => Reason,
+            'C' => Cpus,
+            'b' => TresPerNode,
+            'Q' => Priority,
+            'S' => StartTime,
+            'V' => SubmitTime,
+            'e' => EndTime,
+            'a' => Account,
+            'q' => Qos,
+            'Z' => WorkDir,
+            'o' => Command,
+            'E' => Dependency,
+            'm' => MinMemory,
+            'k' => Comment,
+            'f' => Features,
+            _ => return None,
+        })
+    }
+
+    /// `squeue -O` names, case-insensitive.
+    pub fn from_name(name: &str) -> Option<JobField> {
+        use JobField::*;
+        Some(match name.to_ascii_lowercase().as_str() {
+            "jobid" => JobId,
+            "jobidraw" => JobIdRaw,
+            "arrayjobid" => ArrayJobId,
+            "arraytaskid" => ArrayTaskId,
+            "partition" => Partition,
+            "name" => Name,
+            "username" | "user" => User,
+            "userid" | "uid" => Uid,
+            "statecompact" => StateCompact,
+            "state" => State,
+            "timeused" => TimeUsed,
+            "timelimit" => TimeLimit,
+            "timeleft" => TimeLeft,
+            "numnodes" | "nodes" => Nodes,
+            "reasonlist" => ReasonOrNodes,
+            "nodelist" => NodeList,
+            "reason" => Reason,
+            "numcpus" | "cpus" => Cpus,
+            "tres-per-node" | "tres_per_node" => TresPerNode,
+            "priority" | "prioritylong" => Priority,
+            "starttime" => StartTime,
+            "submittime" => SubmitTime,
+            "endtime" => EndTime,
+            "account" => Account,
+            "qos" => Qos,
+            "workdir" => WorkDir,
+            "command" => Command,
+            "dependency" => Dependency,
+            "minmemory" => MinMemory,
+            "comment" => Comment,
+            "feature" | "features" => Features,
+            _ => return None,
+        })
+    }
+}
+
+impl Field for JobField {
+    type Row = JobView;
+
+    fn header(self) -> &'static str {
+        use JobField::*;
+        match self {
+            JobId => "JOBID",
+            JobIdRaw => "JOBID",
+            ArrayJobId => "ARRAY_JOB_ID",
+            ArrayTaskId => "ARRAY_TASK_ID",
+            Partition => "PARTITION",
+            Name => "NAME",
+            User => "USER",
+            Uid => "UID",
+            StateCompact => "ST",
+            State => "STATE",
+            TimeUsed => "TIME",
+            TimeLimit => "TIME_LIMIT",
+            TimeLeft => "TIME_LEFT",
+            Nodes => "NODES",
+            ReasonOrNodes => "NODELIST(REASON)",
+            NodeList => "NODELIST",
+            Reason => "REASON",
+            Cpus => "CPUS",
+            TresPerNode => "TRES_PER_NODE",
+            Priority => "PRIORITY",
+            StartTime => "START_TIME",
+            SubmitTime => "SUBMIT_TIME",
+            EndTime => "END_TIME",
+            Account => "ACCOUNT",
+            Qos => "QOS",
+            WorkDir => "WORK_DIR",
+            Command => "COMMAND",
+            Dependency => "DEPENDENCY",
+            MinMemory => "MIN_MEMORY",
+            Comment => "COMMENT",
+            Features => "FEATURES",
+        }
+    }
+
+    fn render(self, j: &JobView, ctx: &RenderCtx) -> String {
+        use JobField::*;
+        let or_na = |s: &str| {
+            if s.is_empty() {
+                "(null)".to_string()
+            } else {
+                s.to_string()
+            }
+        };
+        match self {
+            JobId => j.job_id.clone(),
+            JobIdRaw => j.job_id_raw.to_string(),
+            ArrayJobId => j.array_job_id.unwrap_or(j.job_id_raw).to_string(),
+            ArrayTaskId => j.array_task_id.clone().unwrap_or_else(|| "N/A".to_string()),
+            Partition => j.partition.clone(),
+            Name => j.name.clone(),
+            User => j.user.clone(),
+            Uid => j.uid.to_string(),
+            StateCompact => j.state_compact.to_string(),
+            State => j.state.to_string(),
+            TimeUsed => j.time_used(),
+            TimeLimit => j.time_limit(),
+            TimeLeft => j.time_left(),
+            Nodes => j.nodes.to_string(),
+            ReasonOrNodes => j.reason_or_nodes(),
+            NodeList => j.nodelist.clone(),
+            Reason => j.reason.clone(),
+            Cpus => j.cpus.to_string(),
+            TresPerNode => match (j.gpus, j.gpu_type.as_str(), j.nodes.max(1)) {
+                (0, _, _) => "N/A".to_string(),
+                (g, "", n) => format!("gres/gpu:{}", g / n),
+                (g, t, n) => format!("gres/gpu:{t}:{}", g / n),
+            },
+            Priority => j.priority.to_string(),
+            StartTime => match (j.start_time, j.is_pending()) {
+                (None, true) => "N/A".to_string(),
+                (t, _) => timestamp(t, ctx.utc_offset_s),
+            },
+            SubmitTime => timestamp(j.submit_time, ctx.utc_offset_s),
+            EndTime => match j.end_time {
+                None => "N/A".to_string(),
+                t => timestamp(t, ctx.utc_offset_s),
+            },
+            Account => or_na(&j.account),
+            Qos => or_na(&j.qos),
+            WorkDir => j.workdir.clone(),
+            Command => j.command.clone(),
+            Dependency => or_na(&j.dependency),
+            MinMemory => tandem_sched::tres::format_mem_mb(j.mem_mb),
+            Comment => or_na(&j.comment),
+            Features => or_na(&j.constraint),
+        }
+    }
+}
+
+pub fn squeue_format(spec: &str) -> Result<Format<JobField>, FormatError> {
+    parse_percent(spec, JobField::from_letter)
+}
+
+pub fn squeue_named(spec: &str) -> Result<Format<JobField>, FormatError> {
+    parse_named(
+        spec,
+        ':',
+        JobField::from_name,
+        |_| 20,
+        |_| Align::Left,
+        false,
+    )
+}
+
+// === sinfo ===
+
+/// One line of sinfo: a partition and a group of its nodes (all nodes of one state, or one
+/// node with `-N`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SinfoRow {
+    pub partition: PartitionView,
+    pub nodes: Vec<NodeView>,
+}
+
+impl SinfoRow {
+    fn first(&self) -> Option<&NodeView> {
+        self.nodes.first()
+    }
+
+    pub fn hostlist(&self) -> String {
+        let names: Vec<&str> = self.nodes.iter().map(|n| n.name.as_str()).collect();
+        tandem_sched::hostlist::compress(&names)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SinfoField {
+    Partition,
+    PartitionName,
+    Avail,
+    TimeLimit,
+    Nodes,
+    StateCompact,
+    State,
+    NodeList,
+    Cpus,
+    CpusState,
+    NodesState,
+    Memory,
+    Gres,
+    Features,
+    Reason,
+}
+
+pub const SINFO_DEFAULT: &str = "%#P %.5a %.10l %.6D %.6t %N";
+pub const SINFO_LONG: &str = "%#P %.5a %.10l %.6D %.11T %N";
+pub const SINFO_NODES: &str = "%#N %.6D %#P %6t";
+pub const SINFO_NODES_LONG: &str = "%#N %.6D %#P %.11T %.4c %.6m %.10G %.8f %E";
+
+impl SinfoField {
+    pub fn from_letter(c: char) -> Option<SinfoField> {
+        use SinfoField::*;
+        Some(match c {
+            'P' => Partition,
+            'R' => PartitionName,
+            'a' => Avail,
+            'l' => TimeLimit,
+            'D' => Nodes,
+            't' => StateCompact,
+            'T' => State,
+            'N' => NodeList,
+            'c' => Cpus,
+            'C' => CpusState,
+            'F' => NodesState,
+            'm' => Memory,
+            'G' => Gres,
+            'f' => Features,
+            'E' => Reason,
+            _ => return None,
+        })
+    }
+}
+
+impl Field for SinfoField {
+    type Row = SinfoRow;
+
+    fn header(self) -> &'static str {
+        use SinfoField::*;
+        match self {
+            Partition | PartitionName => "PARTITION",
+            Avail => "AVAIL",
+            TimeLimit => "TIMELIMIT",
+            Nodes => "NODES",
+            StateCompact | State => "STATE",
+            NodeList => "NODELIST",
+            Cpus => "CPUS",
+            CpusState => "CPUS(A/I/O/T)",
+            NodesState => "NODES(A/I/O/T)",
+            Memory => "MEMORY",
+            Gres => "GRES",
+            Features => "AVAIL_FEATURES",
+            Reason => "REASON",
+        }
+    }
+
+    fn render(self, r: &SinfoRow, _ctx: &RenderCtx) -> String {
+        use SinfoField::*;
+        let down = |n: &NodeView| {
+            let s = n.state.as_str();
+            s.starts_with("DOWN") || s.starts_with("DRAIN")
+        };
+        match self {
+            Partition => r.partition.display_name(),
+            PartitionName => r.partition.name.clone(),
+            Avail => r.partition.state.to_ascii_lowercase(),
+            TimeLimit => r.partition.time_limit(),
+            Nodes => r.nodes.len().to_string(),
+            StateCompact => r.first().map_or("n/a".to_string(), NodeView::state_compact),
+            State => r
+                .first()
+                .map_or("n/a".to_string(), |n| n.state.to_ascii_lowercase()),
+            NodeList => r.hostlist(),
+            Cpus => r.first().map_or(0, |n| n.cpus).to_string(),
+            CpusState => {
+                let (mut a, mut i, mut o, mut t) = (0, 0, 0, 0);
+                for n in &r.nodes {
+                    t += n.cpus;
+                    if down(n) {
+                        o += n.cpus;
+                    } else {
+                        a += n.cpus_alloc;
+                        i += n.cpus.saturating_sub(n.cpus_alloc);
+                    }
+                }
+                format!("{a}/{i}/{o}/{t}")
+            }
+            NodesState => {
+                let (mut a, mut i, mut o) = (0, 0, 0);
+                for n in &r.nodes {
+                    if down(n) {
+                        o += 1;
+                    } else if n.cpus_alloc > 0 || n.gpus_alloc > 0 {
+                        a += 1;
+                    } else {
+                        i += 1;
+                    }
+                }
+                format!("{a}/{i}/{o}/{}", r.nodes.len())
+            }
+            Memory => r.first().map_or(0, |n| n.mem_mb).to_string(),
+            Gres => r.first().map_or("(null)".to_string(), NodeView::gres),
+            Features => r.first().map_or("(null)".to_string(), |n| {
+                if n.features.is_empty() {
+                    "(null)".to_string()
+                } else {
+                    n.features.join(",")
+                }
+            }),
+            Reason => r.first().map_or("none".to_string(), |n| {
+                if n.reason.is_empty() {
+                    "none".to_string()
+                } else {
+                    n.reason.clone()
+                }
+            }),
+        }
+    }
+}
+
+pub fn sinfo_format(spec: &str) -> Result<Format<SinfoField>, FormatError> {
+    parse_percent(spec, SinfoField::from_letter)
+}
+
+// === sacct ===
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcctField {
+    JobId,
+    JobIdRaw,
+    JobName,
+    Partition,
+    Account,
+    AllocCpus,
+    AllocNodes,
+    AllocTres,
+    State,
+    ExitCode,
+    Elapsed,
+    ElapsedRaw,
+    Start,
+    End,
+    Submit,
+    Eligible,
+    NodeList,
+    User,
+    Uid,
+    Timelimit,
+    Qos,
+    WorkDir,
+    Comment,
+    NTasks,
+    ReqMem,
+    Reason,
+    Priority,
+    Constraints,
+    Restarts,
+}
+
+pub const SACCT_DEFAULT: &str = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode";
+
+impl AcctField {
+    pub fn from_name(name: &str) -> Option<AcctField> {
+        use AcctField::*;
+        Some(match name.to_ascii_lowercase().as_str() {
+            "jobid" => JobId,
+            "jobidraw" => JobIdRaw,
+            "jobname" => JobName,
+            "partition" => Partition,
+            "account" => Account,
+            "alloccpus" | "ncpus" => AllocCpus,
+            "allocnodes" | "nnodes" => AllocNodes,
+            "alloctres" => AllocTres,
+            "state" => State,
+            "exitcode" => ExitCode,
+            "elapsed" => Elapsed,
+            "elapsedraw" => ElapsedRaw,
+            "start" => Start,
+            "end" => End,
+            "submit" => Submit,
+            "eligible" => Eligible,
+            "nodelist" => NodeList,
+            "user" => User,
+            "uid" => Uid,
+            "timelimit" => Timelimit,
+            "qos" => Qos,
+            "workdir" => WorkDir,
+            "comment" => Comment,
+            "ntasks" => NTasks,
+            "reqmem" => ReqMem,
+            "reason" => Reason,
+            "priority" => Priority,
+            "constraints" => Constraints,
+            "restarts" => Restarts,
+            _ => return None,
+        })
+    }
+
+    fn width(self) -> usize {
+        use AcctField::*;
+        match self {
+            JobId | JobIdRaw => 12,
+            ExitCode => 8,
+            Start | End | Submit | Eligible => 19,
+            NodeList => 15,
+            User | Uid => 9,
+            WorkDir => 30,
+            _ => 10,
+        }
+    }
+
+    fn align(self) -> Align {
+        match self {
+            AcctField::JobId | AcctField::JobIdRaw => Align::Left,
+            _ => Align::Right,
+        }
+    }
+}
+
+impl Field for AcctField {
+    type Row = JobView;
+
+    fn header(self) -> &'static str {
+        use AcctField::*;
+        match self {
+            JobId => "JobID",
+            JobIdRaw => "JobIDRaw",
+            JobName => "JobName",
+            Partition => "Partition",
+            Account => "Account",
+            AllocCpus => "AllocCPUS",
+            AllocNodes => "AllocNodes",
+            AllocTres => "AllocTRES",
+            State => "State",
+            ExitCode => "ExitCode",
+            Elapsed => "Elapsed",
+            ElapsedRaw => "ElapsedRaw",
+            Start => "Start",
+            End => "End",
+            Submit => "Submit",
+            Eligible => "Eligible",
+            NodeList => "NodeList",
+            User => "User",
+            Uid => "UID",
+            Timelimit => "Timelimit",
+            Qos => "QOS",
+            WorkDir => "WorkDir",
+            Comment => "Comment",
+            NTasks => "NTasks",
+            ReqMem => "ReqMem",
+            Reason => "Reason",
+            Priority => "Priority",
+            Constraints => "Constraints",
+            Restarts => "Restarts",
+        }
+    }
+
+    fn render(self, j: &JobView, ctx: &RenderCtx) -> String {
+        use AcctField::*;
+        let step = j.step_id.is_some();
+        // Slurm leaves job-level fields blank on step rows.
+        let job_only = |s: String| if step { String::new() } else { s };
+        match self {
+            JobId => j.job_id.clone(),
+            JobIdRaw => match &j.step_id {
+                Some(s) => format!("{}.{s}", j.job_id_raw),
+                None => j.job_id_raw.to_string(),
+            },
+            JobName => j.name.clone(),
+            Partition => job_only(j.partition.clone()),
+            Account => j.account.clone(),
+            AllocCpus => j.cpus.to_string(),
+            AllocNodes => j.nodes.to_string(),
+            AllocTres => j.tres.clone(),
+            State => {
+                if j.state == "CANCELLED" && !step {
+                    "CANCELLED".to_string()
+                } else {
+                    j.state.to_string()
+                }
+            }
+            ExitCode => j.exit_code.clone(),
+            Elapsed => tandem_sched::time::format_elapsed(j.elapsed_s),
+            ElapsedRaw => j.elapsed_s.to_string(),
+            Start => timestamp(j.start_time, ctx.utc_offset_s),
+            End => timestamp(j.end_time, ctx.utc_offset_s),
+            Submit => timestamp(j.submit_time, ctx.utc_offset_s),
+            Eligible => timestamp(j.eligible_time, ctx.utc_offset_s),
+            NodeList => {
+                if j.nodelist.is_empty() {
+                    "None assigned".to_string()
+                } else {
+                    j.nodelist.clone()
+                }
+            }
+            User => job_only(j.user.clone()),
+            Uid => job_only(j.uid.to_string()),
+            Timelimit => job_only(j.time_limit()),
+            Qos => job_only(j.qos.clone()),
+            WorkDir => job_only(j.workdir.clone()),
+            Comment => job_only(j.comment.clone()),
+            NTasks => {
+                if step {
+                    j.tasks.to_string()
+                } else {
+                    String::new()
+                }
+            }
+            ReqMem => job_only(tandem_sched::tres::format_mem_mb(j.mem_mb)),
+            Reason => job_only(j.reason.clone()),
+            Priority => job_only(j.priority.to_string()),
+            Constraints => job_only(j.constraint.clone()),
+            Restarts => job_only(j.restarts.to_string()),
+        }
+    }
+}
+
+pub fn sacct_format(spec: &str) -> Result<Format<AcctField>, FormatError> {
+    parse_named(
+        spec,
+        '%',
+        AcctField::from_name,
+        AcctField::width,
+        AcctField::align,
+        true,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::view::JobView;
+    use tandem_proto::v1::{JobInfo, JobState};
+
+    fn view(id: u64, state: JobState, reason: &str) -> JobView {
+        JobView::from_job(
+            &JobInfo {
+                job_id: id,
+                array_task_id: -1,
+                name: "a-very-long-job-name".into(),
+                user: "alice".into(),
+                partition: "batch".into(),
+                state: state as i32,
+                reason: reason.into(),
+                num_nodes: 2,
+                nodelist: "node-[1-2]".into(),
+                start_time: 100,
+                ..JobInfo::default()
+            },
+            161,
+        )
+    }
+
+    #[test]
+    fn squeue_default_layout_matches_slurm() {
+        let f = squeue_format(SQUEUE_DEFAULT).unwrap();
+        assert_eq!(
+            f.header(),
+            "             JOBID PARTITION     NAME     USER ST       TIME  NODES NODELIST(REASON)"
+        );
+        let ctx = RenderCtx::default();
+        assert_eq!(
+            f.row(&view(42, JobState::Running, ""), &ctx),
+            "                42     batch a-very-l    alice  R       1:01      2 node-[1-2]"
+        );
+        let pending = view(43, JobState::Pending, "Resources");
+        assert!(
+            f.row(&pending, &ctx)
+                .ends_with(" PD       1:01      2 (Resources)")
+        );
+    }
+
+    #[test]
+    fn percent_specs() {
+        let f = squeue_format("%i|%.5j|%10u|%%").unwrap();
+        let row = f.row(&view(1, JobState::Running, ""), &RenderCtx::default());
+        assert_eq!(row, "1|a-ver|alice     |%");
+        assert_eq!(
+            squeue_format("%i %Y").unwrap_err(),
+            FormatError::UnknownField {
+                spec: "%i %Y".into(),
+                field: "%Y".into()
+            }
+        );
+        assert!(matches!(
+            squeue_format("%.1"),
+            Err(FormatError::Malformed { .. })
+        ));
+    }
+
+    #[test]
+    fn named_specs() {
+        let f = squeue_named("JobID:6,name:.8,state").unwrap();
+        let row = f.row(&view(1, JobState::Running, ""), &RenderCtx::default());
+        assert_eq!(row, "1      a-very-l RUNNING");
+        assert!(squeue_named("jobid,bogus").is_err());
+    }
+
+    #[test]
+    fn sacct_default_layout_and_truncation_mark() {
+        let f = sacct_format(SACCT_DEFAULT).unwrap();
+        assert_eq!(
+            f.header(),
+            "JobID           JobName  Partition    Account  AllocCPUS      State ExitCode"
+        );
+        assert_eq!(
+            f.rule(),
+            "------------ ---------- ---------- ---------- ---------- ---------- --------"
+        );
+        let row = f.row(&view(9, JobState::Completed, ""), &RenderCtx::default());
+        assert_eq!(
+            row,
+            "9            a-very-lo+      batch                     0  COMPLETED      0:0"
+        );
+        let f = sacct_format("JobID,JobName%30,State").unwrap();
+        assert!(
+            f.row(&view(9, JobState::Failed, ""), &RenderCtx::default())
+                .contains("a-very-long-job-name")
+        );
+        assert_eq!(
+            f.delimited(None, &RenderCtx::default(), "|"),
+            "JobID|JobName|State"
+        );
+        assert!(sacct_format("JobID,Nope").is_err());
+        assert!(sacct_format("JobName%x").is_err());
+    }
+}

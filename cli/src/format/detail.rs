@@ -1,0 +1,230 @@
+//! `scontrol show job|node|partition`: Slurm's `Key=Value` blocks, one record per block,
+//! continuation lines indented by three spaces, records separated by a blank line.
+
+use super::columns::RenderCtx;
+use super::view::{JobView, NodeView, PartitionView, timestamp};
+use tandem_sched::time::format_duration;
+use tandem_sched::tres::format_mem_mb;
+
+fn null(s: &str) -> &str {
+    if s.is_empty() { "(null)" } else { s }
+}
+
+/// Builds one record from lines of `(key, value)` pairs.
+fn block(lines: &[Vec<(&str, String)>]) -> String {
+    let mut out = String::new();
+    for (i, line) in lines.iter().enumerate() {
+        if i > 0 {
+            out.push_str("   ");
+        }
+        let pairs: Vec<String> = line.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        out.push_str(&pairs.join(" "));
+        out.push('\n');
+    }
+    out.push('\n');
+    out
+}
+
+pub fn jobs(jobs: &[JobView], ctx: &RenderCtx) -> String {
+    jobs.iter().map(|j| job(j, ctx)).collect()
+}
+
+fn job(j: &JobView, ctx: &RenderCtx) -> String {
+    let ts = |t: Option<i64>| timestamp(t, ctx.utc_offset_s);
+    let mut first = vec![("JobId", j.job_id_raw.to_string())];
+    if let Some(a) = j.array_job_id {
+        first.push(("ArrayJobId", a.to_string()));
+        first.push(("ArrayTaskId", j.array_task_id.clone().unwrap_or_default()));
+    }
+    first.push(("JobName", j.name.clone()));
+    let gres = match (j.gpus, j.gpu_type.as_str()) {
+        (0, _) => "(null)".to_string(),
+        (g, "") => format!("gres/gpu:{g}"),
+        (g, t) => format!("gres/gpu:{t}:{g}"),
+    };
+    block(&[
+        first,
+        vec![
+            ("UserId", format!("{}({})", j.user, j.uid)),
+            ("Account", null(&j.account).to_string()),
+            ("QOS", null(&j.qos).to_string()),
+        ],
+        vec![
+            ("Priority", j.priority.to_string()),
+            ("JobState", j.state.to_string()),
+            ("Reason", j.reason.clone()),
+            ("Dependency", null(&j.dependency).to_string()),
+        ],
+        vec![
+            ("Requeue", u8::from(j.requeue).to_string()),
+            ("Restarts", j.restarts.to_string()),
+            ("ExitCode", j.exit_code.clone()),
+        ],
+        vec![
+            ("RunTime", tandem_sched::time::format_elapsed(j.elapsed_s)),
+            ("TimeLimit", format_duration(j.time_limit_s)),
+        ],
+        vec![
+            ("SubmitTime", ts(j.submit_time)),
+            ("EligibleTime", ts(j.eligible_time)),
+        ],
+        vec![("StartTime", ts(j.start_time)), ("EndTime", ts(j.end_time))],
+        vec![
+            ("Partition", j.partition.clone()),
+            ("AllocNode", null(&j.submit_host).to_string()),
+        ],
+        vec![("NodeList", null(&j.nodelist).to_string())],
+        vec![
+            ("NumNodes", j.nodes.to_string()),
+            ("NumCPUs", j.cpus.to_string()),
+            ("NumTasks", j.tasks.to_string()),
+            ("CPUs/Task", j.cpus_per_task.max(1).to_string()),
+        ],
+        vec![("TRES", j.tres.clone())],
+        vec![
+            ("MinMemoryNode", format_mem_mb(j.mem_mb)),
+            ("Features", null(&j.constraint).to_string()),
+            (
+                "OverSubscribe",
+                if j.exclusive { "NO" } else { "OK" }.to_string(),
+            ),
+        ],
+        vec![("TresPerNode", gres)],
+        vec![("Command", null(&j.command).to_string())],
+        vec![("WorkDir", j.workdir.clone())],
+        vec![("Comment", null(&j.comment).to_string())],
+        vec![("StdErr", null(&j.stderr).to_string())],
+        vec![("StdOut", null(&j.stdout).to_string())],
+    ])
+}
+
+pub fn nodes(nodes: &[NodeView], ctx: &RenderCtx) -> String {
+    nodes
+        .iter()
+        .map(|n| {
+            let feats = if n.features.is_empty() {
+                "(null)".to_string()
+            } else {
+                n.features.join(",")
+            };
+            let mut cfg = format!("cpu={},mem={}", n.cpus, format_mem_mb(n.mem_mb));
+            if n.gpus > 0 {
+                cfg.push_str(&format!(",gres/gpu={}", n.gpus));
+            }
+            let mut alloc = String::new();
+            if n.cpus_alloc > 0 || n.mem_alloc_mb > 0 || n.gpus_alloc > 0 {
+                alloc = format!("cpu={},mem={}", n.cpus_alloc, format_mem_mb(n.mem_alloc_mb));
+                if n.gpus_alloc > 0 {
+                    alloc.push_str(&format!(",gres/gpu={}", n.gpus_alloc));
+                }
+            }
+            block(&[
+                vec![("NodeName", n.name.clone())],
+                vec![
+                    ("CPUAlloc", n.cpus_alloc.to_string()),
+                    ("CPUTot", n.cpus.to_string()),
+                ],
+                vec![("AvailableFeatures", feats.clone())],
+                vec![("ActiveFeatures", feats)],
+                vec![("Gres", n.gres())],
+                vec![("NodeAddr", null(&n.address).to_string())],
+                vec![
+                    ("RealMemory", n.mem_mb.to_string()),
+                    ("AllocMem", n.mem_alloc_mb.to_string()),
+                ],
+                vec![("State", n.state.clone()), ("Mode", n.mode.to_string())],
+                vec![("Partitions", n.partitions.join(","))],
+                vec![
+                    ("BootTime", timestamp(n.boot_time, ctx.utc_offset_s)),
+                    (
+                        "LastBusyTime",
+                        timestamp(n.last_heartbeat, ctx.utc_offset_s),
+                    ),
+                ],
+                vec![("CfgTRES", cfg)],
+                vec![("AllocTRES", alloc)],
+                vec![("Version", null(&n.version).to_string())],
+                vec![("Reason", null(&n.reason).to_string())],
+            ])
+        })
+        .collect()
+}
+
+pub fn partitions(parts: &[PartitionView]) -> String {
+    parts
+        .iter()
+        .map(|p| {
+            let accounts = if p.allowed_accounts.is_empty() {
+                "ALL".to_string()
+            } else {
+                p.allowed_accounts.join(",")
+            };
+            let names: Vec<&str> = p.nodes.iter().map(String::as_str).collect();
+            block(&[
+                vec![("PartitionName", p.name.clone())],
+                vec![("AllowAccounts", accounts)],
+                vec![(
+                    "Default",
+                    if p.is_default { "YES" } else { "NO" }.to_string(),
+                )],
+                vec![(
+                    "DefaultTime",
+                    p.default_time_s
+                        .map_or("NONE".to_string(), |s| format_duration(Some(s))),
+                )],
+                vec![
+                    (
+                        "MaxNodes",
+                        p.max_nodes
+                            .map_or("UNLIMITED".to_string(), |n| n.to_string()),
+                    ),
+                    ("MaxTime", format_duration(p.max_time_s)),
+                ],
+                vec![("Nodes", tandem_sched::hostlist::compress(&names))],
+                vec![
+                    ("PriorityJobFactor", p.priority_job_factor.to_string()),
+                    ("PriorityTier", p.priority_tier.to_string()),
+                ],
+                vec![
+                    ("State", p.state.clone()),
+                    ("TotalCPUs", p.total_cpus.to_string()),
+                    ("TotalNodes", p.nodes.len().to_string()),
+                ],
+                vec![("TotalGPUs", p.total_gpus.to_string())],
+            ])
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandem_proto::v1::{JobInfo, JobState};
+
+    #[test]
+    fn job_block_layout() {
+        let j = JobView::from_job(
+            &JobInfo {
+                job_id: 3,
+                array_task_id: -1,
+                name: "train".into(),
+                user: "alice".into(),
+                uid: 1000,
+                state: JobState::Running as i32,
+                nodelist: "node-[1-2]".into(),
+                ..JobInfo::default()
+            },
+            0,
+        );
+        let text = jobs(&[j], &RenderCtx::default());
+        let mut lines = text.lines();
+        assert_eq!(lines.next(), Some("JobId=3 JobName=train"));
+        assert_eq!(
+            lines.next(),
+            Some("   UserId=alice(1000) Account=(null) QOS=(null)")
+        );
+        assert!(text.contains("\n   NodeList=node-[1-2]\n"));
+        assert!(text.contains(" JobState=RUNNING "));
+        assert!(text.ends_with("\n\n"));
+    }
+}

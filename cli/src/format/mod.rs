@@ -1,0 +1,242 @@
+//! How the query commands print: one [`Output`] trait, a human implementation (Slurm's
+//! fixed-width columns and `key=value` blocks) and a JSON one.
+//!
+//! # Layout
+//!
+//! - `view.rs`: display models derived once from the wire types (state names, ids, times).
+//! - `columns.rs`: `-o`/`-O`/`--format` parsing and the fields each command knows.
+//! - `table.rs`: padding and cutting cells.
+//! - `detail.rs`: `scontrol show` key=value blocks.
+//!
+//! Both implementations read the same views, so `--json` and `-o` cannot drift apart.
+
+pub mod columns;
+pub mod detail;
+pub mod table;
+pub mod view;
+
+use columns::{
+    AcctField, Format, FormatError, JobField, RenderCtx, SACCT_DEFAULT, SQUEUE_DEFAULT, SinfoRow,
+};
+use view::{JobView, NodeView, PartitionView};
+
+/// Prints the answer of a query command.
+pub trait Output {
+    /// squeue.
+    fn jobs(&self, jobs: &[JobView]) -> Result<String, FormatError>;
+    /// sacct: jobs and their steps.
+    fn records(&self, rows: &[JobView]) -> Result<String, FormatError>;
+    /// sinfo: one row per partition and node group.
+    fn sinfo(&self, rows: &[SinfoRow]) -> Result<String, FormatError>;
+    /// scontrol show job.
+    fn job_details(&self, jobs: &[JobView]) -> String;
+    /// scontrol show node.
+    fn node_details(&self, nodes: &[NodeView]) -> String;
+    /// scontrol show partition.
+    fn partition_details(&self, parts: &[PartitionView]) -> String;
+}
+
+/// A user's column choice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Columns {
+    /// `%.18i %j` style (squeue -o, sinfo -o).
+    Percent(String),
+    /// `jobid:10,name` (squeue -O) or `JobID,JobName%20` (sacct --format).
+    Named(String),
+}
+
+/// Slurm's tables.
+#[derive(Debug, Clone)]
+pub struct Human {
+    /// `None`: the command's default columns.
+    pub columns: Option<Columns>,
+    pub header: bool,
+    /// `sacct -P`/`-p`: fields joined by `|` instead of padded (`true` = trailing `|` too).
+    pub delimited: Option<bool>,
+    pub ctx: RenderCtx,
+}
+
+impl Human {
+    pub fn new(columns: Option<Columns>, header: bool) -> Human {
+        Human {
+            columns,
+            header,
+            delimited: None,
+            ctx: RenderCtx {
+                utc_offset_s: crate::clock::local_utc_offset(),
+            },
+        }
+    }
+
+    fn table<F: columns::Field>(&self, f: &Format<F>, rows: &[F::Row], rule: bool) -> String {
+        let mut out = String::new();
+        if let Some(trailing) = self.delimited {
+            let end = if trailing { "|" } else { "" };
+            if self.header {
+                out.push_str(&f.delimited(None, &self.ctx, "|"));
+                out.push_str(end);
+                out.push('\n');
+            }
+            for r in rows {
+                out.push_str(&f.delimited(Some(r), &self.ctx, "|"));
+                out.push_str(end);
+                out.push('\n');
+            }
+            return out;
+        }
+        if self.header {
+            out.push_str(&f.header());
+            out.push('\n');
+            if rule {
+                out.push_str(&f.rule());
+                out.push('\n');
+            }
+        }
+        for r in rows {
+            out.push_str(&f.row(r, &self.ctx));
+            out.push('\n');
+        }
+        out
+    }
+
+    fn job_format(&self) -> Result<Format<JobField>, FormatError> {
+        match &self.columns {
+            None => columns::squeue_format(SQUEUE_DEFAULT),
+            Some(Columns::Percent(s)) => columns::squeue_format(s),
+            Some(Columns::Named(s)) => columns::squeue_named(s),
+        }
+    }
+
+    fn acct_format(&self) -> Result<Format<AcctField>, FormatError> {
+        match &self.columns {
+            Some(Columns::Named(s)) | Some(Columns::Percent(s)) => columns::sacct_format(s),
+            None => columns::sacct_format(SACCT_DEFAULT),
+        }
+    }
+}
+
+impl Output for Human {
+    fn jobs(&self, jobs: &[JobView]) -> Result<String, FormatError> {
+        Ok(self.table(&self.job_format()?, jobs, false))
+    }
+
+    fn records(&self, rows: &[JobView]) -> Result<String, FormatError> {
+        Ok(self.table(&self.acct_format()?, rows, true))
+    }
+
+    fn sinfo(&self, rows: &[SinfoRow]) -> Result<String, FormatError> {
+        let spec = match &self.columns {
+            Some(Columns::Percent(s)) | Some(Columns::Named(s)) => s.as_str(),
+            None => columns::SINFO_DEFAULT,
+        };
+        Ok(self.table(&columns::sinfo_format(spec)?, rows, false))
+    }
+
+    fn job_details(&self, jobs: &[JobView]) -> String {
+        detail::jobs(jobs, &self.ctx)
+    }
+
+    fn node_details(&self, nodes: &[NodeView]) -> String {
+        detail::nodes(nodes, &self.ctx)
+    }
+
+    fn partition_details(&self, parts: &[PartitionView]) -> String {
+        detail::partitions(parts)
+    }
+}
+
+/// Machine-readable output: the views as JSON objects under one top-level key.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Json;
+
+fn json<T: serde::Serialize>(key: &str, value: &T) -> String {
+    let mut map = serde_json::Map::new();
+    map.insert(
+        key.to_string(),
+        serde_json::to_value(value).unwrap_or(serde_json::Value::Null),
+    );
+    let mut s = serde_json::to_string_pretty(&serde_json::Value::Object(map))
+        .unwrap_or_else(|_| "{}".to_string());
+    s.push('\n');
+    s
+}
+
+impl Output for Json {
+    fn jobs(&self, jobs: &[JobView]) -> Result<String, FormatError> {
+        Ok(json("jobs", &jobs))
+    }
+
+    fn records(&self, rows: &[JobView]) -> Result<String, FormatError> {
+        Ok(json("jobs", &rows))
+    }
+
+    fn sinfo(&self, rows: &[SinfoRow]) -> Result<String, FormatError> {
+        Ok(json("sinfo", &rows))
+    }
+
+    fn job_details(&self, jobs: &[JobView]) -> String {
+        json("jobs", &jobs)
+    }
+
+    fn node_details(&self, nodes: &[NodeView]) -> String {
+        json("nodes", &nodes)
+    }
+
+    fn partition_details(&self, parts: &[PartitionView]) -> String {
+        json("partitions", &parts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tandem_proto::v1::{JobInfo, JobState};
+
+    #[test]
+    fn human_and_json_show_the_same_values() {
+        let j = JobView::from_job(
+            &JobInfo {
+                job_id: 5,
+                array_job_id: 5,
+                array_pending: "3-9".into(),
+                name: "sweep".into(),
+                state: JobState::Pending as i32,
+                reason: "Priority".into(),
+                ..JobInfo::default()
+            },
+            0,
+        );
+        let human = Human::new(Some(Columns::Percent("%i %T %r".into())), false);
+        assert_eq!(
+            human.jobs(std::slice::from_ref(&j)).unwrap(),
+            "5_[3-9] PENDING Priority\n"
+        );
+        let v: serde_json::Value = serde_json::from_str(&Json.jobs(&[j]).unwrap()).unwrap();
+        assert_eq!(v["jobs"][0]["job_id"], "5_[3-9]");
+        assert_eq!(v["jobs"][0]["state"], "PENDING");
+        assert_eq!(v["jobs"][0]["reason"], "Priority");
+    }
+
+    #[test]
+    fn parsable_output() {
+        let j = JobView::from_job(
+            &JobInfo {
+                job_id: 5,
+                array_task_id: -1,
+                name: "x".into(),
+                state: JobState::Completed as i32,
+                ..JobInfo::default()
+            },
+            0,
+        );
+        let mut h = Human::new(Some(Columns::Named("JobID,State,ExitCode".into())), true);
+        h.delimited = Some(false);
+        assert_eq!(
+            h.records(std::slice::from_ref(&j)).unwrap(),
+            "JobID|State|ExitCode\n5|COMPLETED|0:0\n"
+        );
+        h.delimited = Some(true);
+        h.header = false;
+        assert_eq!(h.records(&[j]).unwrap(), "5|COMPLETED|0:0|\n");
+    }
+}

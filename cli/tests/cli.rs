@@ -1,0 +1,78 @@
+//! The binary without a cluster: multi-call dispatch, links, help, and errors that must not
+//! need a controller.
+
+mod util;
+
+use std::process::Command;
+
+use util::{TANDEM, assert_one_line_error};
+
+#[test]
+fn links_make_argv0_dispatch_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    let out = Command::new(TANDEM)
+        .args(["links"])
+        .arg(&bin)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for name in [
+        "sbatch", "squeue", "scancel", "sinfo", "sacct", "scontrol", "srun",
+    ] {
+        assert!(bin.join(name).exists(), "{name}");
+    }
+    // argv[0] = scontrol: host lists need no cluster.
+    let out = Command::new(bin.join("scontrol"))
+        .args(["show", "hostnames", "gpu-[01-03,07]"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "gpu-01\ngpu-02\ngpu-03\ngpu-07\n"
+    );
+    // Errors carry the name the user typed.
+    let out = Command::new(bin.join("sbatch"))
+        .args(["--bogus"])
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, "sbatch", "--bogus");
+    // A second run refuses to clobber without --force.
+    let out = Command::new(TANDEM)
+        .args(["links"])
+        .arg(&bin)
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, "tandem links", "exists");
+}
+
+#[test]
+fn subcommands_and_help() {
+    let out = Command::new(TANDEM)
+        .args(["scontrol", "show", "hostlist", "n3,n1,n2"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "n[1-3]\n");
+    let out = Command::new(TANDEM)
+        .args(["sbatch", "--help"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--job-name"));
+}
+
+#[test]
+fn no_cluster_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(TANDEM)
+        .args(["squeue"])
+        .env("TANDEM_CONFIG", dir.path().join("missing.json"))
+        .env_remove("TANDEM_CONTROLLER")
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, "squeue", "tandem up");
+}

@@ -1,0 +1,243 @@
+//! A local cluster for one test: `tandem up` in a temp dir, the real CLI against it, and
+//! `tandem down` when the guard drops. Every helper polls with a deadline and fails with
+//! what it last saw plus the controller's log, never a bare timeout.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const TANDEM: &str = env!("CARGO_BIN_EXE_tandem");
+
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    /// Where jobs are submitted from (their default working directory).
+    pub work: PathBuf,
+}
+
+impl Cluster {
+    /// `nodes` workers with 4 CPUs, 4 GiB and 2 GPUs each, short timings.
+    pub fn start(nodes: u32) -> Cluster {
+        Cluster::start_with(nodes, &[])
+    }
+
+    pub fn start_with(nodes: u32, extra: &[&str]) -> Cluster {
+        let dir = tempfile::Builder::new()
+            .prefix("tandem-test-")
+            .tempdir()
+            .expect("temp dir");
+        let work = dir.path().join("work");
+        std::fs::create_dir_all(&work).unwrap();
+        let nodes = nodes.to_string();
+        let state = dir.path().join("state");
+        let state = state.to_str().unwrap();
+        let mut args = vec![
+            "up",
+            "--state-dir",
+            state,
+            "--no-default-config",
+            "--listen",
+            "127.0.0.1:0",
+            "--nodes",
+            &nodes,
+            "--gpus-per-node",
+            "2",
+            "--cpus-per-node",
+            "4",
+            "--mem-per-node",
+            "4G",
+            "--kill-wait",
+            "1s",
+            "--heartbeat-interval",
+            "200ms",
+            "--node-timeout",
+            "5s",
+            "--timeout",
+            "60",
+        ];
+        args.extend_from_slice(extra);
+        let out = Command::new(TANDEM)
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run tandem up");
+        let cluster = Cluster { dir, work };
+        assert!(
+            out.status.success(),
+            "tandem up failed: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            cluster.controller_log()
+        );
+        cluster
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    pub fn cluster_file(&self) -> PathBuf {
+        self.state_dir().join("cluster.json")
+    }
+
+    pub fn controller_log(&self) -> String {
+        let text =
+            std::fs::read_to_string(self.state_dir().join("controller.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        format!(
+            "--- controller log (tail) ---\n{}",
+            lines[lines.len().saturating_sub(30)..].join("\n")
+        )
+    }
+
+    /// A `tandem` command against this cluster, run from the work dir.
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(TANDEM);
+        c.args(args)
+            .env("TANDEM_CONFIG", self.cluster_file())
+            .env("TANDEM_BIN", TANDEM)
+            .env_remove("SLURM_JOB_ID")
+            .current_dir(&self.work)
+            .stdin(Stdio::null());
+        c
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().expect("run tandem")
+    }
+
+    /// Runs and requires success; returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "tandem {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.controller_log()
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Writes a script into the work dir and returns its path.
+    pub fn script(&self, name: &str, text: &str) -> String {
+        let p = self.work.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_string_lossy().into_owned()
+    }
+
+    /// `sbatch --parsable ARGS` -> job id.
+    pub fn sbatch(&self, args: &[&str]) -> u64 {
+        let mut all = vec!["sbatch", "--parsable"];
+        all.extend_from_slice(args);
+        let out = self.ok(&all);
+        out.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("sbatch printed {out:?}"))
+    }
+
+    /// The accounting record of a job (any state), or None.
+    pub fn job(&self, id: u64) -> Option<Value> {
+        let out = self.ok(&["sacct", "-X", "-j", &id.to_string(), "--json"]);
+        let v: Value = serde_json::from_str(&out).expect("sacct --json");
+        v["jobs"].as_array().and_then(|a| a.first().cloned())
+    }
+
+    /// Every job record of every user.
+    pub fn all_jobs(&self) -> Vec<Value> {
+        let out = self.ok(&["sacct", "-X", "-a", "-S", "now-1days", "--json"]);
+        let v: Value = serde_json::from_str(&out).expect("sacct --json");
+        v["jobs"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Polls until the job's state is `state`; returns its record.
+    pub fn wait_state(&self, id: u64, state: &str, timeout: Duration) -> Value {
+        let deadline = Instant::now() + timeout;
+        let mut last = None;
+        while Instant::now() < deadline {
+            last = self.job(id);
+            if let Some(j) = &last
+                && j["state"] == state
+            {
+                return j.clone();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "job {id} did not reach {state} within {timeout:?}; last seen: {last:?}\n{}",
+            self.controller_log()
+        );
+    }
+
+    /// Polls until the job has ended (any terminal state).
+    pub fn wait_end(&self, id: u64, timeout: Duration) -> Value {
+        let deadline = Instant::now() + timeout;
+        let mut last = None;
+        while Instant::now() < deadline {
+            last = self.job(id);
+            if let Some(j) = &last
+                && !matches!(
+                    j["state"].as_str(),
+                    Some("PENDING" | "RUNNING" | "COMPLETING")
+                )
+            {
+                return j.clone();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "job {id} did not end within {timeout:?}; last seen: {last:?}\n{}",
+            self.controller_log()
+        );
+    }
+
+    /// Waits for a file to exist and contain `needle`; returns its contents.
+    pub fn wait_file(&self, path: &Path, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        let mut text = String::new();
+        while Instant::now() < deadline {
+            text = std::fs::read_to_string(path).unwrap_or_default();
+            if text.contains(needle) {
+                return text;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "{} never contained {needle:?}; it has {text:?}",
+            path.display()
+        );
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = Command::new(TANDEM)
+            .args(["down", "--grace", "3", "--state-dir"])
+            .arg(self.state_dir())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Asserts a failed command printed exactly one `<cmd>: error: ...` line mentioning `needle`.
+pub fn assert_one_line_error(out: &Output, cmd: &str, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "expected failure, got success; stderr {stderr:?}"
+    );
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "want one error line, got {stderr:?}");
+    assert!(
+        lines[0].starts_with(&format!("{cmd}: error: ")),
+        "want '{cmd}: error: ...', got {:?}",
+        lines[0]
+    );
+    assert!(
+        lines[0].to_lowercase().contains(&needle.to_lowercase()),
+        "error {:?} should mention {needle:?}",
+        lines[0]
+    );
+}

@@ -1,0 +1,576 @@
+//! Every conversion between the wire (`tandem_proto::v1`) and the scheduling core
+//! (`tandem_sched`), in one place.
+//!
+//! Inbound conversions are also validation: nothing from the network reaches the core
+//! unchecked. A bad field becomes `Status::invalid_argument` with one line naming the field
+//! and the problem, before anything is created.
+
+use tandem_proto::auth::Identity;
+use tandem_proto::v1;
+use tandem_sched::array::ArraySpec;
+use tandem_sched::constraint::Constraint;
+use tandem_sched::dependency::Dependency;
+use tandem_sched::job::{Hold, Job, JobSpec, JobState};
+use tandem_sched::node::{Node, NodeMode};
+use tandem_sched::partition::Partition;
+use tandem_sched::state::{JobSelector, JobUpdate};
+use tandem_sched::{JobId, State, Tres};
+use tonic::Status;
+
+use crate::launch::Payload;
+
+/// Slurm's default `max_script_size` is 4 MB.
+pub const MAX_SCRIPT_BYTES: usize = 4 << 20;
+/// Environment of one job, all entries together.
+pub const MAX_ENV_BYTES: usize = 1 << 20;
+pub const MAX_ENV_ENTRIES: usize = 10_000;
+pub const MAX_ARGV_BYTES: usize = 1 << 20;
+pub const MAX_PATH_BYTES: usize = 4096;
+pub const MAX_TEXT_BYTES: usize = 1024;
+pub const MAX_IDEMPOTENCY_KEY: usize = 128;
+
+fn bad(field: &str, problem: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(format!("{field}: {problem}"))
+}
+
+fn no_nul(field: &str, s: &str) -> Result<(), Status> {
+    if s.contains('\0') {
+        return Err(bad(field, "contains a NUL byte"));
+    }
+    Ok(())
+}
+
+fn text(field: &str, s: &str, max: usize) -> Result<(), Status> {
+    if s.len() > max {
+        return Err(bad(field, format!("longer than {max} bytes")));
+    }
+    no_nul(field, s)
+}
+
+fn opt(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_owned())
+}
+
+fn hosts(field: &str, expr: &str) -> Result<Vec<String>, Status> {
+    if expr.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    text(field, expr, MAX_TEXT_BYTES * 16)?;
+    tandem_sched::hostlist::expand(expr).map_err(|e| bad(field, e))
+}
+
+/// Validates a submission and splits it into the scheduling spec and the stored payload.
+/// The job's user is the caller's verified identity, whatever the request says.
+pub fn submit_from_proto(
+    spec: &v1::JobSpec,
+    who: &Identity,
+    max_array_size: u32,
+) -> Result<(JobSpec, Payload), Status> {
+    if spec.script.len() > MAX_SCRIPT_BYTES {
+        return Err(bad(
+            "script",
+            format!("larger than {} MB", MAX_SCRIPT_BYTES >> 20),
+        ));
+    }
+    no_nul("script", &spec.script)?;
+    let argv_bytes: usize = spec.argv.iter().map(String::len).sum();
+    if argv_bytes > MAX_ARGV_BYTES {
+        return Err(bad("argv", "larger than 1 MB"));
+    }
+    for a in &spec.argv {
+        no_nul("argv", a)?;
+    }
+    if spec.environment.len() > MAX_ENV_ENTRIES {
+        return Err(bad(
+            "environment",
+            format!("more than {MAX_ENV_ENTRIES} variables"),
+        ));
+    }
+    let env_bytes: usize = spec
+        .environment
+        .iter()
+        .map(|(k, v)| k.len() + v.len())
+        .sum();
+    if env_bytes > MAX_ENV_BYTES {
+        return Err(bad("environment", "larger than 1 MB"));
+    }
+    for (k, v) in &spec.environment {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(bad(
+                "environment",
+                format!("bad variable name {:?}", k.chars().take(64).collect::<String>()),
+            ));
+        }
+        no_nul("environment", v)?;
+    }
+    if spec.workdir.is_empty() {
+        return Err(bad("workdir", "missing (sbatch sends its working directory)"));
+    }
+    if !spec.workdir.starts_with('/') {
+        return Err(bad("workdir", format!("{:?} is not an absolute path", spec.workdir)));
+    }
+    text("workdir", &spec.workdir, MAX_PATH_BYTES)?;
+    text("output", &spec.stdout, MAX_PATH_BYTES)?;
+    text("error", &spec.stderr, MAX_PATH_BYTES)?;
+    text("comment", &spec.comment, MAX_TEXT_BYTES)?;
+    text("submit host", &spec.submit_host, 256)?;
+    text("idempotency key", &spec.idempotency_key, MAX_IDEMPOTENCY_KEY)?;
+    if spec.requeue && spec.no_requeue {
+        return Err(bad("requeue", "--requeue and --no-requeue are mutually exclusive"));
+    }
+    if spec.script.is_empty() && spec.argv.is_empty() {
+        return Err(bad("script", "empty (give a batch script or --wrap)"));
+    }
+
+    let array = if spec.array.trim().is_empty() {
+        None
+    } else {
+        text("array", &spec.array, MAX_TEXT_BYTES)?;
+        Some(Box::new(
+            ArraySpec::parse_with_max(&spec.array, max_array_size).map_err(|e| bad("array", e))?,
+        ))
+    };
+    let dependency = if spec.dependency.trim().is_empty() {
+        None
+    } else {
+        text("dependency", &spec.dependency, MAX_TEXT_BYTES)?;
+        Some(Box::new(
+            Dependency::parse(&spec.dependency).map_err(|e| bad("dependency", e))?,
+        ))
+    };
+    let constraint = if spec.constraint.trim().is_empty() {
+        None
+    } else {
+        text("constraint", &spec.constraint, MAX_TEXT_BYTES)?;
+        Some(Box::new(
+            Constraint::parse(&spec.constraint).map_err(|e| bad("constraint", e))?,
+        ))
+    };
+    let mode = match v1::NodeMode::try_from(spec.mode) {
+        Ok(v1::NodeMode::Kube) => NodeMode::Kube,
+        Ok(_) => NodeMode::Batch,
+        Err(_) => return Err(bad("mode", format!("unknown node mode {}", spec.mode))),
+    };
+    let nice = i32::try_from(spec.priority_nice).map_err(|_| bad("nice", "too large"))?;
+    if spec.begin_time < 0 {
+        return Err(bad("begin", "negative time"));
+    }
+    let sched = JobSpec {
+        name: spec.name.clone(),
+        user: who.user.clone(),
+        uid: who.uid,
+        gid: who.gid,
+        account: spec.account.clone(),
+        partition: spec.partition.clone(),
+        qos: spec.qos.clone(),
+        time_limit: (spec.time_limit_s > 0).then_some(spec.time_limit_s),
+        nodes_min: spec.nodes_min,
+        nodes_max: spec.nodes_max,
+        ntasks: spec.ntasks,
+        ntasks_per_node: spec.ntasks_per_node,
+        cpus_per_task: spec.cpus_per_task,
+        mem_per_node_mb: (spec.mem_per_node_mb > 0).then_some(spec.mem_per_node_mb),
+        mem_per_cpu_mb: (spec.mem_per_cpu_mb > 0).then_some(spec.mem_per_cpu_mb),
+        gpus: spec.gpus,
+        gpus_per_node: spec.gpus_per_node,
+        gpus_per_task: spec.gpus_per_task,
+        gpu_type: opt(&spec.gpu_type),
+        exclusive: spec.exclusive,
+        constraint,
+        nodelist: hosts("nodelist", &spec.nodelist)?,
+        exclude: hosts("exclude", &spec.exclude)?,
+        dependency,
+        array,
+        hold: spec.hold,
+        begin: (spec.begin_time > 0).then_some(spec.begin_time),
+        requeue: if spec.requeue {
+            Some(true)
+        } else if spec.no_requeue {
+            Some(false)
+        } else {
+            None
+        },
+        mode,
+        nice,
+        priority: None,
+    };
+    sched.validate().map_err(|e| Status::invalid_argument(e.to_string()))?;
+    let payload = Payload {
+        script: spec.script.clone(),
+        argv: spec.argv.clone(),
+        workdir: spec.workdir.clone(),
+        environment: spec
+            .environment
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        stdout: spec.stdout.clone(),
+        stderr: spec.stderr.clone(),
+        submit_host: spec.submit_host.clone(),
+        comment: spec.comment.clone(),
+    };
+    Ok((sched, payload))
+}
+
+/// `12`, `12_3`, `12_[3-5]` from the wire form.
+pub fn selector(r: &v1::JobRef) -> Result<JobSelector, Status> {
+    if r.job_id == 0 {
+        return Err(bad("job id", "0 is not a job id"));
+    }
+    let tasks = r.array_tasks.trim().trim_start_matches('[').trim_end_matches(']');
+    if tasks.is_empty() {
+        return Ok(JobSelector::job(JobId(r.job_id)));
+    }
+    text("array tasks", tasks, MAX_TEXT_BYTES)?;
+    JobSelector::parse(&format!("{}_{}", r.job_id, tasks))
+        .map_err(|e| Status::invalid_argument(e.to_string()))
+}
+
+pub fn job_update(u: &v1::JobUpdate) -> Result<JobUpdate, Status> {
+    let mut out = JobUpdate {
+        time_limit: u.time_limit_s.map(|t| (t > 0).then_some(t)),
+        partition: u.partition.clone(),
+        name: u.name.clone(),
+        account: u.account.clone(),
+        qos: u.qos.clone(),
+        nice: u
+            .nice
+            .map(|n| i32::try_from(n).map_err(|_| bad("nice", "too large")))
+            .transpose()?,
+        dependency: None,
+        priority: u.priority.map(|p| (p > 0).then_some(p)),
+    };
+    for (field, v) in [
+        ("partition", &out.partition),
+        ("name", &out.name),
+        ("account", &out.account),
+        ("qos", &out.qos),
+    ] {
+        if let Some(v) = v {
+            text(field, v, 256)?;
+        }
+    }
+    if let Some(d) = &u.dependency {
+        out.dependency = Some(if d.trim().is_empty() {
+            None
+        } else {
+            text("dependency", d, MAX_TEXT_BYTES)?;
+            Some(Dependency::parse(d).map_err(|e| bad("dependency", e))?)
+        });
+    }
+    Ok(out)
+}
+
+pub fn state_to_proto(s: JobState) -> v1::JobState {
+    match s {
+        JobState::Pending => v1::JobState::Pending,
+        JobState::Running => v1::JobState::Running,
+        JobState::Suspended => v1::JobState::Suspended,
+        JobState::Completing => v1::JobState::Completing,
+        JobState::Completed => v1::JobState::Completed,
+        JobState::Cancelled => v1::JobState::Cancelled,
+        JobState::Failed => v1::JobState::Failed,
+        JobState::Timeout => v1::JobState::Timeout,
+        JobState::Preempted => v1::JobState::Preempted,
+        JobState::NodeFail => v1::JobState::NodeFail,
+        JobState::OutOfMemory => v1::JobState::OutOfMemory,
+        JobState::Requeued => v1::JobState::Requeued,
+    }
+}
+
+/// Unknown or unspecified states are an error, not a silent "match nothing".
+pub fn state_from_proto(s: i32) -> Result<JobState, Status> {
+    let p = v1::JobState::try_from(s).map_err(|_| bad("state", format!("unknown job state {s}")))?;
+    Ok(match p {
+        v1::JobState::Unspecified => return Err(bad("state", "unspecified job state")),
+        v1::JobState::Pending => JobState::Pending,
+        v1::JobState::Running => JobState::Running,
+        v1::JobState::Completed => JobState::Completed,
+        v1::JobState::Failed => JobState::Failed,
+        v1::JobState::Cancelled => JobState::Cancelled,
+        v1::JobState::Timeout => JobState::Timeout,
+        v1::JobState::Preempted => JobState::Preempted,
+        v1::JobState::NodeFail => JobState::NodeFail,
+        v1::JobState::Suspended => JobState::Suspended,
+        v1::JobState::Completing => JobState::Completing,
+        v1::JobState::OutOfMemory => JobState::OutOfMemory,
+        v1::JobState::Requeued => JobState::Requeued,
+    })
+}
+
+pub fn mode_to_proto(m: NodeMode) -> v1::NodeMode {
+    match m {
+        NodeMode::Batch => v1::NodeMode::Batch,
+        NodeMode::Kube => v1::NodeMode::Kube,
+    }
+}
+
+pub fn tres(t: &Tres, gpu_type: Option<&str>) -> v1::Tres {
+    v1::Tres {
+        cpus: t.cpus,
+        mem_mb: t.mem_mb,
+        gpus: t.gpus,
+        gpu_type: gpu_type.unwrap_or_default().to_owned(),
+    }
+}
+
+/// The wire view of a job record (without payload fields, which the caller may add).
+pub fn job_info(st: &State, job: &Job) -> v1::JobInfo {
+    let (nodelist, num_nodes, tres_total, gpu_binding) = match job.alloc.as_deref() {
+        Some(a) => {
+            let names = st.node_names(job);
+            let binding = a
+                .nodes
+                .iter()
+                .zip(&names)
+                .filter(|(na, _)| !na.gpus.is_empty())
+                .map(|(na, name)| {
+                    let ids: Vec<String> = na.gpus.iter().map(u32::to_string).collect();
+                    format!("{name}={}", ids.join(","))
+                })
+                .collect::<Vec<_>>()
+                .join(";");
+            (
+                st.nodelist(job),
+                u32::try_from(a.nodes.len()).unwrap_or(u32::MAX),
+                a.total(),
+                binding,
+            )
+        }
+        None => (String::new(), job.shape.nodes, job.shape.total(), String::new()),
+    };
+    let array_pending = job
+        .array
+        .as_ref()
+        .map(|a| {
+            let mut s = a.pending.to_string();
+            if let Some(t) = job.spec.array.as_ref().and_then(|s| s.throttle) {
+                s.push_str(&format!("%{t}"));
+            }
+            s
+        })
+        .unwrap_or_default();
+    let reason = if job.state == JobState::Pending && job.hold != Hold::None {
+        match job.hold {
+            Hold::Admin => "JobHeldAdmin".to_owned(),
+            _ => "JobHeldUser".to_owned(),
+        }
+    } else {
+        job.reason.name().to_owned()
+    };
+    v1::JobInfo {
+        job_id: job.id.0,
+        array_job_id: job
+            .array_job_id
+            .map(|a| a.0)
+            .or_else(|| job.array.as_ref().map(|_| job.id.0))
+            .unwrap_or(0),
+        array_task_id: job.array_task_id.map_or(-1, i64::from),
+        array_pending,
+        name: job.spec.name.clone(),
+        user: job.spec.user.clone(),
+        uid: job.spec.uid,
+        gid: job.spec.gid,
+        account: job.spec.account.clone(),
+        partition: job.spec.partition.clone(),
+        qos: job.spec.qos.clone(),
+        state: state_to_proto(job.state) as i32,
+        reason,
+        priority: job.priority,
+        submit_time: job.submit_time,
+        eligible_time: job.eligible_time.unwrap_or(0),
+        start_time: job.start_time.unwrap_or(0),
+        end_time: job.end_time.unwrap_or(0),
+        time_limit_s: job.time_limit.unwrap_or(0),
+        nodelist,
+        num_nodes,
+        num_cpus: tres_total.cpus,
+        num_tasks: job.shape.ntasks,
+        cpus_per_task: job.spec.cpus_per_task.max(1),
+        tres: Some(tres(&tres_total, job.spec.gpu_type.as_deref())),
+        exit_code: job.exit_code,
+        exit_signal: job.signal,
+        workdir: String::new(),
+        stdout: String::new(),
+        stderr: String::new(),
+        dependency: job
+            .spec
+            .dependency
+            .as_ref()
+            .map(|d| d.to_string())
+            .unwrap_or_default(),
+        command: String::new(),
+        requeue: job.spec.requeue_allowed(st.config().sched.job_requeue),
+        restarts: job.restarts,
+        constraint: job
+            .spec
+            .constraint
+            .as_ref()
+            .map(|c| c.to_string())
+            .unwrap_or_default(),
+        exclusive: job.shape.exclusive,
+        mode: mode_to_proto(job.spec.mode) as i32,
+        steps: Vec::new(),
+        submit_host: String::new(),
+        gpu_binding,
+        preempt_time: job.preempt_time.unwrap_or(0),
+        comment: String::new(),
+        mem_per_node_mb: job.shape.per_node.mem_mb,
+        ntasks_per_node: job.shape.tasks_per_node,
+    }
+}
+
+/// Fills the payload-backed fields of a job's wire view (one job shown in detail).
+pub fn add_payload(info: &mut v1::JobInfo, p: &Payload) {
+    info.workdir = p.workdir.clone();
+    info.stdout = p.stdout.clone();
+    info.stderr = p.stderr.clone();
+    info.submit_host = p.submit_host.clone();
+    info.comment = p.comment.clone();
+    info.command = if p.script.is_empty() {
+        p.argv.join(" ")
+    } else {
+        // Slurm shows the script path; we keep the script text, so name its interpreter.
+        p.script.lines().next().unwrap_or_default().to_owned()
+    };
+}
+
+pub fn node_info(n: &Node, address: &str, version: &str) -> v1::NodeInfo {
+    v1::NodeInfo {
+        name: n.name.clone(),
+        state: n.state().name().to_owned(),
+        mode: mode_to_proto(n.mode) as i32,
+        total: Some(tres(&n.total, n.gpu_type.as_deref())),
+        allocated: Some(tres(&n.alloc, n.gpu_type.as_deref())),
+        partitions: n.partitions.clone(),
+        features: n.features.clone(),
+        reason: n.reason.clone().unwrap_or_default(),
+        boot_time: 0,
+        last_heartbeat: n.last_seen,
+        address: address.to_owned(),
+        running_jobs: n.jobs.iter().map(|j| j.0).collect(),
+        worker_version: version.to_owned(),
+    }
+}
+
+pub fn partition_info(st: &State, p: &Partition) -> v1::PartitionInfo {
+    let nodes: Vec<&Node> = st.partition_nodes(&p.name).collect();
+    v1::PartitionInfo {
+        name: p.name.clone(),
+        is_default: p.default,
+        state: p.state.name().to_owned(),
+        max_time_s: p.max_time.unwrap_or(0),
+        default_time_s: p.default_limit().unwrap_or(0),
+        max_nodes: p.max_nodes.unwrap_or(0),
+        nodes: nodes.iter().map(|n| n.name.clone()).collect(),
+        allowed_accounts: p.allowed_accounts.clone(),
+        priority_tier: u32::from(p.priority_tier),
+        priority_job_factor: u32::from(p.priority_job_factor),
+        total_cpus: nodes.iter().map(|n| n.total.cpus).sum(),
+        total_gpus: nodes.iter().map(|n| n.total.gpus).sum(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alice() -> Identity {
+        Identity::user("alice", 1000, 1000)
+    }
+
+    fn spec() -> v1::JobSpec {
+        v1::JobSpec {
+            name: "j".into(),
+            script: "#!/bin/sh\necho hi\n".into(),
+            workdir: "/tmp".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn identity_wins_over_the_request_and_payload_is_split_off() {
+        let mut s = spec();
+        s.environment.insert("A".into(), "1".into());
+        s.time_limit_s = 60;
+        s.gpus_per_node = 2;
+        s.array = "0-9%2".into();
+        s.dependency = "afterok:1".into();
+        s.nodelist = "n[1-2]".into();
+        let (j, p) = submit_from_proto(&s, &alice(), 1001).unwrap();
+        assert_eq!((j.user.as_str(), j.uid), ("alice", 1000));
+        assert_eq!(j.time_limit, Some(60));
+        assert_eq!(j.gpus_per_node, 2);
+        assert_eq!(j.array.unwrap().throttle, Some(2));
+        assert_eq!(j.nodelist, vec!["n1", "n2"]);
+        assert!(j.dependency.is_some());
+        assert_eq!(p.environment["A"], "1");
+        assert_eq!(p.script, s.script);
+    }
+
+    #[test]
+    fn hostile_input_names_the_field() {
+        let cases: Vec<(Box<dyn Fn(&mut v1::JobSpec)>, &str)> = vec![
+            (Box::new(|s| s.workdir = "rel".into()), "workdir"),
+            (Box::new(|s| s.workdir.clear()), "workdir"),
+            (Box::new(|s| s.script = "x".repeat(MAX_SCRIPT_BYTES + 1)), "script"),
+            (Box::new(|s| { s.script.clear(); }), "script"),
+            (Box::new(|s| s.script = "a\0b".into()), "NUL"),
+            (Box::new(|s| { s.environment.insert("A=B".into(), "x".into()); }), "environment"),
+            (Box::new(|s| s.array = "5-1".into()), "array"),
+            (Box::new(|s| s.array = "0-10".into()), "array"),
+            (Box::new(|s| s.dependency = "afterwards:1".into()), "dependency"),
+            (Box::new(|s| s.nodelist = "n[1-".into()), "nodelist"),
+            (Box::new(|s| s.mode = 99), "mode"),
+            (Box::new(|s| { s.requeue = true; s.no_requeue = true; }), "requeue"),
+            (Box::new(|s| { s.gpus = 1; s.gpus_per_node = 1; }), "gpus"),
+            (Box::new(|s| s.name = "x".repeat(300)), "name"),
+            (Box::new(|s| s.begin_time = -5), "begin"),
+        ];
+        for (mutate, want) in cases {
+            let mut s = spec();
+            mutate(&mut s);
+            let err = submit_from_proto(&s, &alice(), 10).unwrap_err();
+            assert_eq!(err.code(), tonic::Code::InvalidArgument);
+            assert!(err.message().contains(want), "{want}: {}", err.message());
+            assert!(!err.message().contains('\n'), "one line: {}", err.message());
+        }
+    }
+
+    #[test]
+    fn selectors_and_states_round_trip() {
+        let s = selector(&v1::JobRef {
+            job_id: 12,
+            array_tasks: "[3-5]".into(),
+        })
+        .unwrap();
+        assert_eq!(s.to_string(), "12_[3-5]");
+        assert!(selector(&v1::JobRef {
+            job_id: 0,
+            array_tasks: String::new()
+        })
+        .is_err());
+        for st in JobState::ALL {
+            assert_eq!(state_from_proto(state_to_proto(st) as i32).unwrap(), st);
+        }
+        assert!(state_from_proto(0).is_err());
+        assert!(state_from_proto(999).is_err());
+    }
+
+    #[test]
+    fn updates_convert_zero_to_unlimited() {
+        let u = job_update(&v1::JobUpdate {
+            time_limit_s: Some(0),
+            dependency: Some(String::new()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(u.time_limit, Some(None));
+        assert_eq!(u.dependency, Some(None));
+        assert!(job_update(&v1::JobUpdate {
+            dependency: Some("bogus".into()),
+            ..Default::default()
+        })
+        .is_err());
+    }
+}

@@ -1,0 +1,227 @@
+//! `tandem.v1.Jobs`: sbatch, scancel, squeue, scontrol on jobs, srun's steps.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use futures::Stream;
+use tandem_proto::auth::identity;
+use tandem_proto::v1::{self, jobs_server::Jobs};
+use tandem_sched::JobId;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::{Request, Response, Status};
+use tracing::instrument;
+
+use super::convert;
+use crate::launch::Payload;
+use crate::state::{Command, DETAIL_LIMIT, Handle};
+use crate::store::{RecordFilter, Store};
+
+/// Largest request the Jobs service decodes: a maximal script plus environment and
+/// argv, so oversized fields are refused by validation with a message that names them.
+pub const MAX_REQUEST_BYTES: usize = 8 << 20;
+
+pub struct JobsService {
+    handle: Handle,
+    /// Read-only store connection: payloads for detailed views, records of purged jobs.
+    reader: Arc<Mutex<Store>>,
+    max_array_size: u32,
+}
+
+impl JobsService {
+    pub fn new(handle: Handle, reader: Arc<Mutex<Store>>, max_array_size: u32) -> Self {
+        Self {
+            handle,
+            reader,
+            max_array_size,
+        }
+    }
+}
+
+/// Fills workdir, output paths and command from the stored payloads of a few jobs.
+pub async fn add_payloads(reader: &Arc<Mutex<Store>>, jobs: &mut [v1::JobInfo]) {
+    if jobs.is_empty() || jobs.len() > DETAIL_LIMIT {
+        return;
+    }
+    let ids: Vec<u64> = jobs
+        .iter()
+        .map(|j| if j.array_job_id != 0 { j.array_job_id } else { j.job_id })
+        .collect();
+    let reader = reader.clone();
+    let loaded = tokio::task::spawn_blocking(move || {
+        let Ok(store) = reader.lock() else {
+            return Vec::new();
+        };
+        ids.iter()
+            .map(|id| {
+                store
+                    .load_payload(*id)
+                    .ok()
+                    .flatten()
+                    .and_then(|b| Payload::decode(&b).ok())
+            })
+            .collect()
+    })
+    .await
+    .unwrap_or_default();
+    for (info, p) in jobs.iter_mut().zip(loaded) {
+        if let Some(p) = p {
+            convert::add_payload(info, &p);
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Jobs for JobsService {
+    #[instrument(skip_all, fields(user, job_id))]
+    async fn submit(
+        &self,
+        request: Request<v1::SubmitRequest>,
+    ) -> Result<Response<v1::SubmitResponse>, Status> {
+        let who = identity(&request)?.clone();
+        tracing::Span::current().record("user", who.user.as_str());
+        let spec = request
+            .into_inner()
+            .spec
+            .ok_or_else(|| Status::invalid_argument("spec: missing"))?;
+        let (sched_spec, payload) = convert::submit_from_proto(&spec, &who, self.max_array_size)?;
+        let idempotency_key = (!spec.idempotency_key.is_empty())
+            .then(|| format!("{}:{}", who.uid, spec.idempotency_key));
+        let payload = payload.encode();
+        let resp = self
+            .handle
+            .call(|reply| Command::Submit {
+                spec: sched_spec,
+                payload,
+                idempotency_key,
+                reply,
+            })
+            .await?;
+        tracing::Span::current().record("job_id", resp.job_id);
+        Ok(Response::new(resp))
+    }
+
+    #[instrument(skip_all, fields(user, jobs = ?request.get_ref().jobs))]
+    async fn cancel(
+        &self,
+        request: Request<v1::CancelRequest>,
+    ) -> Result<Response<v1::CancelResponse>, Status> {
+        let who = identity(&request)?.clone();
+        tracing::Span::current().record("user", who.user.as_str());
+        let req = request.into_inner();
+        let resp = self
+            .handle
+            .call(|reply| Command::Cancel { who, req, reply })
+            .await?;
+        Ok(Response::new(resp))
+    }
+
+    #[instrument(skip_all)]
+    async fn list_jobs(
+        &self,
+        request: Request<v1::ListJobsRequest>,
+    ) -> Result<Response<v1::ListJobsResponse>, Status> {
+        identity(&request)?;
+        let req = request.into_inner();
+        let mut resp = self
+            .handle
+            .call(|reply| Command::ListJobs { req, reply })
+            .await?;
+        add_payloads(&self.reader, &mut resp.jobs).await;
+        Ok(Response::new(resp))
+    }
+
+    #[instrument(skip_all, fields(user, job_id = request.get_ref().job.as_ref().map(|j| j.job_id)))]
+    async fn update_job(
+        &self,
+        request: Request<v1::UpdateJobRequest>,
+    ) -> Result<Response<v1::UpdateJobResponse>, Status> {
+        let who = identity(&request)?.clone();
+        tracing::Span::current().record("user", who.user.as_str());
+        let req = request.into_inner();
+        let resp = self
+            .handle
+            .call(|reply| Command::UpdateJob { who, req, reply })
+            .await?;
+        Ok(Response::new(resp))
+    }
+
+    type WatchJobStream = Pin<Box<dyn Stream<Item = Result<v1::JobInfo, Status>> + Send>>;
+
+    #[instrument(skip_all, fields(job_id = request.get_ref().job.as_ref().map(|j| j.job_id)))]
+    async fn watch_job(
+        &self,
+        request: Request<v1::WatchJobRequest>,
+    ) -> Result<Response<Self::WatchJobStream>, Status> {
+        identity(&request)?;
+        let job = request
+            .into_inner()
+            .job
+            .ok_or_else(|| Status::invalid_argument("job: missing"))?;
+        if job.job_id == 0 {
+            return Err(Status::invalid_argument("job id: 0 is not a job id"));
+        }
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let id = JobId(job.job_id);
+        match self
+            .handle
+            .call(|reply| Command::Watch { job: id, tx, reply })
+            .await
+        {
+            Ok(()) => {}
+            Err(e) if e.code() == tonic::Code::NotFound => {
+                // Purged from memory: its final record is in the store.
+                let reader = self.reader.clone();
+                let last = tokio::task::spawn_blocking(move || {
+                    let store = reader.lock().ok()?;
+                    let rows = store
+                        .query_records(&RecordFilter {
+                            ids: vec![id.0],
+                            ..Default::default()
+                        })
+                        .ok()?;
+                    rows.into_iter()
+                        .rev()
+                        .find(|r| r.id == id.0)
+                        .and_then(|r| prost::Message::decode(r.record.as_slice()).ok())
+                })
+                .await
+                .ok()
+                .flatten();
+                let info: v1::JobInfo = last.ok_or(e)?;
+                let s = futures::stream::iter([Ok(info)]);
+                return Ok(Response::new(Box::pin(s)));
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
+    }
+
+    #[instrument(skip_all, fields(user, job_id = request.get_ref().job_id))]
+    async fn create_step(
+        &self,
+        request: Request<v1::CreateStepRequest>,
+    ) -> Result<Response<v1::CreateStepResponse>, Status> {
+        let who = identity(&request)?.clone();
+        tracing::Span::current().record("user", who.user.as_str());
+        let req = request.into_inner();
+        let resp = self
+            .handle
+            .call(|reply| Command::CreateStep { who, req, reply })
+            .await?;
+        Ok(Response::new(resp))
+    }
+
+    #[instrument(skip_all, fields(job_id = request.get_ref().job_id, step_id = request.get_ref().step_id))]
+    async fn complete_step(
+        &self,
+        request: Request<v1::CompleteStepRequest>,
+    ) -> Result<Response<v1::CompleteStepResponse>, Status> {
+        let who = identity(&request)?.clone();
+        let req = request.into_inner();
+        let resp = self
+            .handle
+            .call(|reply| Command::CompleteStep { who, req, reply })
+            .await?;
+        Ok(Response::new(resp))
+    }
+}

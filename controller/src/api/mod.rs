@@ -1,0 +1,11 @@
+//! The gRPC services. Each is a thin shell: authenticate (the interceptor already verified
+//! the token; handlers read the [`Identity`](tandem_proto::auth::Identity)), convert and
+//! validate ([`convert`]), ask the state actor, convert back. Authorization rules are pure
+//! ([`authz`]).
+
+pub mod accounting;
+pub mod authz;
+pub mod convert;
+pub mod jobs;
+pub mod nodes;
+pub mod workers;

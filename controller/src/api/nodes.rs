@@ -1,0 +1,76 @@
+//! `tandem.v1.Nodes`: sinfo, scontrol show node|partition, drain/resume.
+
+use tandem_proto::auth::identity;
+use tandem_proto::v1::{self, nodes_server::Nodes};
+use tonic::{Request, Response, Status};
+use tracing::instrument;
+
+use crate::state::{Command, Handle};
+
+pub struct NodesService {
+    handle: Handle,
+}
+
+impl NodesService {
+    pub fn new(handle: Handle) -> Self {
+        Self { handle }
+    }
+}
+
+#[tonic::async_trait]
+impl Nodes for NodesService {
+    #[instrument(skip_all)]
+    async fn list_nodes(
+        &self,
+        request: Request<v1::ListNodesRequest>,
+    ) -> Result<Response<v1::ListNodesResponse>, Status> {
+        identity(&request)?;
+        let req = request.into_inner();
+        let r = self
+            .handle
+            .call(|reply| Command::ListNodes { req, reply })
+            .await?;
+        Ok(Response::new(r))
+    }
+
+    #[instrument(skip_all)]
+    async fn list_partitions(
+        &self,
+        request: Request<v1::ListPartitionsRequest>,
+    ) -> Result<Response<v1::ListPartitionsResponse>, Status> {
+        identity(&request)?;
+        let r = self
+            .handle
+            .call(|reply| Command::ListPartitions { reply })
+            .await?;
+        Ok(Response::new(r))
+    }
+
+    #[instrument(skip_all, fields(user, nodes = %request.get_ref().nodes, state = %request.get_ref().state))]
+    async fn update_node(
+        &self,
+        request: Request<v1::UpdateNodeRequest>,
+    ) -> Result<Response<v1::UpdateNodeResponse>, Status> {
+        let who = identity(&request)?.clone();
+        tracing::Span::current().record("user", who.user.as_str());
+        let req = request.into_inner();
+        let r = self
+            .handle
+            .call(|reply| Command::UpdateNode { who, req, reply })
+            .await?;
+        Ok(Response::new(r))
+    }
+
+    #[instrument(skip_all)]
+    async fn cluster_info(
+        &self,
+        request: Request<v1::ClusterInfoRequest>,
+    ) -> Result<Response<v1::ClusterInfoResponse>, Status> {
+        identity(&request)?;
+        let r = self
+            .handle
+            .call(|reply| Command::ClusterInfo { reply })
+            .await?;
+        Ok(Response::new(r))
+    }
+}

@@ -1,0 +1,400 @@
+//! What a worker needs to run a batch script: the stored payload, the job-wide `SLURM_*`
+//! environment, and output paths with the controller's share of `%` patterns expanded.
+//!
+//! Everything here is pure. The worker adds node-local variables (`SLURMD_NODENAME`,
+//! `SLURM_NODEID`, `SLURM_PROCID`, `SLURM_LOCALID`, `SLURM_CPUS_ON_NODE`,
+//! `SLURM_GPUS_ON_NODE`, `CUDA_VISIBLE_DEVICES`) and expands `%N`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// The parts of a submission the scheduler never looks at. Stored in `job_payloads` and read
+/// back only to launch the job or to show one job in detail.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Payload {
+    pub script: String,
+    pub argv: Vec<String>,
+    pub workdir: String,
+    pub environment: BTreeMap<String, String>,
+    /// Output patterns as submitted; empty = Slurm's default.
+    pub stdout: String,
+    pub stderr: String,
+    pub submit_host: String,
+    pub comment: String,
+}
+
+impl Payload {
+    pub fn encode(&self) -> Vec<u8> {
+        // A struct of strings always serializes.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, serde_json::Error> {
+        serde_json::from_slice(bytes)
+    }
+}
+
+/// Array facts of one task, for `SLURM_ARRAY_*` and `%A`/`%a`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArrayFacts {
+    pub array_job_id: u64,
+    pub task_id: u32,
+    pub count: u64,
+    pub min: u32,
+    pub max: u32,
+    pub step: u32,
+}
+
+/// The job-wide facts the environment is built from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchFacts {
+    pub job_id: u64,
+    pub name: String,
+    pub user: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub partition: String,
+    pub account: String,
+    pub qos: String,
+    pub cluster_name: String,
+    /// Allocated nodes, in allocation order (the first runs the script).
+    pub nodes: Vec<String>,
+    /// CPUs given on each node, same order as `nodes`.
+    pub cpus_per_node: Vec<u32>,
+    /// Memory requested per node; 0 = none requested.
+    pub mem_per_node_mb: u64,
+    pub ntasks: u32,
+    pub tasks_per_node: u32,
+    pub cpus_per_task: u32,
+    /// Total GPUs of the job, and the GPU indices on the first node.
+    pub gpus_total: u32,
+    pub batch_node_gpus: Vec<u32>,
+    pub array: Option<ArrayFacts>,
+    pub start_time: i64,
+    pub time_limit_s: Option<u64>,
+}
+
+/// Slurm's compressed count list: `[4,4,8]` -> `4(x2),8`.
+pub fn compress_counts(counts: &[u32]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < counts.len() {
+        let mut j = i + 1;
+        while j < counts.len() && counts[j] == counts[i] {
+            j += 1;
+        }
+        if j - i > 1 {
+            out.push(format!("{}(x{})", counts[i], j - i));
+        } else {
+            out.push(counts[i].to_string());
+        }
+        i = j;
+    }
+    out.join(",")
+}
+
+/// The environment of the batch script: the submitted environment, then the job-wide
+/// `SLURM_*` variables over it (a stale `SLURM_JOB_ID` exported from a login shell inside an
+/// allocation must not leak into a new job).
+pub fn job_environment(
+    facts: &LaunchFacts,
+    payload: &Payload,
+    nodelist: &str,
+) -> BTreeMap<String, String> {
+    let mut env = payload.environment.clone();
+    let mut set = |k: &str, v: String| {
+        env.insert(k.to_owned(), v);
+    };
+    let id = facts.job_id.to_string();
+    set("SLURM_JOB_ID", id.clone());
+    set("SLURM_JOBID", id);
+    set("SLURM_JOB_NAME", facts.name.clone());
+    set("SLURM_JOB_NODELIST", nodelist.to_owned());
+    set("SLURM_NODELIST", nodelist.to_owned());
+    let nnodes = facts.nodes.len().to_string();
+    set("SLURM_JOB_NUM_NODES", nnodes.clone());
+    set("SLURM_NNODES", nnodes);
+    set("SLURM_NTASKS", facts.ntasks.to_string());
+    set("SLURM_NPROCS", facts.ntasks.to_string());
+    set("SLURM_NTASKS_PER_NODE", facts.tasks_per_node.to_string());
+    set(
+        "SLURM_TASKS_PER_NODE",
+        compress_counts(&vec![facts.tasks_per_node; facts.nodes.len()]),
+    );
+    set("SLURM_CPUS_PER_TASK", facts.cpus_per_task.max(1).to_string());
+    set(
+        "SLURM_JOB_CPUS_PER_NODE",
+        compress_counts(&facts.cpus_per_node),
+    );
+    if facts.mem_per_node_mb > 0 {
+        set("SLURM_MEM_PER_NODE", facts.mem_per_node_mb.to_string());
+    }
+    set("SLURM_JOB_PARTITION", facts.partition.clone());
+    set("SLURM_JOB_ACCOUNT", facts.account.clone());
+    set("SLURM_JOB_QOS", facts.qos.clone());
+    set("SLURM_SUBMIT_DIR", payload.workdir.clone());
+    if !payload.submit_host.is_empty() {
+        set("SLURM_SUBMIT_HOST", payload.submit_host.clone());
+    }
+    set("SLURM_CLUSTER_NAME", facts.cluster_name.clone());
+    set("SLURM_JOB_USER", facts.user.clone());
+    set("SLURM_JOB_UID", facts.uid.to_string());
+    set("SLURM_JOB_GID", facts.gid.to_string());
+    set("SLURM_JOB_START_TIME", facts.start_time.to_string());
+    if let Some(limit) = facts.time_limit_s {
+        set(
+            "SLURM_JOB_END_TIME",
+            facts
+                .start_time
+                .saturating_add(i64::try_from(limit).unwrap_or(i64::MAX))
+                .to_string(),
+        );
+    }
+    if let Some(a) = facts.array {
+        set("SLURM_ARRAY_JOB_ID", a.array_job_id.to_string());
+        set("SLURM_ARRAY_TASK_ID", a.task_id.to_string());
+        set("SLURM_ARRAY_TASK_COUNT", a.count.to_string());
+        set("SLURM_ARRAY_TASK_MIN", a.min.to_string());
+        set("SLURM_ARRAY_TASK_MAX", a.max.to_string());
+        set("SLURM_ARRAY_TASK_STEP", a.step.to_string());
+    }
+    if facts.gpus_total > 0 {
+        set("SLURM_GPUS", facts.gpus_total.to_string());
+        set(
+            "SLURM_JOB_GPUS",
+            facts
+                .batch_node_gpus
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+        );
+    }
+    set("ENVIRONMENT", "BATCH".to_owned());
+    env
+}
+
+/// Expands `%j %A %a %x %u %J %%` (with optional zero padding, `%4a`) in an output pattern.
+/// `%N` and unknown letters are left for the worker, which knows the node.
+pub fn expand_output(pattern: &str, facts: &LaunchFacts) -> String {
+    let mut out = String::with_capacity(pattern.len() + 16);
+    let mut chars = pattern.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let mut width = String::new();
+        while let Some(d) = chars.peek().copied().filter(char::is_ascii_digit) {
+            width.push(d);
+            chars.next();
+        }
+        let Some(spec) = chars.next() else {
+            out.push('%');
+            out.push_str(&width);
+            break;
+        };
+        let pad = |v: String| -> String {
+            let w: usize = width.parse().unwrap_or(0).min(10);
+            format!("{v:0>w$}")
+        };
+        let (array_job, task) = match facts.array {
+            Some(a) => (a.array_job_id, Some(a.task_id)),
+            None => (facts.job_id, None),
+        };
+        match spec {
+            '%' => out.push('%'),
+            'j' | 'J' => out.push_str(&pad(facts.job_id.to_string())),
+            'A' => out.push_str(&pad(array_job.to_string())),
+            // Slurm prints 4294967294 (NO_VAL) for %a outside arrays; "0" is what a user
+            // reading the file name would expect less to trip over.
+            'a' => out.push_str(&pad(task.map_or_else(|| "0".to_owned(), |t| t.to_string()))),
+            'x' => out.push_str(&facts.name),
+            'u' => out.push_str(&facts.user),
+            other => {
+                out.push('%');
+                out.push_str(&width);
+                out.push(other);
+            }
+        }
+    }
+    out
+}
+
+/// Output paths of the batch script: the submitted patterns or Slurm's defaults
+/// (`slurm-%j.out`, `slurm-%A_%a.out` for arrays; stderr goes with stdout), relative ones
+/// resolved against the working directory.
+pub fn output_paths(facts: &LaunchFacts, payload: &Payload) -> (String, String) {
+    let default = if facts.array.is_some() {
+        "slurm-%A_%a.out"
+    } else {
+        "slurm-%j.out"
+    };
+    let stdout_pat = if payload.stdout.is_empty() {
+        default
+    } else {
+        &payload.stdout
+    };
+    let stderr_pat = if payload.stderr.is_empty() {
+        stdout_pat
+    } else {
+        &payload.stderr
+    };
+    let resolve = |p: String| -> String {
+        if p.starts_with('/') || payload.workdir.is_empty() {
+            p
+        } else {
+            Path::new(&payload.workdir).join(p).to_string_lossy().into_owned()
+        }
+    };
+    (
+        resolve(expand_output(stdout_pat, facts)),
+        resolve(expand_output(stderr_pat, facts)),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts() -> LaunchFacts {
+        LaunchFacts {
+            job_id: 42,
+            name: "train".into(),
+            user: "alice".into(),
+            uid: 1000,
+            gid: 100,
+            partition: "gpu".into(),
+            account: "physics".into(),
+            qos: "normal".into(),
+            cluster_name: "tandem".into(),
+            nodes: vec!["gpu-01".into(), "gpu-02".into()],
+            cpus_per_node: vec![8, 8],
+            mem_per_node_mb: 4096,
+            ntasks: 4,
+            tasks_per_node: 2,
+            cpus_per_task: 4,
+            gpus_total: 16,
+            batch_node_gpus: (0..8).collect(),
+            array: None,
+            start_time: 1000,
+            time_limit_s: Some(60),
+        }
+    }
+
+    fn payload() -> Payload {
+        Payload {
+            workdir: "/home/alice/run".into(),
+            submit_host: "login1".into(),
+            environment: [
+                ("PATH".to_owned(), "/usr/bin".to_owned()),
+                ("SLURM_JOB_ID".to_owned(), "7".to_owned()),
+            ]
+            .into(),
+            ..Payload::default()
+        }
+    }
+
+    #[test]
+    fn environment_has_the_variables_launchers_read() {
+        let env = job_environment(&facts(), &payload(), "gpu-[01-02]");
+        let want = [
+            ("PATH", "/usr/bin"),
+            ("SLURM_JOB_ID", "42"),
+            ("SLURM_JOBID", "42"),
+            ("SLURM_JOB_NAME", "train"),
+            ("SLURM_JOB_NODELIST", "gpu-[01-02]"),
+            ("SLURM_NODELIST", "gpu-[01-02]"),
+            ("SLURM_JOB_NUM_NODES", "2"),
+            ("SLURM_NNODES", "2"),
+            ("SLURM_NTASKS", "4"),
+            ("SLURM_NPROCS", "4"),
+            ("SLURM_NTASKS_PER_NODE", "2"),
+            ("SLURM_TASKS_PER_NODE", "2(x2)"),
+            ("SLURM_CPUS_PER_TASK", "4"),
+            ("SLURM_JOB_CPUS_PER_NODE", "8(x2)"),
+            ("SLURM_MEM_PER_NODE", "4096"),
+            ("SLURM_JOB_PARTITION", "gpu"),
+            ("SLURM_JOB_ACCOUNT", "physics"),
+            ("SLURM_JOB_QOS", "normal"),
+            ("SLURM_SUBMIT_DIR", "/home/alice/run"),
+            ("SLURM_SUBMIT_HOST", "login1"),
+            ("SLURM_CLUSTER_NAME", "tandem"),
+            ("SLURM_JOB_USER", "alice"),
+            ("SLURM_JOB_UID", "1000"),
+            ("SLURM_JOB_GID", "100"),
+            ("SLURM_GPUS", "16"),
+            ("SLURM_JOB_GPUS", "0,1,2,3,4,5,6,7"),
+            ("SLURM_JOB_END_TIME", "1060"),
+        ];
+        for (k, v) in want {
+            assert_eq!(env.get(k).map(String::as_str), Some(v), "{k}");
+        }
+        assert!(!env.contains_key("SLURM_ARRAY_JOB_ID"));
+    }
+
+    #[test]
+    fn array_task_gets_array_variables_and_default_output() {
+        let mut f = facts();
+        f.job_id = 45;
+        f.array = Some(ArrayFacts {
+            array_job_id: 40,
+            task_id: 6,
+            count: 5,
+            min: 2,
+            max: 10,
+            step: 2,
+        });
+        let env = job_environment(&f, &payload(), "gpu-01");
+        assert_eq!(env["SLURM_ARRAY_JOB_ID"], "40");
+        assert_eq!(env["SLURM_ARRAY_TASK_ID"], "6");
+        assert_eq!(env["SLURM_ARRAY_TASK_COUNT"], "5");
+        assert_eq!(env["SLURM_ARRAY_TASK_MIN"], "2");
+        assert_eq!(env["SLURM_ARRAY_TASK_MAX"], "10");
+        assert_eq!(env["SLURM_ARRAY_TASK_STEP"], "2");
+        let (out, err) = output_paths(&f, &payload());
+        assert_eq!(out, "/home/alice/run/slurm-40_6.out");
+        assert_eq!(err, out);
+    }
+
+    #[test]
+    fn output_patterns_expand_controller_letters_only() {
+        let f = facts();
+        let cases = [
+            ("%x-%j.out", "train-42.out"),
+            ("%u/%%j_%N.log", "alice/%j_%N.log"),
+            ("%5j", "00042"),
+            ("%A_%a", "42_0"),
+            ("tail%", "tail%"),
+            ("%t.%s", "%t.%s"),
+        ];
+        for (pat, want) in cases {
+            assert_eq!(expand_output(pat, &f), want, "{pat}");
+        }
+        let p = Payload {
+            stdout: "/abs/%j.out".into(),
+            stderr: "err-%j".into(),
+            ..payload()
+        };
+        assert_eq!(
+            output_paths(&f, &p),
+            ("/abs/42.out".into(), "/home/alice/run/err-42".into())
+        );
+    }
+
+    #[test]
+    fn counts_compress_like_slurm() {
+        assert_eq!(compress_counts(&[4, 4, 8]), "4(x2),8");
+        assert_eq!(compress_counts(&[1]), "1");
+        assert_eq!(compress_counts(&[]), "");
+        assert_eq!(compress_counts(&[2, 3, 3, 3, 2]), "2,3(x3),2");
+    }
+
+    #[test]
+    fn payload_round_trips() {
+        let p = payload();
+        assert_eq!(Payload::decode(&p.encode()).unwrap(), p);
+    }
+}

@@ -1,0 +1,149 @@
+//! `run`: open the store, recover, start the committer and the state actor, serve gRPC until
+//! the shutdown future resolves (or the store fails), then stop in order.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tandem_proto::auth::{ClusterKey, ServerAuth};
+use tandem_proto::v1::accounting_server::AccountingServer;
+use tandem_proto::v1::jobs_server::JobsServer;
+use tandem_proto::v1::nodes_server::NodesServer;
+use tandem_proto::v1::worker_link_server::WorkerLinkServer;
+use tokio::net::TcpListener;
+use tonic::service::interceptor::InterceptedService;
+use tokio_stream::wrappers::TcpListenerStream;
+use tracing::{info, warn};
+
+use crate::api::accounting::AccountingService;
+use crate::api::jobs::{self, JobsService};
+use crate::api::nodes::NodesService;
+use crate::api::workers::WorkerLinkService;
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::state::{self, ActorParts, Command};
+use crate::store::recover::recover;
+use crate::store::{Committer, Store};
+use crate::Error;
+
+/// Runs the controller on `listener` until `shutdown` resolves.
+///
+/// Every acknowledged change is durable before its reply is sent, so stopping (or a
+/// SIGKILL) at any moment loses nothing acknowledged. Returns an error if the store cannot
+/// be opened or recovered, or fails while running.
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
+    let started = Instant::now();
+    let addr = listener.local_addr().ok();
+    let config = Arc::new(config);
+    let cfg = config.clone();
+    // Opening and recovering read the whole store: keep it off the async workers.
+    let (key, store, recovered) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
+        let key = ClusterKey::load_or_create(&cfg.key_file)?;
+        let store = Store::open(&cfg.state_dir)?;
+        let loaded = store.load()?;
+        let recovered = recover(loaded, cfg.cluster.clone()).map_err(|source| Error::Recover {
+            path: store.path().to_owned(),
+            source,
+        })?;
+        Ok((key, store, recovered))
+    })
+    .await
+    .map_err(|e| Error::Stopped(format!("start-up task failed: {e}")))??;
+    let key = Arc::new(key);
+    let reader = Arc::new(Mutex::new(store.open_reader()?));
+    let (committer, commit_join) = Committer::spawn(store).map_err(|source| Error::Thread {
+        what: "committer",
+        source,
+    })?;
+    let metrics = Arc::new(Metrics::new());
+    let jobs_n = recovered.state.jobs().count();
+    let max_array_size = recovered.state.config().sched.max_array_size;
+    let (handle, actor_join) = state::spawn(
+        recovered.state,
+        ActorParts {
+            config: config.clone(),
+            key: key.clone(),
+            committer,
+            metrics: metrics.clone(),
+            idempotency: recovered.idempotency,
+            steps: recovered.steps,
+        },
+    )
+    .map_err(|source| Error::Thread {
+        what: "state actor",
+        source,
+    })?;
+    // The actor stops on its own only when the store failed; then the server must stop too.
+    let (dead_tx, dead_rx) = tokio::sync::oneshot::channel::<()>();
+    let actor_done = tokio::task::spawn_blocking(move || {
+        let r = actor_join.join();
+        let _ = dead_tx.send(());
+        r
+    });
+    info!(
+        addr = ?addr,
+        state_dir = %config.state_dir.display(),
+        jobs = jobs_n,
+        startup_ms = started.elapsed().as_millis() as u64,
+        "controller ready"
+    );
+
+    let auth = ServerAuth::new(key);
+    let stop_handle = handle.clone();
+    let serve = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        // Finds dead peers (a worker host that vanished) even when no message is due.
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .add_service(InterceptedService::new(
+            JobsServer::new(JobsService::new(
+                handle.clone(),
+                reader.clone(),
+                max_array_size,
+            ))
+            .max_decoding_message_size(jobs::MAX_REQUEST_BYTES),
+            auth.clone(),
+        ))
+        .add_service(NodesServer::with_interceptor(
+            NodesService::new(handle.clone()),
+            auth.clone(),
+        ))
+        .add_service(AccountingServer::with_interceptor(
+            AccountingService::new(handle.clone(), reader),
+            auth.clone(),
+        ))
+        .add_service(WorkerLinkServer::with_interceptor(
+            WorkerLinkService::new(handle.clone()),
+            auth,
+        ))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+            tokio::select! {
+                () = shutdown => info!("shutdown requested"),
+                _ = dead_rx => warn!("state actor stopped; shutting down"),
+            }
+            // Ends worker and watch streams so the server can drain.
+            let _ = stop_handle.send(Command::Shutdown);
+        });
+    let served = serve.await;
+    let _ = handle.send(Command::Shutdown);
+    drop(handle);
+    let actor = actor_done
+        .await
+        .map_err(|e| Error::Stopped(format!("state actor: {e}")))?;
+    if actor.is_err() {
+        return Err(Error::Stopped("state actor panicked".into()));
+    }
+    // The actor owned the last committer handle: the committer drains and exits.
+    let committed = tokio::task::spawn_blocking(move || commit_join.join())
+        .await
+        .map_err(|e| Error::Stopped(format!("committer: {e}")))?
+        .map_err(|_| Error::Stopped("committer panicked".into()))?;
+    committed?;
+    served.map_err(Error::Serve)?;
+    info!("controller stopped");
+    Ok(())
+}

@@ -1,0 +1,38 @@
+//! The durable store: everything the controller must not forget.
+//!
+//! # Why SQLite
+//!
+//! SQLite (through `rusqlite`, compiled in with the `bundled` feature so a fresh machine needs
+//! nothing installed) in WAL mode with `synchronous=FULL`:
+//! - crash safe: a transaction is on disk when `COMMIT` returns, and a SIGKILL at any moment
+//!   leaves the last committed state (the WAL is replayed on open);
+//! - one file (plus its WAL) in the state directory, no server to run;
+//! - one fsync per transaction however many rows it holds, which is what makes group commit
+//!   pay: thousands of submits share one fsync;
+//! - SQL with indexes for `sacct`'s filters over finished jobs, which never live in memory;
+//! - readers do not block the writer under WAL, so `sacct` queries run on their own
+//!   connection while the committer writes.
+//!
+//! `redb` would also do (pure Rust, MVCC, crash safe); SQLite won on ad-hoc indexed queries
+//! for accounting and on being inspectable with the `sqlite3` shell during an incident.
+//!
+//! # Layout
+//!
+//! - [`sqlite`]: schema, the one-transaction [`Batch`] write, loads and queries.
+//! - [`commit`]: the committer thread that merges queued batches into one transaction
+//!   (group commit) and runs each batch's after-commit effects in order.
+//! - [`recover`]: rebuilds the scheduling core's `State` from the store on start.
+//!
+//! # Invariants
+//!
+//! - Only the committer thread writes. Batches commit in the order they were queued, so an
+//!   effect (a reply, a launch) never runs before the writes it depends on are durable.
+//! - Job payloads (script, environment, ...) live only here, never in the controller's memory
+//!   except while a launch message is built.
+
+pub mod commit;
+pub mod recover;
+pub mod sqlite;
+
+pub use commit::{Committer, Effect};
+pub use sqlite::{Batch, JobRecordRow, Loaded, RecordFilter, Store, StoreError};

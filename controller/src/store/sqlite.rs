@@ -1,0 +1,681 @@
+//! SQLite schema and the operations the controller needs: one-transaction batch writes, the
+//! start-up load, payload reads at launch, and `sacct` queries.
+//!
+//! Rows hold opaque blobs produced by the state actor (serialized core records, prost-encoded
+//! accounting records), plus the few columns queries filter on. The store does not know the
+//! scheduling core's types, so a change there never needs a schema migration.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Transaction, params, params_from_iter};
+
+/// Bumped when the schema changes incompatibly; a store with another version is refused
+/// rather than misread.
+const SCHEMA_VERSION: &str = "1";
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+-- Active jobs (pending, running, and array meta records), as the core's serialized Job.
+-- Array tasks still pending live inside their array's record, so a large array is one row.
+CREATE TABLE IF NOT EXISTS jobs (
+    id     INTEGER PRIMARY KEY,
+    record BLOB NOT NULL
+);
+-- Script, argv, environment, workdir and output patterns: read only at launch. An array's
+-- tasks share the array's row.
+CREATE TABLE IF NOT EXISTS job_payloads (
+    id      INTEGER PRIMARY KEY,
+    payload BLOB NOT NULL
+);
+-- Nodes by name; idx keeps the core's node-table order so allocations stay valid.
+CREATE TABLE IF NOT EXISTS nodes (
+    name   TEXT PRIMARY KEY,
+    idx    INTEGER NOT NULL,
+    record BLOB NOT NULL
+);
+-- Steps of active jobs; folded into the job's accounting record when it ends.
+CREATE TABLE IF NOT EXISTS steps (
+    job_id  INTEGER NOT NULL,
+    step_id INTEGER NOT NULL,
+    record  BLOB NOT NULL,
+    PRIMARY KEY (job_id, step_id)
+);
+-- Finished runs of jobs (sacct). A requeued job has one row per run.
+CREATE TABLE IF NOT EXISTS job_records (
+    seq           INTEGER PRIMARY KEY,
+    id            INTEGER NOT NULL,
+    -- Which run of the job (0 = first; a requeue starts the next).
+    run           INTEGER NOT NULL,
+    array_job_id  INTEGER,
+    array_task_id INTEGER,
+    user          TEXT NOT NULL,
+    account       TEXT NOT NULL,
+    partition     TEXT NOT NULL,
+    name          TEXT NOT NULL,
+    state         TEXT NOT NULL,
+    submit_time   INTEGER NOT NULL,
+    start_time    INTEGER,
+    end_time      INTEGER NOT NULL,
+    record        BLOB NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS job_records_run ON job_records (id, run);
+CREATE INDEX IF NOT EXISTS job_records_array ON job_records (array_job_id);
+CREATE INDEX IF NOT EXISTS job_records_user_end ON job_records (user, end_time);
+CREATE INDEX IF NOT EXISTS job_records_end ON job_records (end_time);
+-- Submit idempotency keys, so a retried submit returns the first job.
+CREATE TABLE IF NOT EXISTS idempotency (
+    key     TEXT PRIMARY KEY,
+    job_id  INTEGER NOT NULL,
+    created INTEGER NOT NULL
+);
+";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot create state directory {path}")]
+    CreateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot open store {path}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error(
+        "store {path} has schema version {found}, this controller understands {SCHEMA_VERSION}"
+    )]
+    SchemaVersion { path: PathBuf, found: String },
+    #[error("store {operation} failed")]
+    Sql {
+        operation: &'static str,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("store committer is gone (controller shutting down)")]
+    Closed,
+}
+
+fn sql(operation: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
+    move |source| StoreError::Sql { operation, source }
+}
+
+/// A finished run of a job, with the columns `sacct` filters on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobRecordRow {
+    pub id: u64,
+    pub run: u32,
+    pub array_job_id: Option<u64>,
+    pub array_task_id: Option<u32>,
+    pub user: String,
+    pub account: String,
+    pub partition: String,
+    pub name: String,
+    pub state: String,
+    pub submit_time: i64,
+    pub start_time: Option<i64>,
+    pub end_time: i64,
+    /// prost-encoded `tandem.v1.JobInfo` with its steps.
+    pub record: Vec<u8>,
+}
+
+/// Everything one group of state changes writes. Applied in field order inside one
+/// transaction; several batches in one transaction are applied one after another, so a
+/// later batch's removal wins over an earlier batch's upsert.
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub meta: Vec<(String, String)>,
+    pub jobs: Vec<(u64, Vec<u8>)>,
+    pub payloads: Vec<(u64, Vec<u8>)>,
+    pub nodes: Vec<(String, u32, Vec<u8>)>,
+    pub steps: Vec<(u64, u32, Vec<u8>)>,
+    pub records: Vec<JobRecordRow>,
+    pub idempotency: Vec<(String, u64, i64)>,
+    pub removed_jobs: Vec<u64>,
+    pub removed_payloads: Vec<u64>,
+    /// All steps of these jobs.
+    pub removed_steps: Vec<u64>,
+    /// Idempotency keys created before this time are forgotten.
+    pub expire_idempotency_before: Option<i64>,
+}
+
+impl Batch {
+    pub fn is_empty(&self) -> bool {
+        self.meta.is_empty()
+            && self.jobs.is_empty()
+            && self.payloads.is_empty()
+            && self.nodes.is_empty()
+            && self.steps.is_empty()
+            && self.records.is_empty()
+            && self.idempotency.is_empty()
+            && self.removed_jobs.is_empty()
+            && self.removed_payloads.is_empty()
+            && self.removed_steps.is_empty()
+            && self.expire_idempotency_before.is_none()
+    }
+
+    /// Rows written, for logs.
+    pub fn rows(&self) -> usize {
+        self.meta.len()
+            + self.jobs.len()
+            + self.payloads.len()
+            + self.nodes.len()
+            + self.steps.len()
+            + self.records.len()
+            + self.idempotency.len()
+            + self.removed_jobs.len()
+            + self.removed_payloads.len()
+            + self.removed_steps.len()
+    }
+}
+
+/// What the store holds for the active part of the cluster, read once at start.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub meta: HashMap<String, String>,
+    pub jobs: Vec<Vec<u8>>,
+    /// In node-table order.
+    pub nodes: Vec<(String, Vec<u8>)>,
+    pub steps: Vec<(u64, u32, Vec<u8>)>,
+    pub idempotency: Vec<(String, u64, i64)>,
+}
+
+/// `sacct` filters over finished runs. Empty lists match everything.
+#[derive(Debug, Default, Clone)]
+pub struct RecordFilter {
+    /// Matches a job id or an array's job id (`sacct -j 12` shows all tasks of array 12).
+    pub ids: Vec<u64>,
+    pub users: Vec<String>,
+    pub accounts: Vec<String>,
+    pub partitions: Vec<String>,
+    pub states: Vec<String>,
+    pub names: Vec<String>,
+    /// Runs that ended at or after this time.
+    pub ended_after: Option<i64>,
+    /// Runs that started (or were submitted) at or before this time.
+    pub started_before: Option<i64>,
+    pub limit: Option<u32>,
+}
+
+/// One connection to the store file.
+#[derive(Debug)]
+pub struct Store {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl Store {
+    /// File name of the database inside the state directory.
+    pub const FILE: &'static str = "tandem.db";
+
+    /// Opens (creating if needed) the store in `state_dir` for writing.
+    pub fn open(state_dir: &Path) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(state_dir).map_err(|source| StoreError::CreateDir {
+            path: state_dir.to_owned(),
+            source,
+        })?;
+        let path = state_dir.join(Self::FILE);
+        let open_err = |source| StoreError::Open {
+            path: path.clone(),
+            source,
+        };
+        let conn = Connection::open(&path).map_err(open_err)?;
+        // WAL: readers never block the writer and a commit appends instead of rewriting
+        // pages. FULL: the WAL is fsynced at every commit, which is what makes an
+        // acknowledged submit survive power loss, not only a process crash.
+        conn.execute_batch(
+            "PRAGMA journal_mode=WAL;
+             PRAGMA synchronous=FULL;
+             PRAGMA foreign_keys=OFF;
+             PRAGMA temp_store=MEMORY;
+             PRAGMA cache_size=-65536;",
+        )
+        .map_err(open_err)?;
+        conn.busy_timeout(Duration::from_secs(10))
+            .map_err(open_err)?;
+        conn.execute_batch(SCHEMA).map_err(open_err)?;
+        let version: Option<String> = conn
+            .query_row(
+                "SELECT value FROM meta WHERE key = 'schema_version'",
+                [],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(open_err)?;
+        match version {
+            None => {
+                conn.execute(
+                    "INSERT INTO meta (key, value) VALUES ('schema_version', ?1)",
+                    [SCHEMA_VERSION],
+                )
+                .map_err(open_err)?;
+            }
+            Some(v) if v == SCHEMA_VERSION => {}
+            Some(found) => return Err(StoreError::SchemaVersion { path, found }),
+        }
+        Ok(Self { conn, path })
+    }
+
+    /// A second, read-only connection for queries that must not wait for the committer.
+    pub fn open_reader(&self) -> Result<Self, StoreError> {
+        let open_err = |source| StoreError::Open {
+            path: self.path.clone(),
+            source,
+        };
+        let conn = Connection::open_with_flags(
+            &self.path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(open_err)?;
+        conn.busy_timeout(Duration::from_secs(10))
+            .map_err(open_err)?;
+        Ok(Self {
+            conn,
+            path: self.path.clone(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes several batches in one transaction: one fsync for all of them.
+    pub fn commit(&mut self, batches: &[&Batch]) -> Result<(), StoreError> {
+        let tx = self.conn.transaction().map_err(sql("begin"))?;
+        for b in batches {
+            apply(&tx, b)?;
+        }
+        tx.commit().map_err(sql("commit"))
+    }
+
+    pub fn load(&self) -> Result<Loaded, StoreError> {
+        let mut out = Loaded::default();
+        let c = &self.conn;
+        let mut st = c
+            .prepare("SELECT key, value FROM meta")
+            .map_err(sql("load meta"))?;
+        let rows = st
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .map_err(sql("load meta"))?;
+        for r in rows {
+            let (k, v) = r.map_err(sql("load meta"))?;
+            out.meta.insert(k, v);
+        }
+        let mut st = c
+            .prepare("SELECT record FROM jobs ORDER BY id")
+            .map_err(sql("load jobs"))?;
+        let rows = st
+            .query_map([], |r| r.get(0))
+            .map_err(sql("load jobs"))?;
+        for r in rows {
+            out.jobs.push(r.map_err(sql("load jobs"))?);
+        }
+        let mut st = c
+            .prepare("SELECT name, record FROM nodes ORDER BY idx")
+            .map_err(sql("load nodes"))?;
+        let rows = st
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .map_err(sql("load nodes"))?;
+        for r in rows {
+            out.nodes.push(r.map_err(sql("load nodes"))?);
+        }
+        let mut st = c
+            .prepare("SELECT job_id, step_id, record FROM steps ORDER BY job_id, step_id")
+            .map_err(sql("load steps"))?;
+        let rows = st
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .map_err(sql("load steps"))?;
+        for r in rows {
+            out.steps.push(r.map_err(sql("load steps"))?);
+        }
+        let mut st = c
+            .prepare("SELECT key, job_id, created FROM idempotency")
+            .map_err(sql("load idempotency keys"))?;
+        let rows = st
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .map_err(sql("load idempotency keys"))?;
+        for r in rows {
+            out.idempotency
+                .push(r.map_err(sql("load idempotency keys"))?);
+        }
+        Ok(out)
+    }
+
+    pub fn load_payload(&self, id: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        self.conn
+            .prepare_cached("SELECT payload FROM job_payloads WHERE id = ?1")
+            .map_err(sql("load payload"))?
+            .query_row([id], |r| r.get(0))
+            .optional()
+            .map_err(sql("load payload"))
+    }
+
+    /// Finished runs matching `filter`, oldest end first.
+    pub fn query_records(&self, f: &RecordFilter) -> Result<Vec<JobRecordRow>, StoreError> {
+        let mut where_: Vec<String> = Vec::new();
+        let mut args: Vec<rusqlite::types::Value> = Vec::new();
+        if !f.ids.is_empty() {
+            let marks = vec!["?"; f.ids.len()].join(",");
+            where_.push(format!("(id IN ({marks}) OR array_job_id IN ({marks}))"));
+            for _ in 0..2 {
+                args.extend(f.ids.iter().map(|i| rusqlite::types::Value::Integer(*i as i64)));
+            }
+        }
+        for (col, values) in [
+            ("user", &f.users),
+            ("account", &f.accounts),
+            ("partition", &f.partitions),
+            ("state", &f.states),
+            ("name", &f.names),
+        ] {
+            if values.is_empty() {
+                continue;
+            }
+            let marks = vec!["?"; values.len()].join(",");
+            where_.push(format!("{col} IN ({marks})"));
+            args.extend(values.iter().map(|v| rusqlite::types::Value::Text(v.clone())));
+        }
+        if let Some(t) = f.ended_after {
+            where_.push("end_time >= ?".into());
+            args.push(t.into());
+        }
+        if let Some(t) = f.started_before {
+            where_.push("COALESCE(start_time, submit_time) <= ?".into());
+            args.push(t.into());
+        }
+        let mut q = String::from(
+            "SELECT id, run, array_job_id, array_task_id, user, account, partition, name, \
+             state, submit_time, start_time, end_time, record FROM job_records",
+        );
+        if !where_.is_empty() {
+            q.push_str(" WHERE ");
+            q.push_str(&where_.join(" AND "));
+        }
+        q.push_str(" ORDER BY end_time, seq");
+        if let Some(l) = f.limit {
+            q.push_str(&format!(" LIMIT {l}"));
+        }
+        let mut st = self.conn.prepare(&q).map_err(sql("query job records"))?;
+        let rows = st
+            .query_map(params_from_iter(args), |r| {
+                Ok(JobRecordRow {
+                    id: r.get(0)?,
+                    run: r.get(1)?,
+                    array_job_id: r.get(2)?,
+                    array_task_id: r.get(3)?,
+                    user: r.get(4)?,
+                    account: r.get(5)?,
+                    partition: r.get(6)?,
+                    name: r.get(7)?,
+                    state: r.get(8)?,
+                    submit_time: r.get(9)?,
+                    start_time: r.get(10)?,
+                    end_time: r.get(11)?,
+                    record: r.get(12)?,
+                })
+            })
+            .map_err(sql("query job records"))?;
+        rows.collect::<Result<_, _>>()
+            .map_err(sql("query job records"))
+    }
+}
+
+fn apply(tx: &Transaction<'_>, b: &Batch) -> Result<(), StoreError> {
+    if !b.meta.is_empty() {
+        let mut st = tx
+            .prepare_cached("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)")
+            .map_err(sql("write meta"))?;
+        for (k, v) in &b.meta {
+            st.execute(params![k, v]).map_err(sql("write meta"))?;
+        }
+    }
+    if !b.jobs.is_empty() {
+        let mut st = tx
+            .prepare_cached("INSERT OR REPLACE INTO jobs (id, record) VALUES (?1, ?2)")
+            .map_err(sql("write job"))?;
+        for (id, rec) in &b.jobs {
+            st.execute(params![id, rec]).map_err(sql("write job"))?;
+        }
+    }
+    if !b.payloads.is_empty() {
+        let mut st = tx
+            .prepare_cached("INSERT OR REPLACE INTO job_payloads (id, payload) VALUES (?1, ?2)")
+            .map_err(sql("write payload"))?;
+        for (id, p) in &b.payloads {
+            st.execute(params![id, p]).map_err(sql("write payload"))?;
+        }
+    }
+    if !b.nodes.is_empty() {
+        let mut st = tx
+            .prepare_cached("INSERT OR REPLACE INTO nodes (name, idx, record) VALUES (?1, ?2, ?3)")
+            .map_err(sql("write node"))?;
+        for (name, idx, rec) in &b.nodes {
+            st.execute(params![name, idx, rec])
+                .map_err(sql("write node"))?;
+        }
+    }
+    if !b.steps.is_empty() {
+        let mut st = tx
+            .prepare_cached(
+                "INSERT OR REPLACE INTO steps (job_id, step_id, record) VALUES (?1, ?2, ?3)",
+            )
+            .map_err(sql("write step"))?;
+        for (job, step, rec) in &b.steps {
+            st.execute(params![job, step, rec])
+                .map_err(sql("write step"))?;
+        }
+    }
+    if !b.records.is_empty() {
+        let mut st = tx
+            .prepare_cached(
+                "INSERT OR REPLACE INTO job_records (id, run, array_job_id, array_task_id, user, \
+                 account, partition, name, state, submit_time, start_time, end_time, record) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+            )
+            .map_err(sql("write job record"))?;
+        for r in &b.records {
+            st.execute(params![
+                r.id,
+                r.run,
+                r.array_job_id,
+                r.array_task_id,
+                r.user,
+                r.account,
+                r.partition,
+                r.name,
+                r.state,
+                r.submit_time,
+                r.start_time,
+                r.end_time,
+                r.record
+            ])
+            .map_err(sql("write job record"))?;
+        }
+    }
+    if !b.idempotency.is_empty() {
+        let mut st = tx
+            .prepare_cached(
+                "INSERT OR REPLACE INTO idempotency (key, job_id, created) VALUES (?1, ?2, ?3)",
+            )
+            .map_err(sql("write idempotency key"))?;
+        for (k, id, t) in &b.idempotency {
+            st.execute(params![k, id, t])
+                .map_err(sql("write idempotency key"))?;
+        }
+    }
+    let delete = |q: &str, ids: &[u64], op: &'static str| -> Result<(), StoreError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let mut st = tx.prepare_cached(q).map_err(sql(op))?;
+        for id in ids {
+            st.execute([id]).map_err(sql(op))?;
+        }
+        Ok(())
+    };
+    delete(
+        "DELETE FROM jobs WHERE id = ?1",
+        &b.removed_jobs,
+        "delete job",
+    )?;
+    delete(
+        "DELETE FROM job_payloads WHERE id = ?1",
+        &b.removed_payloads,
+        "delete payload",
+    )?;
+    delete(
+        "DELETE FROM steps WHERE job_id = ?1",
+        &b.removed_steps,
+        "delete steps",
+    )?;
+    if let Some(t) = b.expire_idempotency_before {
+        tx.prepare_cached("DELETE FROM idempotency WHERE created < ?1")
+            .map_err(sql("expire idempotency keys"))?
+            .execute([t])
+            .map_err(sql("expire idempotency keys"))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: u64, user: &str, end: i64) -> JobRecordRow {
+        JobRecordRow {
+            id,
+            run: 0,
+            array_job_id: None,
+            array_task_id: None,
+            user: user.into(),
+            account: "root".into(),
+            partition: "batch".into(),
+            name: format!("job{id}"),
+            state: "COMPLETED".into(),
+            submit_time: end - 10,
+            start_time: Some(end - 5),
+            end_time: end,
+            record: vec![id as u8],
+        }
+    }
+
+    #[test]
+    fn batch_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut s = Store::open(dir.path()).unwrap();
+            let b = Batch {
+                meta: vec![("next_job_id".into(), "3".into())],
+                jobs: vec![(1, b"one".to_vec()), (2, b"two".to_vec())],
+                payloads: vec![(1, b"p1".to_vec()), (2, b"p2".to_vec())],
+                nodes: vec![("n2".into(), 1, b"b".to_vec()), ("n1".into(), 0, b"a".to_vec())],
+                steps: vec![(1, 0, b"s".to_vec())],
+                idempotency: vec![("k".into(), 1, 100)],
+                ..Batch::default()
+            };
+            let later = Batch {
+                removed_jobs: vec![2],
+                removed_payloads: vec![2],
+                records: vec![record(2, "alice", 50)],
+                ..Batch::default()
+            };
+            s.commit(&[&b, &later]).unwrap();
+        }
+        let s = Store::open(dir.path()).unwrap();
+        let l = s.load().unwrap();
+        assert_eq!(l.meta.get("next_job_id").map(String::as_str), Some("3"));
+        assert_eq!(l.jobs, vec![b"one".to_vec()]);
+        assert_eq!(
+            l.nodes,
+            vec![("n1".into(), b"a".to_vec()), ("n2".into(), b"b".to_vec())]
+        );
+        assert_eq!(l.steps, vec![(1, 0, b"s".to_vec())]);
+        assert_eq!(l.idempotency, vec![("k".to_string(), 1, 100)]);
+        assert_eq!(s.load_payload(1).unwrap(), Some(b"p1".to_vec()));
+        assert_eq!(s.load_payload(2).unwrap(), None);
+        let recs = s.query_records(&RecordFilter::default()).unwrap();
+        assert_eq!(recs, vec![record(2, "alice", 50)]);
+    }
+
+    #[test]
+    fn record_filters_combine() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Store::open(dir.path()).unwrap();
+        let mut task = record(9, "bob", 300);
+        task.array_job_id = Some(7);
+        task.array_task_id = Some(2);
+        let b = Batch {
+            records: vec![record(1, "alice", 100), record(2, "bob", 200), task],
+            ..Batch::default()
+        };
+        s.commit(&[&b]).unwrap();
+        let ids = |f: RecordFilter| -> Vec<u64> {
+            s.query_records(&f).unwrap().iter().map(|r| r.id).collect()
+        };
+        assert_eq!(
+            ids(RecordFilter {
+                users: vec!["bob".into()],
+                ..Default::default()
+            }),
+            vec![2, 9]
+        );
+        assert_eq!(
+            ids(RecordFilter {
+                ids: vec![7],
+                ..Default::default()
+            }),
+            vec![9]
+        );
+        assert_eq!(
+            ids(RecordFilter {
+                ended_after: Some(150),
+                started_before: Some(250),
+                ..Default::default()
+            }),
+            vec![2]
+        );
+        assert_eq!(
+            ids(RecordFilter {
+                users: vec!["alice".into()],
+                states: vec!["FAILED".into()],
+                ..Default::default()
+            }),
+            Vec::<u64>::new()
+        );
+    }
+
+    #[test]
+    fn reader_sees_committed_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Store::open(dir.path()).unwrap();
+        let r = s.open_reader().unwrap();
+        s.commit(&[&Batch {
+            records: vec![record(1, "a", 1)],
+            ..Batch::default()
+        }])
+        .unwrap();
+        assert_eq!(r.query_records(&RecordFilter::default()).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn foreign_schema_version_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut s = Store::open(dir.path()).unwrap();
+            s.commit(&[&Batch {
+                meta: vec![("schema_version".into(), "999".into())],
+                ..Batch::default()
+            }])
+            .unwrap();
+        }
+        let err = Store::open(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("schema version 999"), "{err}");
+    }
+}

@@ -1,0 +1,526 @@
+//! The controller in-process on 127.0.0.1:0, driven by real gRPC clients and a fake worker
+//! that speaks the WorkerLink stream (named `FakeWorker`: it runs nothing, it reports what a
+//! test tells it to).
+//!
+//! What belongs here: the controller's contract end to end (submit -> launch -> end ->
+//! accounting, restarts, lost workers, group commit under concurrency). Multi-process tests
+//! with real workers and the CLI live in `cli/tests/`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use tandem_controller::{Config, run};
+use tandem_proto::auth::{ClusterKey, Identity};
+use tandem_proto::endpoint::{self, AuthChannel};
+use tandem_proto::v1::accounting_client::AccountingClient;
+use tandem_proto::v1::jobs_client::JobsClient;
+use tandem_proto::v1::nodes_client::NodesClient;
+use tandem_proto::v1::worker_link_client::WorkerLinkClient;
+use tandem_proto::v1::{self, controller_message, worker_message};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+struct Controller {
+    addr: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), tandem_controller::Error>>,
+    key: ClusterKey,
+}
+
+impl Controller {
+    async fn start(dir: &Path, tune: impl FnOnce(&mut Config)) -> Controller {
+        let mut config = Config::new(dir);
+        config.node_timeout = Duration::from_secs(30);
+        config.heartbeat_interval = Duration::from_millis(200);
+        config.kill_wait = Duration::from_secs(1);
+        tune(&mut config);
+        let key_file = config.key_file.clone();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(run(config, listener, async {
+            let _ = rx.await;
+        }));
+        // The key is written during start-up; wait for it.
+        let key = tokio::time::timeout(WAIT, async {
+            loop {
+                if let Ok(k) = ClusterKey::load(&key_file) {
+                    return k;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .unwrap();
+        Controller {
+            addr,
+            stop: Some(tx),
+            task,
+            key,
+        }
+    }
+
+    async fn channel(&self, who: &Identity) -> AuthChannel {
+        tokio::time::timeout(WAIT, async {
+            loop {
+                if let Ok(c) = endpoint::connect(&self.addr, &self.key, who).await {
+                    return c;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .unwrap()
+    }
+
+    async fn jobs(&self, who: &Identity) -> JobsClient<AuthChannel> {
+        JobsClient::new(self.channel(who).await)
+    }
+
+    async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        tokio::time::timeout(WAIT, self.task)
+            .await
+            .expect("controller did not stop in time")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+fn alice() -> Identity {
+    Identity::user("alice", 1000, 1000)
+}
+fn bob() -> Identity {
+    Identity::user("bob", 1001, 1001)
+}
+
+fn spec(name: &str) -> v1::JobSpec {
+    v1::JobSpec {
+        name: name.into(),
+        script: "#!/bin/sh\necho hello\n".into(),
+        workdir: "/tmp/work".into(),
+        environment: [("HOME".to_owned(), "/home/alice".to_owned())].into(),
+        ..Default::default()
+    }
+}
+
+async fn submit(c: &mut JobsClient<AuthChannel>, s: v1::JobSpec) -> u64 {
+    c.submit(v1::SubmitRequest { spec: Some(s) })
+        .await
+        .unwrap()
+        .into_inner()
+        .job_id
+}
+
+/// A worker stand-in speaking WorkerLink.
+struct FakeWorker {
+    tx: mpsc::Sender<v1::WorkerMessage>,
+    rx: tonic::Streaming<v1::ControllerMessage>,
+}
+
+impl FakeWorker {
+    async fn attach(c: &Controller, name: &str, cpus: u32, running: Vec<u64>) -> FakeWorker {
+        let ch = c.channel(&Identity::worker(name, 0, 0)).await;
+        let mut client = WorkerLinkClient::new(ch);
+        let (tx, rx) = mpsc::channel(64);
+        tx.send(v1::WorkerMessage {
+            msg: Some(worker_message::Msg::Register(v1::Register {
+                node_name: name.into(),
+                resources: Some(v1::Tres {
+                    cpus,
+                    mem_mb: 8192,
+                    gpus: 2,
+                    gpu_type: String::new(),
+                }),
+                step_address: "127.0.0.1:1".into(),
+                version: "test".into(),
+                running_jobs: running,
+                ..Default::default()
+            })),
+        })
+        .await
+        .unwrap();
+        let mut rx = client
+            .attach(ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        match next(&mut rx).await {
+            controller_message::Msg::Registered(r) => assert_eq!(r.heartbeat_interval_ms, 200),
+            other => panic!("expected Registered, got {other:?}"),
+        }
+        FakeWorker { tx, rx }
+    }
+
+    async fn send(&self, msg: worker_message::Msg) {
+        self.tx
+            .send(v1::WorkerMessage { msg: Some(msg) })
+            .await
+            .unwrap();
+    }
+
+    async fn next(&mut self) -> controller_message::Msg {
+        next(&mut self.rx).await
+    }
+
+    async fn expect_launch(&mut self) -> v1::LaunchJob {
+        match self.next().await {
+            controller_message::Msg::LaunchJob(l) => l,
+            other => panic!("expected LaunchJob, got {other:?}"),
+        }
+    }
+
+    async fn end(&self, job: u64, exit_code: i32) {
+        self.send(worker_message::Msg::JobEnded(v1::JobEnded {
+            job_id: job,
+            exit_code,
+            ..Default::default()
+        }))
+        .await;
+    }
+}
+
+async fn next(rx: &mut tonic::Streaming<v1::ControllerMessage>) -> controller_message::Msg {
+    tokio::time::timeout(WAIT, rx.message())
+        .await
+        .expect("no message from the controller in time")
+        .unwrap()
+        .expect("stream ended")
+        .msg
+        .unwrap()
+}
+
+async fn job(c: &mut JobsClient<AuthChannel>, id: u64) -> Option<v1::JobInfo> {
+    c.list_jobs(v1::ListJobsRequest {
+        jobs: vec![v1::JobRef {
+            job_id: id,
+            array_tasks: String::new(),
+        }],
+        include_finished: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .jobs
+    .into_iter()
+    .next()
+}
+
+async fn wait_state(c: &mut JobsClient<AuthChannel>, id: u64, want: v1::JobState) -> v1::JobInfo {
+    tokio::time::timeout(WAIT, async {
+        loop {
+            if let Some(j) = job(c, id).await
+                && j.state == want as i32
+            {
+                return j;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("job {id} never reached {want:?}"))
+}
+
+#[tokio::test]
+async fn submit_launch_end_and_account_then_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = Controller::start(dir.path(), |_| {}).await;
+    let mut w = FakeWorker::attach(&ctl, "n1", 4, vec![]).await;
+    let mut jobs = ctl.jobs(&alice()).await;
+
+    let mut s = spec("hello");
+    s.gpus_per_node = 1;
+    let id = submit(&mut jobs, s).await;
+    assert_eq!(id, 1);
+
+    let launch = w.expect_launch().await;
+    assert_eq!(launch.job_id, id);
+    assert_eq!(launch.user, "alice");
+    assert_eq!(launch.workdir, "/tmp/work");
+    assert_eq!(launch.stdout, "/tmp/work/slurm-1.out");
+    assert_eq!(launch.gpus.len(), 1);
+    assert_eq!(launch.kill_wait_s, 1);
+    let env = &launch.environment;
+    assert_eq!(env["SLURM_JOB_ID"], "1");
+    assert_eq!(env["SLURM_JOB_NODELIST"], "n1");
+    assert_eq!(env["SLURM_JOB_PARTITION"], "batch");
+    assert_eq!(env["HOME"], "/home/alice");
+    assert!(launch.script.contains("echo hello"));
+
+    // Watch from before the end to the terminal state.
+    let mut watch = jobs
+        .watch_job(v1::WatchJobRequest {
+            job: Some(v1::JobRef {
+                job_id: id,
+                array_tasks: String::new(),
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = watch.message().await.unwrap().unwrap();
+    assert_eq!(first.state, v1::JobState::Running as i32);
+
+    w.send(worker_message::Msg::JobStarted(v1::JobStarted {
+        job_id: id,
+        pid: 42,
+        start_time: 0,
+    }))
+    .await;
+    w.end(id, 0).await;
+    let last = tokio::time::timeout(WAIT, async {
+        let mut last = first;
+        while let Some(m) = watch.message().await.unwrap() {
+            last = m;
+        }
+        last
+    })
+    .await
+    .unwrap();
+    assert_eq!(last.state, v1::JobState::Completed as i32);
+
+    // sacct sees the run with its node and the batch step.
+    let mut acct = AccountingClient::new(ctl.channel(&alice()).await);
+    let recs = acct
+        .list_job_records(v1::ListJobRecordsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs;
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0].state, v1::JobState::Completed as i32);
+    assert_eq!(recs[0].nodelist, "n1");
+    assert_eq!(recs[0].steps[0].step_id, "batch");
+
+    // A second job stays RUNNING across a controller restart.
+    let id2 = submit(&mut jobs, spec("long")).await;
+    assert_eq!(w.expect_launch().await.job_id, id2);
+    drop(jobs);
+    drop(acct);
+    ctl.stop().await;
+    drop(w);
+
+    let ctl = Controller::start(dir.path(), |_| {}).await;
+    let mut jobs = ctl.jobs(&alice()).await;
+    assert_eq!(job(&mut jobs, id).await.unwrap().state, v1::JobState::Completed as i32);
+    assert_eq!(job(&mut jobs, id2).await.unwrap().state, v1::JobState::Running as i32);
+    let w = FakeWorker::attach(&ctl, "n1", 4, vec![id2]).await;
+    w.end(id2, 3).await;
+    let j2 = wait_state(&mut jobs, id2, v1::JobState::Failed).await;
+    assert_eq!(j2.exit_code, 3);
+    // Ids are never reused.
+    assert_eq!(submit(&mut jobs, spec("third")).await, 3);
+    ctl.stop().await;
+}
+
+#[tokio::test]
+async fn worker_reporting_unknown_job_is_told_to_abandon_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = Controller::start(dir.path(), |_| {}).await;
+    let mut w = FakeWorker::attach(&ctl, "n1", 4, vec![77]).await;
+    match w.next().await {
+        controller_message::Msg::AbandonJob(a) => assert_eq!(a.job_id, 77),
+        other => panic!("expected AbandonJob, got {other:?}"),
+    }
+    ctl.stop().await;
+}
+
+#[tokio::test]
+async fn lost_worker_fails_its_jobs_and_node_goes_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = Controller::start(dir.path(), |c| {
+        c.node_timeout = Duration::from_millis(600);
+    })
+    .await;
+    let mut w = FakeWorker::attach(&ctl, "n1", 4, vec![]).await;
+    let mut jobs = ctl.jobs(&alice()).await;
+    let mut s = spec("doomed");
+    s.no_requeue = true;
+    let id = submit(&mut jobs, s).await;
+    assert_eq!(w.expect_launch().await.job_id, id);
+    // The worker goes silent (no heartbeats).
+    let j = wait_state(&mut jobs, id, v1::JobState::NodeFail).await;
+    assert_eq!(j.reason, "NodeDown");
+    let mut nodes = NodesClient::new(ctl.channel(&alice()).await);
+    let n = nodes
+        .list_nodes(v1::ListNodesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes;
+    assert_eq!(n[0].state, "DOWN");
+    drop(w);
+    ctl.stop().await;
+}
+
+#[tokio::test]
+async fn users_cancel_only_their_own_jobs_and_bad_input_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = Controller::start(dir.path(), |_| {}).await;
+    let mut a = ctl.jobs(&alice()).await;
+    let mut b = ctl.jobs(&bob()).await;
+    // No worker: jobs stay pending.
+    let id = submit(&mut a, spec("mine")).await;
+
+    let r = b
+        .cancel(v1::CancelRequest {
+            jobs: vec![v1::JobRef {
+                job_id: id,
+                array_tasks: String::new(),
+            }],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.cancelled.is_empty());
+    assert!(r.errors[0].contains("denied"), "{:?}", r.errors);
+
+    for (mutate, want) in [
+        (
+            Box::new(|s: &mut v1::JobSpec| s.partition = "nope".into())
+                as Box<dyn Fn(&mut v1::JobSpec)>,
+            "partition",
+        ),
+        (Box::new(|s: &mut v1::JobSpec| s.workdir = "relative".into()), "workdir"),
+        (Box::new(|s: &mut v1::JobSpec| s.array = "9-1".into()), "array"),
+    ] {
+        let mut s = spec("bad");
+        mutate(&mut s);
+        let err = a
+            .submit(v1::SubmitRequest { spec: Some(s) })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains(want), "{want}: {}", err.message());
+    }
+    // Nothing was created: the next id follows the first.
+    assert_eq!(submit(&mut a, spec("next")).await, id + 1);
+
+    let r = a
+        .cancel(v1::CancelRequest {
+            jobs: vec![v1::JobRef {
+                job_id: id,
+                array_tasks: String::new(),
+            }],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.cancelled, vec![id]);
+    assert_eq!(
+        job(&mut a, id).await.unwrap().state,
+        v1::JobState::Cancelled as i32
+    );
+    // Unauthenticated calls are refused.
+    let raw = tonic::transport::Endpoint::from_shared(ctl.addr.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let err = JobsClient::new(raw)
+        .list_jobs(v1::ListJobsRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    ctl.stop().await;
+}
+
+#[tokio::test]
+async fn concurrent_submits_are_group_committed_and_survive_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = Controller::start(dir.path(), |_| {}).await;
+    const CLIENTS: usize = 16;
+    const EACH: usize = 100;
+    let mut tasks = Vec::new();
+    for c in 0..CLIENTS {
+        let mut client = ctl.jobs(&alice()).await;
+        tasks.push(tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for i in 0..EACH {
+                let mut s = spec(&format!("c{c}-{i}"));
+                s.idempotency_key = format!("{c}-{i}");
+                ids.push(submit(&mut client, s).await);
+            }
+            ids
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), CLIENTS * EACH);
+
+    // A retried submit with the same key returns the first job.
+    let mut a = ctl.jobs(&alice()).await;
+    let mut s = spec("retry");
+    s.idempotency_key = "0-0".into();
+    let again = submit(&mut a, s).await;
+    assert!(all.contains(&again));
+    ctl.stop().await;
+
+    let ctl = Controller::start(dir.path(), |_| {}).await;
+    let mut a = ctl.jobs(&alice()).await;
+    let listed = a
+        .list_jobs(v1::ListJobsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs;
+    let mut ids: Vec<u64> = listed.iter().map(|j| j.job_id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, all);
+    // The key survived the restart too.
+    let mut s = spec("retry");
+    s.idempotency_key = "3-7".into();
+    assert!(all.contains(&submit(&mut a, s).await));
+    ctl.stop().await;
+}
+
+#[tokio::test]
+async fn arrays_launch_tasks_with_array_variables() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = Controller::start(dir.path(), |_| {}).await;
+    let mut jobs = ctl.jobs(&alice()).await;
+    let mut s = spec("sweep");
+    s.array = "0-4:2".into();
+    s.stdout = "out-%A_%a.log".into();
+    let id = submit(&mut jobs, s).await;
+    // Folded while no node exists.
+    let folded = jobs
+        .list_jobs(v1::ListJobsRequest {
+            fold_arrays: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs;
+    assert_eq!(folded.len(), 1);
+    assert_eq!(folded[0].array_pending, "0-4:2");
+    let mut w = FakeWorker::attach(&ctl, "n1", 8, vec![]).await;
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let l = w.expect_launch().await;
+        assert_eq!(l.environment["SLURM_ARRAY_JOB_ID"], id.to_string());
+        assert_eq!(l.environment["SLURM_ARRAY_TASK_COUNT"], "3");
+        assert_eq!(l.environment["SLURM_ARRAY_TASK_STEP"], "2");
+        let t = l.environment["SLURM_ARRAY_TASK_ID"].clone();
+        assert_eq!(l.stdout, format!("/tmp/work/out-{id}_{t}.log"));
+        seen.push(t);
+        w.end(l.job_id, 0).await;
+    }
+    seen.sort();
+    assert_eq!(seen, vec!["0", "2", "4"]);
+    wait_state(&mut jobs, id, v1::JobState::Completed).await;
+    ctl.stop().await;
+}

@@ -1,0 +1,227 @@
+//! The image table: which local program stands in for which container image (pure).
+//!
+//! There is no container runtime here, so an image is described by what a process needs
+//! from it: its `ENTRYPOINT`/`CMD` and where its executables live on this machine. A test
+//! maps `tandem:dev` to the freshly built `tandem` binary and `busybox`-like images to the
+//! host's own shell and tools.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::Container;
+
+/// What one image provides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Image {
+    /// The image's `ENTRYPOINT`.
+    pub entrypoint: Vec<String>,
+    /// The image's `CMD`.
+    pub cmd: Vec<String>,
+    /// Executables the image carries, by file name (so `/usr/bin/sbatch` and `sbatch` both
+    /// find the entry `sbatch`). The process sees the name it was called by as `argv[0]`,
+    /// which is what a multi-call binary dispatches on.
+    pub bins: BTreeMap<String, PathBuf>,
+    /// Whether a command not in `bins` is looked up on this machine's `PATH` (a
+    /// busybox-like image that has `sh`, `sleep`, `echo`, ...).
+    pub host_tools: bool,
+}
+
+impl Image {
+    /// A busybox/alpine-like image: every command comes from the host, `CMD` is `sh`.
+    pub fn host_shell() -> Self {
+        Self {
+            entrypoint: Vec::new(),
+            cmd: vec!["sh".into()],
+            bins: BTreeMap::new(),
+            host_tools: true,
+        }
+    }
+
+    /// An image whose entrypoint is one binary, reachable under each of `names` (a
+    /// multi-call binary such as `tandem`, also called as `sbatch`, `squeue`, ...). Other
+    /// commands (`sh` in a script) come from the host.
+    pub fn binary(path: impl Into<PathBuf>, names: &[&str]) -> Self {
+        let path = path.into();
+        let main = names.first().copied().unwrap_or("entrypoint");
+        Self {
+            entrypoint: vec![main.to_owned()],
+            cmd: Vec::new(),
+            bins: names.iter().map(|n| ((*n).to_owned(), path.clone())).collect(),
+            host_tools: true,
+        }
+    }
+}
+
+/// Images by reference. A key with a tag (`tandem:dev`) matches that tag only; a key
+/// without one (`busybox`) matches every tag and digest of that repository.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImageTable {
+    images: BTreeMap<String, Image>,
+}
+
+/// How to start a container's process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Launch {
+    /// The file to execute, or a bare name to find on `PATH`.
+    pub program: PathBuf,
+    /// `argv[0]` as the container called it.
+    pub arg0: String,
+    pub args: Vec<String>,
+}
+
+/// Why a container cannot start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LaunchError {
+    /// The image is not in the table: the kubelet's `ErrImagePull`.
+    UnknownImage(String),
+    /// Neither the container nor the image names a command (`CreateContainerError`).
+    NoCommand,
+    /// The command is not in the image (the runtime's `StartError`, exit code 128).
+    NotFound(String),
+}
+
+impl ImageTable {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds or replaces an image.
+    pub fn with(mut self, reference: impl Into<String>, image: Image) -> Self {
+        self.images.insert(reference.into(), image);
+        self
+    }
+
+    /// The usual table for Tandem's tests: `busybox`, `alpine`, `ubuntu` and `debian` run
+    /// host tools; `tandem:dev` is the given `tandem` binary.
+    pub fn standard(tandem: Option<&Path>) -> Self {
+        let mut table = Self::new();
+        for name in ["busybox", "alpine", "ubuntu", "debian"] {
+            table = table.with(name, Image::host_shell());
+        }
+        if let Some(path) = tandem {
+            let names = [
+                "tandem", "sbatch", "squeue", "scancel", "sinfo", "sacct", "scontrol", "srun",
+                "sprio", "salloc",
+            ];
+            table = table.with("tandem:dev", Image::binary(path, &names));
+        }
+        table
+    }
+
+    /// The image a reference names, if the table has it.
+    pub fn lookup(&self, reference: &str) -> Option<&Image> {
+        if let Some(image) = self.images.get(reference) {
+            return Some(image);
+        }
+        let (repo, tag) = split_reference(reference);
+        self.images.get(&format!("{repo}:{tag}")).or_else(|| self.images.get(repo))
+    }
+
+    /// The process for a container, by Docker's rules: `command` replaces `ENTRYPOINT` (and
+    /// drops `CMD`), `args` replaces `CMD`; the container's `$(VAR)`s are expanded by the
+    /// caller.
+    pub fn launch(&self, container: &Container) -> Result<Launch, LaunchError> {
+        let reference = container.image.as_deref().unwrap_or_default();
+        let image = self
+            .lookup(reference)
+            .ok_or_else(|| LaunchError::UnknownImage(reference.to_owned()))?;
+        let argv: Vec<String> = match (&container.command, &container.args) {
+            (Some(cmd), args) => cmd.iter().chain(args.iter().flatten()).cloned().collect(),
+            (None, Some(args)) => image.entrypoint.iter().chain(args).cloned().collect(),
+            (None, None) => image.entrypoint.iter().chain(&image.cmd).cloned().collect(),
+        };
+        let Some((arg0, args)) = argv.split_first() else {
+            return Err(LaunchError::NoCommand);
+        };
+        let file_name = Path::new(arg0)
+            .file_name()
+            .map_or(arg0.as_str(), |n| n.to_str().unwrap_or(arg0));
+        let program = match image.bins.get(file_name) {
+            Some(path) => path.clone(),
+            // A host tool: `sh` is found on PATH, `/bin/sh` is used as written.
+            None if image.host_tools => PathBuf::from(arg0),
+            None => return Err(LaunchError::NotFound(arg0.clone())),
+        };
+        Ok(Launch {
+            program,
+            arg0: file_name.to_owned(),
+            args: args.to_vec(),
+        })
+    }
+}
+
+/// `docker.io/library/busybox:1.36@sha256:..` -> (`busybox`, `1.36`); no tag -> `latest`.
+fn split_reference(reference: &str) -> (&str, &str) {
+    let no_digest = reference.split('@').next().unwrap_or(reference);
+    let (repo, tag) = match no_digest.rsplit_once(':') {
+        // A colon before the last slash is a registry port, not a tag.
+        Some((repo, tag)) if !tag.contains('/') => (repo, tag),
+        _ => (no_digest, "latest"),
+    };
+    let repo = repo
+        .strip_prefix("docker.io/library/")
+        .or_else(|| repo.strip_prefix("docker.io/"))
+        .unwrap_or(repo);
+    (repo, tag)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn container(v: serde_json::Value) -> Container {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn table() -> ImageTable {
+        ImageTable::standard(Some(Path::new("/build/tandem")))
+    }
+
+    #[test]
+    fn references_match_by_repository_or_exact_tag() {
+        let t = table();
+        assert!(t.lookup("busybox").is_some());
+        assert!(t.lookup("docker.io/library/busybox:1.36").is_some());
+        assert!(t.lookup("busybox@sha256:abc").is_some());
+        assert!(t.lookup("tandem:dev").is_some());
+        assert!(t.lookup("tandem:other").is_none(), "a tagged key matches its tag only");
+        assert!(t.lookup("registry.local:5000/busybox").is_none());
+        assert!(t.lookup("nginx").is_none());
+    }
+
+    #[test]
+    fn command_and_args_follow_docker_rules() {
+        let t = table();
+        let cases = [
+            // (container, want program, want arg0, want args)
+            (json!({"name": "c", "image": "busybox", "command": ["sh", "-c", "exit 3"]}), "sh", "sh", vec!["-c", "exit 3"]),
+            (json!({"name": "c", "image": "busybox"}), "sh", "sh", vec![]),
+            (json!({"name": "c", "image": "tandem:dev", "args": ["worker", "--x"]}), "/build/tandem", "tandem", vec!["worker", "--x"]),
+            (json!({"name": "c", "image": "tandem:dev", "command": ["/usr/local/bin/sbatch"], "args": ["a.sh"]}), "/build/tandem", "sbatch", vec!["a.sh"]),
+            (json!({"name": "c", "image": "tandem:dev", "command": ["/bin/sh", "-c", "true"]}), "/bin/sh", "sh", vec!["-c", "true"]),
+        ];
+        for (c, program, arg0, args) in cases {
+            let got = t.launch(&container(c.clone())).unwrap();
+            assert_eq!(got.program, PathBuf::from(program), "{c}");
+            assert_eq!(got.arg0, arg0, "{c}");
+            assert_eq!(got.args, args, "{c}");
+        }
+    }
+
+    #[test]
+    fn unknown_images_and_missing_commands_are_errors() {
+        let t = ImageTable::new().with("only-bins", Image { host_tools: false, ..Image::binary("/x", &["x"]) });
+        assert_eq!(
+            t.launch(&container(json!({"name": "c", "image": "nginx:1"}))),
+            Err(LaunchError::UnknownImage("nginx:1".into()))
+        );
+        assert_eq!(
+            t.launch(&container(json!({"name": "c", "image": "only-bins", "command": ["sh"]}))),
+            Err(LaunchError::NotFound("sh".into()))
+        );
+        let empty = ImageTable::new().with("e", Image { cmd: vec![], ..Image::host_shell() });
+        assert_eq!(t.launch(&container(json!({"name": "c", "image": "only-bins"}))).unwrap().arg0, "x");
+        assert_eq!(empty.launch(&container(json!({"name": "c", "image": "e"}))), Err(LaunchError::NoCommand));
+    }
+}

@@ -1,0 +1,396 @@
+//! Watches: event order and types, 410 Gone, bookmarks, streaming lists, and kube-runtime
+//! watchers and reflectors over churn.
+
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{Api, ListParams, Patch, PatchParams, WatchEvent, WatchParams};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use serde_json::{Value, json};
+use tandem_e2e::apiserver::Config;
+
+use super::{create, pod_json, raw, start, start_with};
+
+fn cm(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"v": "0"}})
+}
+
+async fn next<K: Clone + std::fmt::Debug>(
+    s: &mut (impl futures::Stream<Item = kube::Result<WatchEvent<K>>> + Unpin),
+) -> WatchEvent<K> {
+    tokio::time::timeout(Duration::from_secs(5), s.next())
+        .await
+        .expect("an event within 5s")
+        .expect("stream open")
+        .expect("event ok")
+}
+
+#[tokio::test]
+async fn watch_from_a_list_version_sees_added_modified_deleted_in_order() {
+    let (_s, client) = start().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client);
+    create(&api, cm("before")).await;
+    let rv = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut w = api
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    create(&api, cm("a")).await;
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"v": "1"}})),
+    )
+    .await
+    .unwrap();
+    api.delete("a", &Default::default()).await.unwrap();
+    let mut last = rv.parse::<u64>().unwrap();
+    let mut kinds = Vec::new();
+    for _ in 0..3 {
+        let (kind, obj) = match next(&mut w).await {
+            WatchEvent::Added(o) => ("ADDED", o),
+            WatchEvent::Modified(o) => ("MODIFIED", o),
+            WatchEvent::Deleted(o) => ("DELETED", o),
+            other => panic!("unexpected {other:?}"),
+        };
+        let v: u64 = obj.metadata.resource_version.unwrap().parse().unwrap();
+        assert!(v > last, "versions increase along the stream");
+        last = v;
+        assert_eq!(
+            obj.metadata.name.as_deref(),
+            Some("a"),
+            "the pre-existing object is not replayed"
+        );
+        kinds.push(kind);
+    }
+    assert_eq!(kinds, ["ADDED", "MODIFIED", "DELETED"]);
+}
+
+#[tokio::test]
+async fn watch_from_a_version_outside_the_window_is_410_gone() {
+    let (_s, client) = start_with(Config {
+        watch_window: 5,
+        ..Config::default()
+    })
+    .await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client);
+    create(&api, cm("a")).await;
+    let old = api
+        .get("a")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    for i in 0..10 {
+        api.patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"v": i.to_string()}})),
+        )
+        .await
+        .unwrap();
+    }
+    let mut w = api
+        .watch(&WatchParams::default(), &old)
+        .await
+        .unwrap()
+        .boxed();
+    match next(&mut w).await {
+        WatchEvent::Error(e) => assert_eq!((e.code, e.reason.as_str()), (410, "Expired")),
+        other => panic!("expected 410, got {other:?}"),
+    }
+    // A recent version is still fine.
+    let recent = api
+        .get("a")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut w = api
+        .watch(&WatchParams::default(), &recent)
+        .await
+        .unwrap()
+        .boxed();
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"v": "x"}})),
+    )
+    .await
+    .unwrap();
+    assert!(matches!(next(&mut w).await, WatchEvent::Modified(_)));
+}
+
+#[tokio::test]
+async fn bookmarks_only_when_asked_and_carry_the_current_version() {
+    let (_s, client) = start_with(Config {
+        bookmark_interval: Duration::from_millis(50),
+        ..Config::default()
+    })
+    .await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    create(&api, cm("a")).await;
+    let rv = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    // Changes to another type move the global version; the bookmark reports it.
+    let pods: Api<Pod> = Api::default_namespaced(client);
+    create(&pods, pod_json("p", json!({}))).await;
+    let global = pods
+        .get("p")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut w = api
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    match next(&mut w).await {
+        WatchEvent::Bookmark(b) => assert_eq!(b.metadata.resource_version, global),
+        other => panic!("expected a bookmark, got {other:?}"),
+    }
+    let mut plain = api
+        .watch(&WatchParams::default().disable_bookmarks(), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    let got = tokio::time::timeout(Duration::from_millis(300), plain.next()).await;
+    assert!(
+        got.is_err(),
+        "no bookmark without allowWatchBookmarks: {got:?}"
+    );
+}
+
+#[tokio::test]
+async fn streaming_list_ends_initial_events_with_annotated_bookmark() {
+    let (s, client) = start().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client);
+    create(&api, cm("a")).await;
+    create(&api, cm("b")).await;
+    let path = "/api/v1/namespaces/default/configmaps?watch=true&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&timeoutSeconds=1";
+    let (code, body) = raw(&s, "GET", path, &[], None).await;
+    assert_eq!(code, 200);
+    let lines: Vec<Value> = body
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let types: Vec<&str> = lines.iter().map(|l| l["type"].as_str().unwrap()).collect();
+    assert_eq!(&types[..3], ["ADDED", "ADDED", "BOOKMARK"]);
+    assert_eq!(
+        lines[2]["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
+    // Without bookmarks allowed, a streaming list is refused.
+    let (code, _) = raw(
+        &s,
+        "GET",
+        "/api/v1/namespaces/default/configmaps?watch=true&sendInitialEvents=true",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(code, 422);
+}
+
+#[tokio::test]
+async fn watch_timeout_seconds_ends_the_stream() {
+    let (_s, client) = start().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client);
+    let rv = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut w = api
+        .watch(&WatchParams::default().timeout(1), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    let end = tokio::time::timeout(Duration::from_secs(4), w.next())
+        .await
+        .expect("stream ends in time");
+    assert!(end.is_none(), "{end:?}");
+}
+
+#[tokio::test]
+async fn relabelling_out_of_a_selector_is_seen_as_deleted() {
+    let (_s, client) = start().await;
+    let api: Api<Pod> = Api::default_namespaced(client);
+    create(&api, pod_json("p", json!({"app": "a"}))).await;
+    let rv = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut w = api
+        .watch(&WatchParams::default().labels("app=a"), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    let pp = PatchParams::default();
+    api.patch(
+        "p",
+        &pp,
+        &Patch::Merge(json!({"metadata": {"labels": {"app": "b"}}})),
+    )
+    .await
+    .unwrap();
+    assert!(matches!(next(&mut w).await, WatchEvent::Deleted(_)));
+    api.patch(
+        "p",
+        &pp,
+        &Patch::Merge(json!({"metadata": {"labels": {"app": "a"}}})),
+    )
+    .await
+    .unwrap();
+    assert!(matches!(next(&mut w).await, WatchEvent::Added(_)));
+}
+
+/// Runs a kube-runtime reflector through churn that overflows the watch window (forcing
+/// 410 relists) and checks its store converges to exactly what the server holds.
+async fn reflector_converges(streaming: bool) {
+    let (_s, client) = start_with(Config {
+        watch_window: 20,
+        bookmark_interval: Duration::from_millis(100),
+        ..Config::default()
+    })
+    .await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client);
+    let (reader, writer) = reflector::store::<ConfigMap>();
+    let mut cfg = watcher::Config::default().page_size(7);
+    if streaming {
+        cfg = cfg.streaming_lists();
+    }
+    let events = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = events.clone();
+    let rf = reflector(writer, watcher(api.clone(), cfg))
+        .default_backoff()
+        .applied_objects()
+        .try_for_each(move |_| {
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            futures::future::ready(Ok(()))
+        });
+    let task = tokio::spawn(rf);
+    let pp = PatchParams::default();
+    for round in 0..60 {
+        let name = format!("cm-{}", round % 15);
+        match round % 4 {
+            0 | 1 => {
+                let _ = api
+                    .create(
+                        &Default::default(),
+                        &serde_json::from_value(cm(&name)).unwrap(),
+                    )
+                    .await;
+            }
+            2 => {
+                let _ = api
+                    .patch(
+                        &name,
+                        &pp,
+                        &Patch::Merge(json!({"data": {"v": round.to_string()}})),
+                    )
+                    .await;
+            }
+            _ => {
+                let _ = api.delete(&name, &Default::default()).await;
+            }
+        }
+        if round % 10 == 0 {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+    }
+    let want: Vec<(String, Option<String>)> = {
+        let mut v: Vec<_> = api
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|c| (c.metadata.name.unwrap(), c.metadata.resource_version))
+            .collect();
+        v.sort();
+        v
+    };
+    super::eventually(
+        "the reflector to match the server",
+        Duration::from_secs(10),
+        || {
+            let reader = reader.clone();
+            let want = want.clone();
+            async move {
+                let mut got: Vec<_> = reader
+                    .state()
+                    .iter()
+                    .map(|c| {
+                        (
+                            c.metadata.name.clone().unwrap(),
+                            c.metadata.resource_version.clone(),
+                        )
+                    })
+                    .collect();
+                got.sort();
+                (got == want).then_some(())
+            }
+        },
+    )
+    .await;
+    assert!(events.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    task.abort();
+}
+
+#[tokio::test]
+async fn reflector_with_list_watch_converges_through_churn() {
+    reflector_converges(false).await;
+}
+
+#[tokio::test]
+async fn reflector_with_streaming_lists_converges_through_churn() {
+    reflector_converges(true).await;
+}
+
+#[tokio::test]
+async fn watcher_streaming_list_yields_init_done_with_all_objects() {
+    let (_s, client) = start().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client);
+    for n in ["a", "b", "c"] {
+        create(&api, cm(n)).await;
+    }
+    let mut s = watcher(api, watcher::Config::default().streaming_lists()).boxed();
+    let mut seen = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), s.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+        {
+            watcher::Event::Init => {}
+            watcher::Event::InitApply(o) => seen.push(o.metadata.name.unwrap()),
+            watcher::Event::InitDone => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(seen, ["a", "b", "c"]);
+}

@@ -1,0 +1,674 @@
+//! One scheduling pass, as numbered phases (Kueue style):
+//!
+//! ```text
+//!  0. usage     decay fair-share usage, charge running jobs up to now
+//!  1. eligible  hold, begin time, dependencies, partition state and limits, array throttle
+//!  2. order     multifactor priority (priority.rs + fairshare.rs), partition tier first
+//!  3. place     for each job in order: QOS/association limits, start now if it fits without
+//!               delaying a reservation, else reserve its earliest start (backfill.rs)
+//!  4. preempt   blocked jobs of a preempting QOS pick victims (preempt.rs)
+//!  5. apply     starts become RUNNING in State (array tasks split off first), victims are
+//!               marked, pending reasons updated; the Plan lists what the controller must do
+//! ```
+//!
+//! Phases 1-4 only read `State` (through the `Planner`'s private view), so the pass sees one
+//! consistent snapshot; phase 5 is the only writer.
+
+use std::collections::{HashMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::dependency::DepStatus;
+use crate::effect::Preempt;
+use crate::job::{Hold, Job, JobState, KillReason, Reason};
+use crate::partition::PartitionState;
+use crate::priority::{PriorityContext, PriorityInput};
+use crate::select::{Planner, Request};
+use crate::state::State;
+use crate::{JobId, NodeId};
+
+/// What a pass decided. Starts are already RUNNING in `State`; the controller persists the
+/// changes, then launches them and signals the preemption victims.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    pub starts: Vec<Start>,
+    pub preemptions: Vec<Preempt>,
+    pub stats: PassStats,
+}
+
+/// A job to launch. For an array task, `job` is the task's own new id.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Start {
+    pub job: JobId,
+    /// In node-name order; the batch script runs on the first.
+    pub nodes: Vec<StartNode>,
+}
+
+/// What one node gives a starting job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartNode {
+    pub node: NodeId,
+    pub name: String,
+    pub cpus: u32,
+    pub mem_mb: u64,
+    /// GPU indices for `CUDA_VISIBLE_DEVICES`.
+    pub gpus: Vec<u32>,
+}
+
+/// Counts of one pass, for logs and metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PassStats {
+    /// Pending records looked at.
+    pub considered: usize,
+    pub eligible: usize,
+    pub started: usize,
+    pub reservations: usize,
+    /// Jobs skipped because an identical, earlier job already could not start.
+    pub skipped_same_shape: usize,
+    pub preempted: usize,
+}
+
+/// The phases, for [`PassObserver`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    Usage,
+    Eligible,
+    Order,
+    Place,
+    Preempt,
+    Apply,
+    Done,
+}
+
+/// Told when each phase begins, so a caller with a clock can time them (the core has none).
+pub trait PassObserver {
+    fn phase(&mut self, phase: Phase);
+}
+
+impl PassObserver for () {
+    fn phase(&mut self, _: Phase) {}
+}
+
+/// Runs one pass. See the module docs.
+pub fn schedule(st: &mut State, now: i64) -> Plan {
+    schedule_observed(st, now, &mut ())
+}
+
+/// A pending record that passed phase 1.
+struct Candidate {
+    id: JobId,
+    part: usize,
+    tier: u16,
+    priority: u64,
+    submit_time: i64,
+}
+
+enum Decision {
+    Start { job: JobId, nodes: Vec<NodeId> },
+    Preempt { by: JobId, victims: Vec<JobId> },
+}
+
+/// Runs one pass, reporting phase boundaries to `obs`.
+pub fn schedule_observed(st: &mut State, now: i64, obs: &mut impl PassObserver) -> Plan {
+    let mut stats = PassStats::default();
+
+    // 0. usage
+    obs.phase(Phase::Usage);
+    st.charge_usage(now);
+
+    // 1. eligible
+    obs.phase(Phase::Eligible);
+    let mut reasons: Vec<(JobId, Reason)> = Vec::new();
+    let mut eligible: Vec<JobId> = Vec::new();
+    let mut newly_eligible: Vec<JobId> = Vec::new();
+    {
+        let st: &State = st;
+        let singles = singleton_blocked(st);
+        for job in st.pending_jobs() {
+            stats.considered += 1;
+            match ineligible_reason(st, job, &singles, now) {
+                Some(r) => reasons.push((job.id, r)),
+                None => {
+                    eligible.push(job.id);
+                    if job.eligible_time.is_none() {
+                        newly_eligible.push(job.id);
+                    }
+                }
+            }
+        }
+    }
+    stats.eligible = eligible.len();
+    for id in &newly_eligible {
+        st.with_job(*id, |j| j.eligible_time = Some(now));
+    }
+
+    // 2. order
+    obs.phase(Phase::Order);
+    let mut cands = prioritise(st, &eligible, now);
+    cands.sort_unstable_by(|a, b| {
+        b.tier
+            .cmp(&a.tier)
+            .then(b.priority.cmp(&a.priority))
+            .then(a.submit_time.cmp(&b.submit_time))
+            .then(a.id.cmp(&b.id))
+    });
+    for c in &cands {
+        if let Some(j) = st.jobs.get_mut(&c.id) {
+            // Not a recorded change: priority is recomputed every pass.
+            j.priority = c.priority;
+        }
+    }
+
+    // 3. place
+    obs.phase(Phase::Place);
+    let mut decisions: Vec<Decision> = Vec::new();
+    let mut blocked: Vec<(JobId, usize)> = Vec::new();
+    {
+        let st: &State = st;
+        let mut planner = Planner::new(st, now);
+        let mut limits = LimitCounters::new(st);
+        let mut memo: HashMap<ShapeKey, Memo> = HashMap::new();
+        let mut part_blocked = vec![false; st.config.partitions.len()];
+        let backfill = st.config.sched.backfill;
+        let max_resv = st.config.sched.max_reservations as usize;
+        for c in &cands {
+            let job = &st.jobs[&c.id];
+            let req = Request::new(st, job, c.part);
+            if let Some(r) = limits.check(st, job) {
+                reasons.push((job.id, r));
+                continue;
+            }
+            if !backfill && part_blocked[c.part] {
+                reasons.push((job.id, Reason::Priority));
+                continue;
+            }
+            let key = ShapeKey::of(job, c.part);
+            let limit = job.time_limit.unwrap_or(u64::MAX);
+            let memo_entry = key.as_ref().and_then(|k| memo.get(k));
+            let known_blocked = memo_entry.is_some_and(|m| limit >= m.failed_limit);
+            // How many starts this record may take now (array tasks under the throttle).
+            let mut budget = start_budget(job);
+            let mut started = 0u64;
+            if !known_blocked {
+                while started < budget {
+                    let Some(nodes) = planner.pick_now(&req) else {
+                        break;
+                    };
+                    planner.commit_start(&nodes, &req);
+                    limits.add(st, job);
+                    decisions.push(Decision::Start { job: job.id, nodes });
+                    started += 1;
+                    if limits.check(st, job).is_some() {
+                        budget = started;
+                    }
+                }
+            } else {
+                stats.skipped_same_shape += 1;
+            }
+            if started > 0 {
+                continue;
+            }
+            // Could not start: remember, reserve, explain.
+            let already_reserved = memo_entry.is_some_and(|m| m.reserved);
+            let mut reserved = false;
+            if backfill
+                && !already_reserved
+                && stats.reservations < max_resv
+                && planner.reserve(&req).is_some()
+            {
+                stats.reservations += 1;
+                reserved = true;
+            }
+            if let Some(k) = key {
+                let m = memo.entry(k).or_insert(Memo {
+                    failed_limit: u64::MAX,
+                    reserved: false,
+                });
+                m.failed_limit = m.failed_limit.min(limit);
+                m.reserved |= reserved;
+            }
+            let reason = if part_blocked[c.part] {
+                Reason::Priority
+            } else {
+                Reason::Resources
+            };
+            part_blocked[c.part] = true;
+            reasons.push((job.id, reason));
+            blocked.push((job.id, c.part));
+        }
+
+        // 4. preempt
+        obs.phase(Phase::Preempt);
+        for (id, part) in blocked {
+            let job = &st.jobs[&id];
+            if st.preempting.contains_key(&id) {
+                continue;
+            }
+            let Some(qos) = st.config.qos(&job.spec.qos) else {
+                continue;
+            };
+            if qos.preempt.is_empty() {
+                continue;
+            }
+            let req = Request::new(st, job, part);
+            let victims = crate::preempt::choose_victims(&planner, &req, |v| {
+                v.spec.qos != job.spec.qos && qos.can_preempt(&v.spec.qos)
+            });
+            if let Some((victims, nodes)) = victims {
+                planner.promise(&nodes);
+                decisions.push(Decision::Preempt { by: id, victims });
+            }
+        }
+    }
+
+    // 5. apply
+    obs.phase(Phase::Apply);
+    let mut plan = Plan::default();
+    for d in decisions {
+        match d {
+            Decision::Start { job, nodes } => {
+                let run = if st.jobs[&job].is_array_meta() {
+                    match st.split_task(job, now) {
+                        Some(t) => t,
+                        None => continue,
+                    }
+                } else {
+                    job
+                };
+                plan.starts.push(st.start_on(run, &nodes, now));
+            }
+            Decision::Preempt { by, victims } => {
+                for v in &victims {
+                    let Some(vj) = st.jobs.get(v) else { continue };
+                    let mode = st
+                        .config
+                        .qos(&vj.spec.qos)
+                        .map(|q| q.preempt_mode)
+                        .unwrap_or(crate::job::PreemptMode::Requeue);
+                    let grace = st
+                        .config
+                        .qos(&vj.spec.qos)
+                        .map(|q| q.grace_time_s)
+                        .unwrap_or(0);
+                    let nodes = vj
+                        .alloc
+                        .as_ref()
+                        .map(|a| a.node_ids().collect())
+                        .unwrap_or_default();
+                    st.with_job(*v, |j| {
+                        j.kill = Some(KillReason::Preempt(mode));
+                        j.preempt_time = Some(now);
+                    });
+                    plan.preemptions.push(Preempt {
+                        job: *v,
+                        by,
+                        mode,
+                        grace_s: grace,
+                        nodes,
+                    });
+                }
+                st.preempting.insert(by, victims);
+            }
+        }
+    }
+    for (id, r) in reasons {
+        if st
+            .jobs
+            .get(&id)
+            .is_some_and(|j| j.state == JobState::Pending)
+        {
+            st.set_reason(id, r);
+        }
+    }
+    stats.started = plan.starts.len();
+    stats.preempted = plan.preemptions.len();
+    plan.stats = stats;
+    obs.phase(Phase::Done);
+    plan
+}
+
+/// Why a pending record cannot be considered now, or `None` if it can.
+fn ineligible_reason(st: &State, job: &Job, singles: &HashSet<JobId>, now: i64) -> Option<Reason> {
+    match job.hold {
+        Hold::User => return Some(Reason::JobHeldUser),
+        Hold::Admin => return Some(Reason::JobHeldAdmin),
+        Hold::None => {}
+    }
+    if job.spec.begin.is_some_and(|b| b > now) {
+        return Some(Reason::BeginTime);
+    }
+    match st.dependency_status(job, !singles.contains(&job.id), now) {
+        DepStatus::Satisfied => {}
+        DepStatus::Pending => return Some(Reason::Dependency),
+        DepStatus::NeverSatisfied => return Some(Reason::DependencyNeverSatisfied),
+    }
+    let part = st.config.partition(&job.spec.partition)?;
+    match part.state {
+        PartitionState::Down => return Some(Reason::PartitionDown),
+        PartitionState::Inactive => return Some(Reason::PartitionInactive),
+        _ => {}
+    }
+    if let Some(max) = part.max_time
+        && job.time_limit.is_none_or(|t| t > max)
+    {
+        return Some(Reason::PartitionTimeLimit);
+    }
+    if part.max_nodes.is_some_and(|m| job.shape.nodes > m) {
+        return Some(Reason::PartitionNodeLimit);
+    }
+    if let Some(q) = st.config.qos(&job.spec.qos)
+        && let Some(max) = q.limits.max_wall
+        && job.time_limit.is_none_or(|t| t > max)
+    {
+        return Some(Reason::QOSMaxWallDurationPerJobLimit);
+    }
+    if let (Some(a), Some(spec)) = (&job.array, &job.spec.array)
+        && let Some(t) = spec.throttle
+        && a.active >= t
+    {
+        return Some(Reason::JobArrayTaskLimit);
+    }
+    None
+}
+
+/// Pending jobs with a `singleton` dependency that must wait: another job of the same user
+/// and name is running, or an older pending singleton of theirs goes first.
+fn singleton_blocked(st: &State) -> HashSet<JobId> {
+    let mut blocked = HashSet::new();
+    let singles: Vec<&Job> = st
+        .pending_jobs()
+        .filter(|j| {
+            j.spec
+                .dependency
+                .as_ref()
+                .is_some_and(|d| d.has_singleton())
+        })
+        .collect();
+    if singles.is_empty() {
+        return blocked;
+    }
+    let mut taken: HashSet<(&str, &str)> = st
+        .running_jobs()
+        .map(|j| (j.spec.user.as_str(), j.spec.name.as_str()))
+        .collect();
+    for j in singles {
+        // pending_jobs() is in id order: the oldest claims the name.
+        if !taken.insert((j.spec.user.as_str(), j.spec.name.as_str())) {
+            blocked.insert(j.id);
+        }
+    }
+    blocked
+}
+
+/// How many runs a record may start this pass: 1, or for an array its pending indices up to
+/// the throttle.
+fn start_budget(job: &Job) -> u64 {
+    // aftercorr was checked for the next index only.
+    let corr = job.spec.dependency.as_ref().is_some_and(|d| {
+        d.items
+            .iter()
+            .any(|i| i.kind == crate::dependency::DepKind::AfterCorr)
+    });
+    if corr && job.is_array_meta() {
+        return 1;
+    }
+    match (&job.array, job.spec.array.as_ref().and_then(|s| s.throttle)) {
+        (Some(a), Some(t)) => a.pending.len().min(u64::from(t.saturating_sub(a.active))),
+        (Some(a), None) => a.pending.len(),
+        (None, _) => 1,
+    }
+}
+
+fn prioritise(st: &State, ids: &[JobId], now: i64) -> Vec<Candidate> {
+    let mut total_nodes = 0u32;
+    let (mut cpus, mut mem, mut gpus) = (0u64, 0u64, 0u64);
+    for n in st
+        .nodes
+        .iter()
+        .filter(|n| n.schedulable() || !n.jobs.is_empty())
+    {
+        total_nodes += 1;
+        cpus += u64::from(n.total.cpus);
+        mem += n.total.mem_mb;
+        gpus += u64::from(n.total.gpus);
+    }
+    let ctx = PriorityContext {
+        now,
+        total_nodes,
+        total_cpus: cpus,
+        total_mem_mb: mem,
+        total_gpus: gpus,
+        max_partition_factor: st
+            .config
+            .partitions
+            .iter()
+            .map(|p| p.priority_job_factor)
+            .max()
+            .unwrap_or(0),
+        max_qos_priority: st.config.qos.iter().map(|q| q.priority).max().unwrap_or(0),
+    };
+    let table = st.assoc.compute();
+    // Association look-ups by (user, account), once per pair rather than once per job.
+    let mut assoc_of: HashMap<(&str, &str), Option<crate::fairshare::AssocIdx>> = HashMap::new();
+    ids.iter()
+        .filter_map(|id| {
+            let job = &st.jobs[id];
+            let part = st
+                .config
+                .partitions
+                .iter()
+                .position(|p| p.name == job.spec.partition)?;
+            let p = &st.config.partitions[part];
+            let priority = match job.spec.priority {
+                Some(fixed) => fixed,
+                None => {
+                    let t = job.shape.total();
+                    let input = PriorityInput {
+                        eligible_at: job.eligible_time.unwrap_or(now),
+                        fairshare: assoc_of
+                            .entry((job.spec.user.as_str(), job.spec.account.as_str()))
+                            .or_insert_with(|| st.job_assoc(job))
+                            .map(|a| table.factor(a))
+                            .unwrap_or(0.0),
+                        nodes: job.shape.nodes,
+                        cpus: u64::from(t.cpus),
+                        mem_mb: t.mem_mb,
+                        gpus: u64::from(t.gpus),
+                        partition_factor: p.priority_job_factor,
+                        qos_priority: st.config.qos(&job.spec.qos).map_or(0, |q| q.priority),
+                        nice: job.spec.nice,
+                    };
+                    u64::from(crate::priority::priority(&st.config.priority, &ctx, &input).total)
+                }
+            };
+            Some(Candidate {
+                id: *id,
+                part,
+                tier: p.priority_tier,
+                priority,
+                submit_time: job.submit_time,
+            })
+        })
+        .collect()
+}
+
+/// Jobs that need the same thing from the same nodes: when one cannot start now, a later one
+/// with a time limit at least as long cannot either (resources only shrink during a pass).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct ShapeKey {
+    part: usize,
+    shape: crate::job::Shape,
+    mode: crate::node::NodeMode,
+    gpu_type: Option<String>,
+    constraint: Option<String>,
+}
+
+impl ShapeKey {
+    /// `None` for jobs with node lists (rare; never grouped).
+    fn of(job: &Job, part: usize) -> Option<ShapeKey> {
+        if !job.spec.nodelist.is_empty() || !job.spec.exclude.is_empty() {
+            return None;
+        }
+        Some(ShapeKey {
+            part,
+            shape: job.shape,
+            mode: job.spec.mode,
+            gpu_type: job.spec.gpu_type.clone(),
+            constraint: job.spec.constraint.as_ref().map(|c| c.to_string()),
+        })
+    }
+}
+
+struct Memo {
+    /// Shortest time limit of this shape that failed to start now.
+    failed_limit: u64,
+    reserved: bool,
+}
+
+/// Running-job counts behind QOS and association limits, kept up to date during the pass.
+struct LimitCounters {
+    user_qos_jobs: HashMap<(String, String), u32>,
+    user_qos_gpus: HashMap<(String, String), u64>,
+    account_qos_jobs: HashMap<(String, String), u32>,
+    /// Per account, including its sub-accounts' jobs.
+    grp_jobs: HashMap<String, u32>,
+    grp_gpus: HashMap<String, u64>,
+    user_account_jobs: HashMap<(String, String), u32>,
+    /// Account limits by name, and parents, for walking up the tree.
+    parents: HashMap<String, String>,
+    any_limits: bool,
+}
+
+impl LimitCounters {
+    fn new(st: &State) -> LimitCounters {
+        let any_qos = st.config.qos.iter().any(|q| {
+            let l = &q.limits;
+            l.max_jobs_per_user.is_some()
+                || l.max_gpus_per_user.is_some()
+                || l.max_jobs_per_account.is_some()
+        });
+        let any_acct = st
+            .config
+            .accounts
+            .iter()
+            .any(|a| a.limits != crate::account::AssocLimits::default());
+        let mut c = LimitCounters {
+            user_qos_jobs: HashMap::new(),
+            user_qos_gpus: HashMap::new(),
+            account_qos_jobs: HashMap::new(),
+            grp_jobs: HashMap::new(),
+            grp_gpus: HashMap::new(),
+            user_account_jobs: HashMap::new(),
+            parents: st
+                .config
+                .accounts
+                .iter()
+                .filter_map(|a| a.parent.clone().map(|p| (a.name.clone(), p)))
+                .collect(),
+            any_limits: any_qos || any_acct,
+        };
+        if c.any_limits {
+            for j in st.running_jobs() {
+                c.add(st, j);
+            }
+        }
+        c
+    }
+
+    fn chain<'a>(&'a self, account: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        let mut cur = Some(account);
+        let mut steps = 0;
+        std::iter::from_fn(move || {
+            let a = cur?;
+            steps += 1;
+            // Guards against a cycle in a hand-edited config.
+            cur = if steps > 64 {
+                None
+            } else {
+                self.parents.get(a).map(String::as_str)
+            };
+            Some(a)
+        })
+    }
+
+    fn add(&mut self, _st: &State, job: &Job) {
+        if !self.any_limits {
+            return;
+        }
+        let gpus = u64::from(job.shape.total().gpus);
+        let uq = (job.spec.user.clone(), job.spec.qos.clone());
+        *self.user_qos_jobs.entry(uq.clone()).or_default() += 1;
+        *self.user_qos_gpus.entry(uq).or_default() += gpus;
+        *self
+            .account_qos_jobs
+            .entry((job.spec.account.clone(), job.spec.qos.clone()))
+            .or_default() += 1;
+        *self
+            .user_account_jobs
+            .entry((job.spec.user.clone(), job.spec.account.clone()))
+            .or_default() += 1;
+        let chain: Vec<String> = self.chain(&job.spec.account).map(str::to_string).collect();
+        for a in chain {
+            *self.grp_jobs.entry(a.clone()).or_default() += 1;
+            *self.grp_gpus.entry(a).or_default() += gpus;
+        }
+    }
+
+    /// The limit one more run of `job` would break, if any.
+    fn check(&self, st: &State, job: &Job) -> Option<Reason> {
+        if !self.any_limits {
+            return None;
+        }
+        let gpus = u64::from(job.shape.total().gpus);
+        if let Some(q) = st.config.qos(&job.spec.qos) {
+            let uq = (job.spec.user.clone(), job.spec.qos.clone());
+            if let Some(m) = q.limits.max_jobs_per_user
+                && self.user_qos_jobs.get(&uq).copied().unwrap_or(0) >= m
+            {
+                return Some(Reason::QOSMaxJobsPerUserLimit);
+            }
+            if let Some(m) = q.limits.max_gpus_per_user
+                && self.user_qos_gpus.get(&uq).copied().unwrap_or(0) + gpus > u64::from(m)
+            {
+                return Some(Reason::QOSMaxGRESPerUser);
+            }
+            if let Some(m) = q.limits.max_jobs_per_account
+                && self
+                    .account_qos_jobs
+                    .get(&(job.spec.account.clone(), job.spec.qos.clone()))
+                    .copied()
+                    .unwrap_or(0)
+                    >= m
+            {
+                return Some(Reason::QOSJobLimit);
+            }
+        }
+        for a in self.chain(&job.spec.account) {
+            let Some(acct) = st.config.accounts.iter().find(|x| x.name == a) else {
+                continue;
+            };
+            if let Some(m) = acct.limits.grp_gpus
+                && self.grp_gpus.get(a).copied().unwrap_or(0) + gpus > u64::from(m)
+            {
+                return Some(Reason::AssocGrpGRES);
+            }
+            if let Some(m) = acct.limits.grp_jobs
+                && self.grp_jobs.get(a).copied().unwrap_or(0) >= m
+            {
+                return Some(Reason::AssocGrpJobsLimit);
+            }
+            if a == job.spec.account
+                && let Some(m) = acct.limits.max_jobs_per_user
+                && self
+                    .user_account_jobs
+                    .get(&(job.spec.user.clone(), a.to_string()))
+                    .copied()
+                    .unwrap_or(0)
+                    >= m
+            {
+                return Some(Reason::AssocMaxJobsLimit);
+            }
+        }
+        None
+    }
+}

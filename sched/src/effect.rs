@@ -1,0 +1,77 @@
+//! What the controller must do after an event: signal workers, forget jobs, record runs.
+
+use serde::{Deserialize, Serialize};
+
+use crate::job::{JobState, PreemptMode};
+use crate::{JobId, NodeId};
+
+/// Why workers are asked to end a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SignalReason {
+    Cancel,
+    Preempt,
+    /// Another node of the job was lost.
+    NodeFail,
+    /// An administrator requeued the running job.
+    Requeue,
+}
+
+impl SignalReason {
+    /// The word the worker protocol uses (`SignalJob.reason`).
+    pub fn name(self) -> &'static str {
+        match self {
+            SignalReason::Cancel => "cancel",
+            SignalReason::Preempt => "preempt",
+            SignalReason::NodeFail => "node_fail",
+            SignalReason::Requeue => "requeue",
+        }
+    }
+}
+
+/// A side effect the pure core asks the controller to carry out, after persisting the
+/// changes of the call that returned it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Effect {
+    /// Terminate the job on these nodes: SIGTERM to the process group, `grace_s` (or the
+    /// controller's kill wait when 0), then SIGKILL. The job ends when the worker reports.
+    Terminate {
+        job: JobId,
+        nodes: Vec<NodeId>,
+        reason: SignalReason,
+        grace_s: u32,
+    },
+    /// The worker on `node` runs `job`, which the scheduler does not place there (unknown,
+    /// finished, or elsewhere): the worker should kill it.
+    Abandon { job: JobId, node: NodeId },
+    /// One run of a job ended. `requeued` runs went back to PENDING, so the job record no
+    /// longer shows this run: write the accounting record from this.
+    RunEnded(RunRecord),
+}
+
+/// The accounting facts of one run of a job (sacct's line for it).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub job: JobId,
+    /// State of this run: COMPLETED, FAILED, TIMEOUT, CANCELLED, PREEMPTED, NODE_FAIL,
+    /// REQUEUED.
+    pub state: JobState,
+    pub start_time: Option<i64>,
+    pub end_time: i64,
+    pub exit_code: i32,
+    pub signal: i32,
+    pub nodes: Vec<NodeId>,
+    /// Whether the job went back to PENDING after this run.
+    pub requeued: bool,
+}
+
+/// A preemption decided by a scheduling pass.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Preempt {
+    /// The victim.
+    pub job: JobId,
+    /// The job it makes room for.
+    pub by: JobId,
+    pub mode: PreemptMode,
+    pub grace_s: u32,
+    pub nodes: Vec<NodeId>,
+}

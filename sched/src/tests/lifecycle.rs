@@ -1,0 +1,631 @@
+use super::*;
+use crate::config::ClusterConfig;
+use crate::effect::{Effect, SignalReason};
+use crate::job::{Hold, JobSpec, Reason};
+use crate::partition::Partition;
+use crate::state::{JobSelector, NodeRegistration, Requester, RestoreInput, SubmitError};
+
+#[test]
+fn submit_assigns_increasing_ids_and_rejects_without_changing_anything() {
+    let mut st = State::test_cluster(2, 32, 64_000, 8);
+    assert_eq!(st.submit(JobSpec::test(), 0), Ok(JobId(1)));
+    assert_eq!(st.submit(JobSpec::test(), 0), Ok(JobId(2)));
+    st.take_changes();
+    let cases: Vec<(JobSpec, &str)> = vec![
+        (JobSpec::test().partition("nope"), "invalid partition"),
+        (
+            JobSpec::test().gpus_per_node(9),
+            "requested 9 GPUs per node but the largest node in partition batch has 8",
+        ),
+        (
+            JobSpec::test().nodes(3),
+            "requested 3 nodes but partition batch has 2",
+        ),
+        (JobSpec::test().cpus_per_task(33), "33 CPUs per node"),
+        (JobSpec::test().mem_mb(100_000), "MB of memory"),
+        (JobSpec::test().qos("gold"), "invalid qos"),
+        (JobSpec::test().account("physics"), "invalid account"),
+        (JobSpec::test().gpus(1).gpu_type("h100"), "GPU type h100"),
+        (JobSpec::test().constraint("ib"), "features ib"),
+        (JobSpec::test().dependency("afterok:99"), "job 99 not found"),
+        (JobSpec::test().nodelist(&["ghost"]), "unknown node"),
+        (
+            JobSpec {
+                mem_per_cpu_mb: Some(1),
+                mem_per_node_mb: Some(1),
+                ..JobSpec::test()
+            },
+            "mutually exclusive",
+        ),
+    ];
+    for (spec, want) in cases {
+        let err = st.submit(spec, 0).unwrap_err().to_string();
+        assert!(err.contains(want), "want {want:?} in {err:?}");
+    }
+    assert_eq!(st.next_job_id(), 3);
+    assert!(st.take_changes().is_empty());
+}
+
+#[test]
+fn a_partition_without_nodes_accepts_jobs_so_demand_can_scale_it_up() {
+    let mut st = State::new(ClusterConfig::default()).unwrap();
+    let id = st
+        .submit(JobSpec::test().gpus_per_node(8).nodes(4), 0)
+        .unwrap();
+    let plan = st.schedule(1);
+    assert!(plan.starts.is_empty());
+    assert_eq!(st.job(id).unwrap().reason, Reason::Resources);
+}
+
+#[test]
+fn a_job_starts_with_concrete_gpus_and_ends_completed() {
+    let mut st = State::test_cluster(1, 32, 64_000, 8);
+    let a = st.submit(JobSpec::test().gpus(3), 0).unwrap();
+    let b = st.submit(JobSpec::test().gpus(2), 0).unwrap();
+    let plan = st.schedule(10);
+    assert_eq!(started(&plan), vec![a, b]);
+    assert_eq!(plan.starts[0].nodes[0].gpus, vec![0, 1, 2]);
+    assert_eq!(plan.starts[1].nodes[0].gpus, vec![3, 4]);
+    assert_eq!(plan.starts[0].nodes[0].name, "node-01");
+    let changes = st.take_changes();
+    assert!(changes.jobs.contains(&a) && changes.nodes.contains(&crate::NodeId(0)));
+    assert_eq!(state_of(&st, a), JobState::Running);
+    assert_eq!(st.job(a).unwrap().start_time, Some(10));
+    assert_consistent(&st);
+    end(&mut st, a, 0, 50);
+    let job = st.job(a).unwrap();
+    assert_eq!(
+        (job.state, job.end_time, job.reason),
+        (JobState::Completed, Some(50), Reason::None)
+    );
+    assert_eq!(
+        st.node(crate::NodeId(0)).unwrap().gpu_indices_in_use(),
+        vec![3, 4]
+    );
+    assert_consistent(&st);
+}
+
+#[test]
+fn busy_resources_leave_jobs_pending_with_slurm_reasons_until_they_free() {
+    let mut st = State::test_cluster(1, 8, 8000, 0);
+    let a = st.submit(JobSpec::test().cpus_per_task(8), 0).unwrap();
+    let b = st.submit(JobSpec::test().cpus_per_task(8), 1).unwrap();
+    let c = st.submit(JobSpec::test().cpus_per_task(8), 2).unwrap();
+    assert_eq!(started(&st.schedule(10)), vec![a]);
+    assert_eq!(st.job(b).unwrap().reason, Reason::Resources);
+    assert_eq!(st.job(c).unwrap().reason, Reason::Priority);
+    end(&mut st, a, 0, 20);
+    assert_eq!(started(&st.schedule(20)), vec![b]);
+}
+
+#[test]
+fn job_outcomes_map_to_slurm_states() {
+    let cases: Vec<(JobOutcome, JobState, Reason)> = vec![
+        (JobOutcome::default(), JobState::Completed, Reason::None),
+        (
+            JobOutcome {
+                exit_code: 3,
+                ..Default::default()
+            },
+            JobState::Failed,
+            Reason::NonZeroExitCode,
+        ),
+        (
+            JobOutcome {
+                signal: 9,
+                ..Default::default()
+            },
+            JobState::Failed,
+            Reason::NonZeroExitCode,
+        ),
+        (
+            JobOutcome {
+                timed_out: true,
+                signal: 15,
+                ..Default::default()
+            },
+            JobState::Timeout,
+            Reason::TimeLimit,
+        ),
+        (
+            JobOutcome {
+                cancelled: true,
+                signal: 15,
+                ..Default::default()
+            },
+            JobState::Cancelled,
+            Reason::None,
+        ),
+        (
+            JobOutcome {
+                launch_error: Some("no such dir".into()),
+                exit_code: 1,
+                ..Default::default()
+            },
+            JobState::Failed,
+            Reason::JobLaunchFailure,
+        ),
+    ];
+    for (outcome, want_state, want_reason) in cases {
+        let mut st = State::test_cluster(1, 8, 8000, 0);
+        let id = st.submit(JobSpec::test(), 0).unwrap();
+        st.schedule(0);
+        let effects = st.job_ended(id, outcome.clone(), 30).unwrap();
+        let job = st.job(id).unwrap();
+        assert_eq!(
+            (job.state, job.reason),
+            (want_state, want_reason),
+            "{outcome:?}"
+        );
+        assert_eq!(job.exit_code, outcome.exit_code);
+        let Effect::RunEnded(rec) = &effects[0] else {
+            panic!("{effects:?}")
+        };
+        assert_eq!(
+            (rec.state, rec.requeued, rec.start_time),
+            (want_state, false, Some(0))
+        );
+        // A second report of the same end is harmless.
+        assert_eq!(st.job_ended(id, outcome, 31).unwrap(), vec![]);
+        assert_eq!(st.job(id).unwrap().end_time, Some(30));
+    }
+}
+
+#[test]
+fn cancel_is_immediate_when_pending_and_signals_when_running() {
+    let mut st = State::test_cluster(1, 1, 1000, 0);
+    let run = st.submit(JobSpec::test(), 0).unwrap();
+    let wait = st.submit(JobSpec::test(), 0).unwrap();
+    st.schedule(0);
+    let alice = Requester::user("alice");
+    let bob = Requester::user("bob");
+    assert!(matches!(
+        st.cancel(&JobSelector::job(run), &bob, 1),
+        Err(crate::state::JobError::PermissionDenied { .. })
+    ));
+    assert_eq!(
+        st.cancel(&JobSelector::job(wait), &alice, 1).unwrap(),
+        vec![]
+    );
+    assert_eq!(state_of(&st, wait), JobState::Cancelled);
+    let effects = st.cancel(&JobSelector::job(run), &alice, 2).unwrap();
+    assert_eq!(
+        effects,
+        vec![Effect::Terminate {
+            job: run,
+            nodes: vec![crate::NodeId(0)],
+            reason: SignalReason::Cancel,
+            grace_s: 0
+        }]
+    );
+    assert_eq!(state_of(&st, run), JobState::Running);
+    // The worker reports a signal death; the cancel decides the state.
+    st.job_ended(
+        run,
+        JobOutcome {
+            signal: 15,
+            ..Default::default()
+        },
+        3,
+    )
+    .unwrap();
+    assert_eq!(state_of(&st, run), JobState::Cancelled);
+    assert!(st.cancel(&JobSelector::job(run), &alice, 4).is_err());
+    assert!(
+        st.cancel(&JobSelector::job(JobId(77)), &Requester::admin(), 4)
+            .is_err()
+    );
+}
+
+#[test]
+fn held_jobs_wait_and_admin_holds_need_an_operator() {
+    let mut st = State::test_cluster(1, 8, 8000, 0);
+    let a = st.submit(JobSpec::test().held(), 0).unwrap();
+    assert!(st.schedule(1).starts.is_empty());
+    assert_eq!(st.job(a).unwrap().reason, Reason::JobHeldUser);
+    st.hold(&JobSelector::job(a), &Requester::admin()).unwrap();
+    assert_eq!(st.job(a).unwrap().hold, Hold::Admin);
+    assert!(
+        st.release(&JobSelector::job(a), &Requester::user("alice"))
+            .is_err()
+    );
+    st.release(&JobSelector::job(a), &Requester::admin())
+        .unwrap();
+    assert_eq!(started(&st.schedule(2)), vec![a]);
+}
+
+#[test]
+fn begin_time_delays_eligibility() {
+    let mut st = State::test_cluster(1, 8, 8000, 0);
+    let a = st.submit(JobSpec::test().begin(100), 0).unwrap();
+    assert!(st.schedule(50).starts.is_empty());
+    assert_eq!(st.job(a).unwrap().reason, Reason::BeginTime);
+    assert_eq!(started(&st.schedule(100)), vec![a]);
+    assert_eq!(st.job(a).unwrap().eligible_time, Some(100));
+}
+
+#[test]
+fn dependency_chains_wait_start_and_never_satisfy() {
+    let mut st = State::test_cluster(2, 8, 8000, 0);
+    let a = st.submit(JobSpec::test(), 0).unwrap();
+    let b = st
+        .submit(JobSpec::test().dependency(&format!("afterok:{a}")), 0)
+        .unwrap();
+    let c = st
+        .submit(JobSpec::test().dependency(&format!("afterok:{b}")), 0)
+        .unwrap();
+    let d = st
+        .submit(JobSpec::test().dependency(&format!("afternotok:{a}")), 0)
+        .unwrap();
+    let e = st
+        .submit(JobSpec::test().dependency(&format!("afterany:{a}")), 0)
+        .unwrap();
+    assert_eq!(started(&st.schedule(0)), vec![a]);
+    assert_eq!(st.job(b).unwrap().reason, Reason::Dependency);
+    end(&mut st, a, 0, 10);
+    let plan = st.schedule(10);
+    assert_eq!(started(&plan), vec![b, e]);
+    assert_eq!(st.job(d).unwrap().reason, Reason::DependencyNeverSatisfied);
+    assert_eq!(state_of(&st, d), JobState::Pending);
+    end(&mut st, b, 1, 20);
+    st.schedule(20);
+    assert_eq!(st.job(c).unwrap().reason, Reason::DependencyNeverSatisfied);
+}
+
+#[test]
+fn singleton_runs_one_job_of_a_name_at_a_time() {
+    let mut st = State::test_cluster(1, 8, 8000, 0);
+    let ids: Vec<JobId> = (0..3)
+        .map(|_| {
+            st.submit(JobSpec::test().name("train").dependency("singleton"), 0)
+                .unwrap()
+        })
+        .collect();
+    let other = st
+        .submit(JobSpec::test().name("eval").dependency("singleton"), 0)
+        .unwrap();
+    assert_eq!(started(&st.schedule(0)), vec![ids[0], other]);
+    assert_eq!(st.job(ids[1]).unwrap().reason, Reason::Dependency);
+    end(&mut st, ids[0], 0, 5);
+    assert_eq!(started(&st.schedule(5)), vec![ids[1]]);
+}
+
+#[test]
+fn lost_nodes_requeue_or_fail_their_jobs() {
+    let mut st = State::test_cluster(3, 8, 8000, 0);
+    let requeued = st
+        .submit(JobSpec::test().nodes(2).cpus_per_task(8), 0)
+        .unwrap();
+    let failed = st.submit(JobSpec::test().no_requeue(), 0).unwrap();
+    st.schedule(0);
+    assert_eq!(st.nodelist(st.job(requeued).unwrap()), "node-[01-02]");
+    assert_eq!(st.node_names(st.job(failed).unwrap()), vec!["node-03"]);
+    let effects = st.node_lost("node-01", "", 100).unwrap();
+    assert!(effects.contains(&Effect::Terminate {
+        job: requeued,
+        nodes: vec![crate::NodeId(1)],
+        reason: SignalReason::NodeFail,
+        grace_s: 0
+    }));
+    let job = st.job(requeued).unwrap();
+    assert_eq!(
+        (job.state, job.restarts, job.alloc.is_none()),
+        (JobState::Pending, 1, true)
+    );
+    assert!(
+        effects.iter().any(
+            |e| matches!(e, Effect::RunEnded(r) if r.state == JobState::NodeFail && r.requeued)
+        )
+    );
+    assert_eq!(
+        st.node_by_name("node-01").unwrap().state(),
+        crate::node::NodeState::Down
+    );
+    st.node_lost("node-03", "worker gone", 101).unwrap();
+    assert_eq!(
+        (state_of(&st, failed), st.job(failed).unwrap().reason),
+        (JobState::NodeFail, Reason::NodeDown)
+    );
+    assert_consistent(&st);
+    // Only node-02 is up: the 2-node job waits.
+    assert!(st.schedule(102).starts.is_empty());
+    st.register_node(NodeRegistration::test("node-01", 8, 8000, 0), 103)
+        .unwrap();
+    assert_eq!(started(&st.schedule(103)), vec![requeued]);
+}
+
+#[test]
+fn drained_nodes_take_no_new_work() {
+    let mut st = State::test_cluster(2, 8, 8000, 0);
+    st.drain("node-01", "maintenance").unwrap();
+    let a = st.submit(JobSpec::test().nodes(2), 0).unwrap();
+    let b = st.submit(JobSpec::test(), 0).unwrap();
+    let plan = st.schedule(0);
+    assert_eq!(started(&plan), vec![b]);
+    assert_eq!(plan.starts[0].nodes[0].name, "node-02");
+    assert_eq!(
+        st.node_by_name("node-01").unwrap().state(),
+        crate::node::NodeState::Drained
+    );
+    assert!(st.drain("node-01", " ").is_err());
+    st.resume("node-01").unwrap();
+    end(&mut st, b, 0, 5);
+    assert_eq!(started(&st.schedule(5)), vec![a]);
+}
+
+#[test]
+fn restore_keeps_running_jobs_and_reconciles_with_workers() {
+    let mut st = State::test_cluster(2, 8, 8000, 2);
+    let a = st.submit(JobSpec::test().gpus(1), 0).unwrap();
+    let b = st.submit(JobSpec::test().gpus(1).nodes(2), 0).unwrap();
+    let pending = st
+        .submit(JobSpec::test().cpus_per_task(8).nodes(2), 0)
+        .unwrap();
+    st.schedule(0);
+    let jobs: Vec<_> = st.jobs().cloned().collect();
+    let nodes: Vec<_> = st.nodes().cloned().collect();
+    // Persisted records survive a serde round trip.
+    let jobs: Vec<crate::Job> =
+        serde_json::from_str(&serde_json::to_string(&jobs).unwrap()).unwrap();
+    let mut restored = State::restore(RestoreInput {
+        config: st.config().clone(),
+        jobs,
+        nodes,
+        next_job_id: st.next_job_id(),
+        assoc: Some(st.assoc().clone()),
+        usage_charged_at: st.usage_charged_at(),
+    })
+    .unwrap();
+    assert_consistent(&restored);
+    assert_eq!(state_of(&restored, a), JobState::Running);
+    assert_eq!(
+        restored.node_by_name("node-01").unwrap().state(),
+        crate::node::NodeState::Unknown
+    );
+    assert!(
+        restored.schedule(1).starts.is_empty(),
+        "unknown nodes take no work"
+    );
+    // node-01 still runs both jobs; node-02 lost job b and reports a stranger.
+    let e1 = restored
+        .register_node(
+            NodeRegistration {
+                running_jobs: vec![a, b],
+                ..NodeRegistration::test("node-01", 8, 8000, 2)
+            },
+            2,
+        )
+        .unwrap();
+    assert!(e1.is_empty(), "{e1:?}");
+    let e2 = restored
+        .register_node(
+            NodeRegistration {
+                running_jobs: vec![JobId(999)],
+                ..NodeRegistration::test("node-02", 8, 8000, 2)
+            },
+            3,
+        )
+        .unwrap();
+    assert!(e2.contains(&Effect::Abandon {
+        job: JobId(999),
+        node: crate::NodeId(1)
+    }));
+    assert!(e2.contains(&Effect::Terminate {
+        job: b,
+        nodes: vec![crate::NodeId(0)],
+        reason: SignalReason::NodeFail,
+        grace_s: 0
+    }));
+    assert_eq!(state_of(&restored, b), JobState::Pending);
+    assert_eq!(state_of(&restored, a), JobState::Running);
+    assert_eq!(
+        restored.submit(JobSpec::test(), 4).unwrap(),
+        JobId(pending.0 + 1)
+    );
+    assert_consistent(&restored);
+}
+
+#[test]
+fn restore_rejects_broken_records() {
+    let st = State::test_cluster(2, 8, 8000, 0);
+    let mut nodes: Vec<_> = st.nodes().cloned().collect();
+    nodes[1].id = crate::NodeId(5);
+    let err = State::restore(RestoreInput {
+        config: st.config().clone(),
+        jobs: vec![],
+        nodes,
+        next_job_id: 1,
+        assoc: None,
+        usage_charged_at: None,
+    });
+    assert!(err.is_err());
+}
+
+#[test]
+fn partition_and_qos_limits_keep_jobs_pending_with_their_reason() {
+    let mut cfg = ClusterConfig::default();
+    let mut short = Partition::new("short");
+    short.max_time = Some(600);
+    short.max_nodes = Some(1);
+    cfg.partitions.push(short);
+    let mut qos = crate::qos::Qos::new("normal");
+    qos.limits.max_jobs_per_user = Some(1);
+    qos.limits.max_submit_per_user = Some(4);
+    qos.limits.max_wall = Some(7200);
+    cfg.qos = vec![qos];
+    let mut st = State::test_cluster_with(cfg, 2, 8, 8000, 0);
+    let long = st
+        .submit(JobSpec::test().partition("short").time(Some(3600)), 0)
+        .unwrap();
+    let wide = st
+        .submit(
+            JobSpec::test().partition("short").time(Some(60)).nodes(2),
+            0,
+        )
+        .unwrap();
+    let a = st.submit(JobSpec::test(), 0).unwrap();
+    let b = st.submit(JobSpec::test(), 0).unwrap();
+    assert!(matches!(
+        st.submit(JobSpec::test(), 0),
+        Err(SubmitError::SubmitLimit { .. })
+    ));
+    let plan = st.schedule(0);
+    assert_eq!(started(&plan), vec![a]);
+    assert_eq!(st.job(long).unwrap().reason, Reason::PartitionTimeLimit);
+    assert_eq!(st.job(wide).unwrap().reason, Reason::PartitionNodeLimit);
+    assert_eq!(st.job(b).unwrap().reason, Reason::QOSMaxJobsPerUserLimit);
+    let other = st.submit(JobSpec::test().user("bob"), 0).unwrap();
+    assert_eq!(started(&st.schedule(1)), vec![other]);
+    let mut st2 = State::test_cluster(1, 8, 8000, 0);
+    let walled = st2.submit(JobSpec::test().time(None), 0).unwrap();
+    st2.upsert_qos(st.config().qos("normal").unwrap().clone())
+        .unwrap();
+    st2.schedule(0);
+    assert_eq!(
+        st2.job(walled).unwrap().reason,
+        Reason::QOSMaxWallDurationPerJobLimit
+    );
+}
+
+#[test]
+fn account_gpu_limits_cover_sub_accounts() {
+    use crate::account::{AccountConfig, AssocLimits, UserConfig};
+    let mut cfg = ClusterConfig::default();
+    cfg.accounts.push(AccountConfig {
+        limits: AssocLimits {
+            grp_gpus: Some(8),
+            ..Default::default()
+        },
+        ..AccountConfig::new("ml", 70)
+    });
+    cfg.accounts.push(AccountConfig {
+        parent: Some("ml".into()),
+        ..AccountConfig::new("vision", 1)
+    });
+    cfg.users.push(UserConfig {
+        user: "alice".into(),
+        account: "vision".into(),
+        shares: 1,
+        default: true,
+    });
+    cfg.sched.enforce_associations = true;
+    let mut st = State::test_cluster_with(cfg, 2, 32, 8000, 8);
+    let a = st.submit(JobSpec::test().gpus(6), 0).unwrap();
+    let b = st.submit(JobSpec::test().gpus(4), 0).unwrap();
+    assert_eq!(st.job(a).unwrap().spec.account, "vision");
+    assert!(matches!(
+        st.submit(JobSpec::test().user("bob"), 0),
+        Err(SubmitError::NoAssociation { .. })
+    ));
+    assert_eq!(started(&st.schedule(0)), vec![a]);
+    assert_eq!(st.job(b).unwrap().reason, Reason::AssocGrpGRES);
+}
+
+#[test]
+fn update_job_checks_permissions_and_validates() {
+    use crate::state::JobUpdate;
+    let mut st = State::test_cluster(1, 8, 8000, 0);
+    let a = st.submit(JobSpec::test().held(), 0).unwrap();
+    let alice = Requester::user("alice");
+    let raise = JobUpdate {
+        time_limit: Some(Some(7200)),
+        ..Default::default()
+    };
+    assert!(st.update_job(a, raise.clone(), &alice, 0).is_err());
+    st.update_job(a, raise, &Requester::admin(), 0).unwrap();
+    assert_eq!(st.job(a).unwrap().time_limit, Some(7200));
+    st.update_job(
+        a,
+        JobUpdate {
+            time_limit: Some(Some(60)),
+            name: Some("renamed".into()),
+            ..Default::default()
+        },
+        &alice,
+        0,
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            st.job(a).unwrap().time_limit,
+            st.job(a).unwrap().spec.name.as_str()
+        ),
+        (Some(60), "renamed")
+    );
+    assert!(
+        st.update_job(
+            a,
+            JobUpdate {
+                partition: Some("nope".into()),
+                ..Default::default()
+            },
+            &alice,
+            0
+        )
+        .is_err()
+    );
+    assert!(
+        st.update_job(
+            a,
+            JobUpdate {
+                priority: Some(Some(5)),
+                ..Default::default()
+            },
+            &alice,
+            0
+        )
+        .is_err()
+    );
+}
+
+#[test]
+fn requeue_of_a_running_job_brings_it_back_pending() {
+    let mut st = State::test_cluster(1, 8, 8000, 0);
+    let a = st.submit(JobSpec::test(), 0).unwrap();
+    st.schedule(0);
+    let eff = st.requeue(a, &Requester::user("alice"), 5).unwrap();
+    assert!(matches!(
+        eff[0],
+        Effect::Terminate {
+            reason: SignalReason::Requeue,
+            ..
+        }
+    ));
+    let eff = st
+        .job_ended(
+            a,
+            JobOutcome {
+                signal: 15,
+                ..Default::default()
+            },
+            6,
+        )
+        .unwrap();
+    assert!(matches!(&eff[0], Effect::RunEnded(r) if r.state == JobState::Requeued && r.requeued));
+    assert_eq!(
+        (state_of(&st, a), st.job(a).unwrap().restarts),
+        (JobState::Pending, 1)
+    );
+    assert_eq!(started(&st.schedule(7)), vec![a]);
+    end(&mut st, a, 0, 8);
+    st.requeue(a, &Requester::admin(), 9).unwrap();
+    assert_eq!(state_of(&st, a), JobState::Pending);
+}
+
+#[test]
+fn usage_is_charged_to_the_users_association() {
+    let mut st = State::test_cluster(1, 8, 8000, 2);
+    let a = st.submit(JobSpec::test().gpus(2), 0).unwrap();
+    st.schedule(0);
+    st.schedule(100);
+    end(&mut st, a, 0, 150);
+    let idx = st.assoc().user("alice", "root").unwrap();
+    let usage = st.assoc().own_usage(idx);
+    // 150 s of 1 CPU and 2 GPUs, slightly decayed over 150 s of a 7-day half-life.
+    let rate = st.config().fairshare.billing.rate(1, 0, 2);
+    assert!(
+        usage > rate * 149.0 && usage <= rate * 150.0,
+        "{usage} vs {}",
+        rate * 150.0
+    );
+}

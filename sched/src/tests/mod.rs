@@ -1,0 +1,82 @@
+//! Scenario tests of the model and the pass, through `State`'s public methods.
+//!
+//! - `lifecycle`: submit, cancel, hold, outcomes, node loss, recovery
+//! - `placement`: backfill reservations, gangs, node modes, preemption, limits
+//! - `arrays`: task splitting, throttle, array dependencies
+//! - `invariants`: property test over random event sequences
+
+mod arrays;
+mod invariants;
+mod lifecycle;
+mod placement;
+
+use crate::job::{JobOutcome, JobState};
+use crate::state::State;
+use crate::{JobId, Plan};
+
+/// Ends a running job the way a worker reports it.
+fn end(st: &mut State, id: JobId, exit_code: i32, now: i64) {
+    st.job_ended(
+        id,
+        JobOutcome {
+            exit_code,
+            ..Default::default()
+        },
+        now,
+    )
+    .unwrap();
+}
+
+fn started(plan: &Plan) -> Vec<JobId> {
+    plan.starts.iter().map(|s| s.job).collect()
+}
+
+fn state_of(st: &State, id: JobId) -> JobState {
+    st.job(id).unwrap().state
+}
+
+/// Checks that node bookkeeping equals the sum of running allocations.
+fn assert_consistent(st: &State) {
+    for n in st.nodes() {
+        let mut cpus = 0u32;
+        let mut mem = 0u64;
+        let mut gpus = 0u64;
+        let mut count = 0;
+        for j in st.running_jobs() {
+            for na in j
+                .alloc
+                .as_ref()
+                .unwrap()
+                .nodes
+                .iter()
+                .filter(|na| na.node == n.id)
+            {
+                cpus += na.cpus;
+                mem += na.mem_mb;
+                for g in &na.gpus {
+                    assert_eq!(gpus & (1 << g), 0, "GPU {g} of {} given twice", n.name);
+                    gpus |= 1 << g;
+                }
+                count += 1;
+            }
+        }
+        assert_eq!(n.jobs.len(), count, "{}: job list", n.name);
+        assert_eq!(
+            (n.alloc.cpus, n.alloc.mem_mb),
+            (cpus, mem),
+            "{}: alloc",
+            n.name
+        );
+        assert_eq!(n.gpus_in_use, gpus, "{}: gpus", n.name);
+        assert!(n.alloc.fits_in(&n.total), "{}: over-allocated", n.name);
+        let modes: std::collections::BTreeSet<_> = n
+            .jobs
+            .iter()
+            .map(|j| st.job(*j).unwrap().spec.mode)
+            .collect();
+        assert!(modes.len() <= 1, "{}: mixed modes", n.name);
+        if let Some(m) = modes.first() {
+            assert_eq!(*m, n.mode, "{}: node mode", n.name);
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! `tandem worker` flags ([`Args`]) and the validated [`Config`] that [`crate::run`] takes.
+//!
+//! Parsing is split as in ripgrep: clap produces raw values, [`Args::into_config`] validates
+//! them and fills machine defaults (hostname, CPU count, memory), so `run` never sees an
+//! unchecked value and tests build a `Config` directly.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tandem_proto::endpoint;
+
+use crate::error::Error;
+use crate::resources;
+
+/// Node agent: registers this machine with the controller and runs its jobs.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "tandem worker", args_override_self = true)]
+pub struct Args {
+    /// Controller address (http://HOST:PORT). Default: the cluster file (`tandem up`).
+    #[arg(long, env = "TANDEM_CONTROLLER")]
+    pub controller: Option<String>,
+    /// Cluster key file (mode 0600). Default: the one named in the cluster file.
+    #[arg(long, env = "TANDEM_KEY_FILE")]
+    pub key_file: Option<PathBuf>,
+    /// Node name. Default: the host name.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// CPUs to offer. Default: the CPUs this process may use.
+    #[arg(long)]
+    pub cpus: Option<u32>,
+    /// Memory to offer, in MiB or with a unit (64G). Default: the machine's total.
+    #[arg(long)]
+    pub mem: Option<String>,
+    /// GPUs to offer; overrides NVML detection (declare GPUs on a machine without any).
+    #[arg(long)]
+    pub gpus: Option<u32>,
+    /// GPU type name (`--gres=gpu:TYPE:N`). Default: derived from the NVML device name.
+    #[arg(long)]
+    pub gpu_type: Option<String>,
+    /// Node features for `--constraint`, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub features: Vec<String>,
+    /// Partitions this node joins, comma-separated. Default: the controller's choice.
+    #[arg(long, value_delimiter = ',')]
+    pub partitions: Vec<String>,
+    /// Spool directory for batch scripts. Default: $TMPDIR/tandem-worker-NAME.
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Address of this worker's step launch service (srun connects here).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub step_listen: SocketAddr,
+    /// Seconds between SIGTERM and SIGKILL; overrides the controller's KillWait.
+    #[arg(long)]
+    pub kill_wait: Option<u64>,
+}
+
+/// A validated worker configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `http://HOST:PORT` of the controller.
+    pub controller: String,
+    pub key_file: PathBuf,
+    pub node_name: String,
+    pub cpus: u32,
+    pub mem_mb: u64,
+    /// Declared GPU count; `None` = what NVML finds.
+    pub gpus: Option<u32>,
+    pub gpu_type: Option<String>,
+    pub features: Vec<String>,
+    /// Empty = let the controller decide.
+    pub partitions: Vec<String>,
+    pub state_dir: PathBuf,
+    pub step_listen: SocketAddr,
+    pub kill_wait: Option<Duration>,
+}
+
+impl Args {
+    /// Validates the flags and fills defaults from the machine and the cluster file.
+    pub fn into_config(self) -> Result<Config, Error> {
+        let (controller, key_file) = match (self.controller, self.key_file) {
+            (Some(c), Some(k)) => (c, k),
+            (c, k) => {
+                let found = endpoint::discover()?;
+                (c.unwrap_or(found.controller), k.unwrap_or(found.key_file))
+            }
+        };
+        let controller = endpoint::normalize_address(&controller)?;
+
+        let node_name = match self.name {
+            Some(n) => n,
+            None => nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .map(|h| h.split('.').next().unwrap_or_default().to_owned())
+                .unwrap_or_default(),
+        };
+        validate_name("--name", &node_name)?;
+
+        let cpus = self.cpus.unwrap_or_else(resources::machine_cpus);
+        if cpus == 0 {
+            return Err(Error::invalid("--cpus", "must be at least 1"));
+        }
+        let mem_mb = match self.mem {
+            Some(m) => resources::parse_mem_mb(&m).map_err(|e| Error::invalid("--mem", e))?,
+            None => resources::machine_mem_mb().ok_or_else(|| {
+                Error::invalid("--mem", "cannot read /proc/meminfo; give --mem explicitly")
+            })?,
+        };
+        if let Some(t) = &self.gpu_type {
+            validate_name("--gpu-type", t)?;
+        }
+        for f in &self.features {
+            validate_name("--features", f)?;
+        }
+        for p in &self.partitions {
+            validate_name("--partitions", p)?;
+        }
+        let state_dir = self
+            .state_dir
+            .unwrap_or_else(|| std::env::temp_dir().join(format!("tandem-worker-{node_name}")));
+        Ok(Config {
+            controller,
+            key_file,
+            node_name,
+            cpus,
+            mem_mb,
+            gpus: self.gpus,
+            gpu_type: self.gpu_type,
+            features: self.features,
+            partitions: self.partitions,
+            state_dir,
+            step_listen: self.step_listen,
+            kill_wait: self.kill_wait.map(Duration::from_secs),
+        })
+    }
+}
+
+/// Node names, features, partitions and GPU types: letters, digits, `-`, `_`, `.`.
+fn validate_name(flag: &'static str, value: &str) -> Result<(), Error> {
+    if value.is_empty() {
+        return Err(Error::invalid(flag, "must not be empty"));
+    }
+    if let Some(c) = value
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+    {
+        return Err(Error::invalid(
+            flag,
+            format!("{value:?} contains {c:?} (allowed: letters, digits, '-', '_', '.')"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn args(extra: &[&str]) -> Result<Config, Error> {
+        let base = [
+            "tandem worker",
+            "--controller",
+            "127.0.0.1:7000",
+            "--key-file",
+            "/k",
+            "--name",
+            "n1",
+        ];
+        let argv: Vec<&str> = base.iter().chain(extra).copied().collect();
+        Args::try_parse_from(argv).unwrap().into_config()
+    }
+
+    #[test]
+    fn declared_resources_are_taken_as_given() {
+        let c = args(&[
+            "--cpus",
+            "16",
+            "--mem",
+            "64G",
+            "--gpus",
+            "8",
+            "--gpu-type",
+            "h100",
+            "--features",
+            "ib,nvlink",
+            "--partitions",
+            "gpu",
+            "--kill-wait",
+            "5",
+        ])
+        .unwrap();
+        assert_eq!(c.controller, "http://127.0.0.1:7000");
+        assert_eq!((c.cpus, c.mem_mb, c.gpus), (16, 65_536, Some(8)));
+        assert_eq!(c.features, ["ib", "nvlink"]);
+        assert_eq!(c.partitions, ["gpu"]);
+        assert_eq!(c.kill_wait, Some(Duration::from_secs(5)));
+        assert_eq!(c.step_listen.ip().to_string(), "127.0.0.1");
+    }
+
+    #[test]
+    fn machine_defaults_fill_the_gaps() {
+        let c = args(&[]).unwrap();
+        assert!(c.cpus >= 1 && c.mem_mb > 0);
+        assert_eq!(c.gpus, None);
+        assert!(c.state_dir.ends_with("tandem-worker-n1"));
+    }
+
+    #[test]
+    fn bad_values_name_their_flag() {
+        let cases: [(&[&str], &str); 5] = [
+            (&["--mem", "lots"], "--mem"),
+            (&["--cpus", "0"], "--cpus"),
+            (&["--features", "a,b c"], "--features"),
+            (&["--gpu-type", ""], "--gpu-type"),
+            (&["--name", "bad/name"], "--name"),
+        ];
+        for (extra, flag) in cases {
+            let msg = args(extra).unwrap_err().to_string();
+            assert!(
+                msg.starts_with(&format!("invalid {flag}")),
+                "{extra:?}: {msg}"
+            );
+        }
+        let err = Args::try_parse_from([
+            "tandem worker",
+            "--controller",
+            "nohostport",
+            "--key-file",
+            "/k",
+        ])
+        .unwrap()
+        .into_config()
+        .unwrap_err();
+        assert!(matches!(err, Error::Endpoint(_)), "{err}");
+    }
+}

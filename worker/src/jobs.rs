@@ -1,0 +1,362 @@
+//! The batch jobs running on this node: launch, supervise, signal, report.
+//!
+//! Each job gets one supervisor task that owns its process, its [`Enforcer`] and a control
+//! channel. The supervisor is the only place that signals the job's process group, so time
+//! limits, cancels and abandons cannot race each other into contradictory reports.
+//!
+//! # Invariants
+//!
+//! - A job is in the table from `launch` until its `JobEnded` has been handed to the event
+//!   channel; the removal and the send happen under the table lock. A reader that snapshots
+//!   the table and then drains the channel therefore sees every job either as running or as
+//!   ended, never neither (the session relies on this when it re-registers).
+//! - Exactly one `JobEnded` per launched job, including jobs that failed to start.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+use tandem_proto::v1::{JobEnded, JobStarted, LaunchJob, SignalJob};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use crate::journal::Journal;
+use crate::launch::env::{NodeLocal, batch_env};
+use crate::launch::limits::{DEFAULT_KILL_WAIT, EndCause, Enforcer, ExitReport};
+use crate::launch::process::{self, BatchSpec, RunAs};
+use crate::step::registry::StepRegistry;
+use crate::unix_now;
+
+/// What the job table tells the controller session.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JobEvent {
+    Started(JobStarted),
+    Ended(JobEnded),
+}
+
+/// Requests from the session to one job's supervisor.
+#[derive(Debug, Clone, Copy)]
+enum Control {
+    /// SIGTERM, kill_wait, SIGKILL (cancel or preemption).
+    Terminate,
+    /// Deliver a signal as is.
+    Signal { signal: Signal, batch_only: bool },
+    /// SIGKILL now: the controller no longer knows the job, or the worker stops.
+    Kill,
+}
+
+/// This node's facts the supervisors need.
+#[derive(Debug, Clone)]
+pub struct NodeFacts {
+    pub name: String,
+    pub cpus: u32,
+    /// Where batch scripts are written.
+    pub spool: PathBuf,
+    /// uid of the worker process, to decide whether jobs run as another user.
+    pub worker_uid: u32,
+    /// `--kill-wait`: overrides the controller's value when set.
+    pub kill_wait: Option<Duration>,
+}
+
+/// Handle to the job table; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Jobs {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    node: NodeFacts,
+    /// Running jobs by id, each with its supervisor's control channel.
+    table: Mutex<HashMap<u64, mpsc::UnboundedSender<Control>>>,
+    /// Unbounded so a supervisor never waits on a disconnected controller; it holds at most
+    /// one start and one end per job, and jobs per node are few.
+    events: mpsc::UnboundedSender<JobEvent>,
+    steps: Arc<StepRegistry>,
+    /// Running pids and ends on disk, for a worker restart.
+    journal: Journal,
+}
+
+impl Jobs {
+    pub fn new(
+        node: NodeFacts,
+        steps: Arc<StepRegistry>,
+        journal: Journal,
+    ) -> (Self, mpsc::UnboundedReceiver<JobEvent>) {
+        let (events, rx) = mpsc::unbounded_channel();
+        let inner = Inner {
+            node,
+            table: Mutex::new(HashMap::new()),
+            events,
+            steps,
+            journal,
+        };
+        (
+            Self {
+                inner: Arc::new(inner),
+            },
+            rx,
+        )
+    }
+
+    /// Ids of the jobs running now, sorted.
+    pub fn running(&self) -> Vec<u64> {
+        let table = self
+            .inner
+            .table
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut ids: Vec<u64> = table.keys().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// Starts a job. A second launch of a running job (a controller that restarted and
+    /// resent it) is ignored.
+    pub fn launch(&self, job: LaunchJob) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        {
+            let mut table = self
+                .inner
+                .table
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if table.contains_key(&job.job_id) {
+                info!(
+                    job_id = job.job_id,
+                    "launch of a job already running ignored"
+                );
+                return;
+            }
+            table.insert(job.job_id, tx);
+        }
+        let inner = Arc::clone(&self.inner);
+        tokio::spawn(async move {
+            let job_id = job.job_id;
+            let ended = supervise(&inner, job, rx).await;
+            // On disk before anyone hears of it: a worker crash after this loses nothing.
+            inner.journal.record_ended(&ended);
+            let mut table = inner.table.lock().unwrap_or_else(PoisonError::into_inner);
+            table.remove(&job_id);
+            // The receiver lives as long as the worker; if it is gone the worker is stopping.
+            let _ = inner.events.send(JobEvent::Ended(ended));
+        });
+    }
+
+    /// Applies the controller's `SignalJob`. Returns false if the job does not run here.
+    pub fn signal(&self, req: &SignalJob) -> bool {
+        let control = if req.signal == 0 {
+            Control::Terminate
+        } else {
+            match Signal::try_from(req.signal) {
+                Ok(signal) => Control::Signal {
+                    signal,
+                    batch_only: req.batch_only,
+                },
+                Err(_) => {
+                    warn!(
+                        job_id = req.job_id,
+                        signal = req.signal,
+                        "SignalJob with an unknown signal ignored"
+                    );
+                    return false;
+                }
+            }
+        };
+        self.send(req.job_id, control) || self.signal_steps(req.job_id, control)
+    }
+
+    /// Kills a job the controller no longer knows. Its end is still reported.
+    pub fn abandon(&self, job_id: u64) -> bool {
+        self.send(job_id, Control::Kill) || self.signal_steps(job_id, Control::Kill)
+    }
+
+    /// On the other nodes of a multi-node job only its step tasks run here; they get the
+    /// same treatment the batch script gets on the first node.
+    fn signal_steps(&self, job_id: u64, control: Control) -> bool {
+        let steps = &self.inner.steps;
+        let signalled = match control {
+            Control::Terminate => {
+                let n = steps.signal_job(job_id, Signal::SIGTERM);
+                if n > 0 {
+                    let steps = Arc::clone(steps);
+                    let wait = self.inner.node.kill_wait.unwrap_or(DEFAULT_KILL_WAIT);
+                    tokio::spawn(async move {
+                        tokio::time::sleep(wait).await;
+                        steps.signal_job(job_id, Signal::SIGKILL);
+                    });
+                }
+                n
+            }
+            Control::Signal { signal, .. } => steps.signal_job(job_id, signal),
+            Control::Kill => steps.signal_job(job_id, Signal::SIGKILL),
+        };
+        signalled > 0
+    }
+
+    /// Kills every job (the worker is stopping) and waits until their ends are queued, at
+    /// most `wait`.
+    pub async fn kill_all(&self, wait: Duration) {
+        for id in self.running() {
+            self.send(id, Control::Kill);
+        }
+        let deadline = Instant::now() + wait;
+        while !self.running().is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn send(&self, job_id: u64, control: Control) -> bool {
+        let table = self
+            .inner
+            .table
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match table.get(&job_id) {
+            Some(tx) => tx.send(control).is_ok(),
+            None => {
+                debug!(job_id, ?control, "control for a job not running here");
+                false
+            }
+        }
+    }
+}
+
+/// Runs one job to its end and describes that end.
+#[tracing::instrument(skip_all, fields(job_id = job.job_id))]
+async fn supervise(
+    inner: &Inner,
+    job: LaunchJob,
+    mut control: mpsc::UnboundedReceiver<Control>,
+) -> JobEnded {
+    let node = &inner.node;
+    let mut ended = JobEnded {
+        job_id: job.job_id,
+        ..Default::default()
+    };
+    let env = batch_env(
+        &job.environment,
+        &NodeLocal {
+            node_name: &node.name,
+            cpus: node.cpus,
+        },
+        &job.gpus,
+    );
+    let started = match RunAs::decide(node.worker_uid, job.uid, job.gid) {
+        Ok(run_as) => {
+            let spec = BatchSpec {
+                job_id: job.job_id,
+                script: &job.script,
+                argv: &job.argv,
+                workdir: std::path::Path::new(&job.workdir),
+                env: &env,
+                stdout: &job.stdout,
+                stderr: &job.stderr,
+                node_name: &node.name,
+                run_as,
+            };
+            process::start(&node.spool, &spec).await
+        }
+        Err(e) => Err(e),
+    };
+    let mut started = match started {
+        Ok(s) => s,
+        Err(e) => {
+            warn!(error = %e.one_line(), "batch script did not start");
+            ended.launch_error = e.one_line();
+            ended.exit_code = 1;
+            ended.end_time = unix_now();
+            return ended;
+        }
+    };
+    info!(pid = started.pid, "batch script started");
+    inner.journal.record_running(job.job_id, started.pid);
+    let _ = inner.events.send(JobEvent::Started(JobStarted {
+        job_id: job.job_id,
+        pid: started.pid,
+        start_time: unix_now(),
+    }));
+
+    // process_group(0) made the shell a group leader: its pid is the group id.
+    let pgid = Pid::from_raw(i32::try_from(started.pid).unwrap_or(0));
+    let kill_wait = node
+        .kill_wait
+        .or_else(|| (job.kill_wait_s > 0).then(|| Duration::from_secs(job.kill_wait_s.into())))
+        .unwrap_or(DEFAULT_KILL_WAIT);
+    let limit = (job.time_limit_s > 0).then(|| Duration::from_secs(job.time_limit_s));
+    let mut enforcer = Enforcer::new(Instant::now().into_std(), limit, kill_wait);
+    let apply = |sig: Option<Signal>| {
+        if let Some(sig) = sig {
+            info!(signal = %sig, "signalling the job's process group");
+            if let Err(e) = killpg(pgid, sig) {
+                debug!(error = %e, "killpg failed (group already gone?)");
+            }
+            inner.steps.signal_job(job.job_id, sig);
+        }
+    };
+
+    let status = loop {
+        let wake = enforcer.next_wakeup().map(Instant::from_std);
+        tokio::select! {
+            status = started.child.wait() => break status,
+            () = sleep_until(wake) => {
+                apply(enforcer.on_tick(Instant::now().into_std()));
+            }
+            Some(c) = control.recv() => match c {
+                Control::Terminate => {
+                    apply(enforcer.terminate(Instant::now().into_std(), EndCause::Cancel));
+                }
+                Control::Kill => apply(enforcer.kill_now()),
+                Control::Signal { signal, batch_only: true } => {
+                    if let Err(e) = kill(pgid, signal) {
+                        debug!(error = %e, "kill failed");
+                    }
+                }
+                Control::Signal { signal, batch_only: false } => apply(Some(signal)),
+            },
+        }
+    };
+
+    // Slurm ends every process of a job when its batch script ends; stragglers that stayed
+    // in the group (background jobs the script did not wait for) go now.
+    let _ = killpg(pgid, Signal::SIGKILL);
+    inner.steps.signal_job(job.job_id, Signal::SIGKILL);
+    if let Err(e) = std::fs::remove_dir_all(&started.spool_dir) {
+        debug!(error = %e, "spool cleanup failed");
+    }
+
+    let report = match status {
+        Ok(s) => ExitReport::from_status(s),
+        Err(e) => {
+            warn!(error = %e, "waiting for the batch script failed");
+            ExitReport {
+                exit_code: 1,
+                signal: 0,
+            }
+        }
+    };
+    ended.exit_code = report.exit_code;
+    ended.signal = report.signal;
+    ended.timed_out = enforcer.timed_out();
+    ended.cancelled = enforcer.cancelled();
+    ended.end_time = unix_now();
+    info!(
+        exit_code = ended.exit_code,
+        signal = ended.signal,
+        timed_out = ended.timed_out,
+        cancelled = ended.cancelled,
+        "batch script ended"
+    );
+    ended
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

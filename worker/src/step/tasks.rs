@@ -1,0 +1,200 @@
+//! Running the tasks of one step on this node and streaming them back to `srun`.
+//!
+//! One process per task, each in its own process group (so `SignalTasks` reaches what a task
+//! starts), stdout/stderr piped back as `TaskOutput` chunks, then one `TaskExit` per task
+//! after all of its output. A step supervisor watches the response stream: when `srun` goes
+//! away, the step's tasks are killed, as Slurm does when srun dies.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tandem_proto::v1::{TaskExit, TaskOutput, task_output};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tonic::Status;
+use tracing::{debug, warn};
+
+use super::registry::{StepKey, StepRegistry};
+use crate::launch::limits::ExitReport;
+use crate::launch::process::RunAs;
+
+/// Bytes read from a task's pipe per chunk sent.
+const CHUNK: usize = 8 * 1024;
+/// Exit code reported for a task that could not be executed (Slurm's slurmstepd uses 2).
+const EXEC_FAILED: i32 = 2;
+
+pub type OutputTx = mpsc::Sender<Result<TaskOutput, Status>>;
+
+/// One task to start.
+#[derive(Debug)]
+pub struct TaskSpec<'a> {
+    pub task_id: u32,
+    pub argv: &'a [String],
+    pub workdir: &'a Path,
+    pub env: BTreeMap<String, String>,
+}
+
+/// Starts the tasks and a supervisor that ends the stream after the last exit.
+pub fn start_step(
+    key: StepKey,
+    run_as: RunAs,
+    owner_uid: u32,
+    tasks: Vec<TaskSpec<'_>>,
+    registry: Arc<StepRegistry>,
+    tx: OutputTx,
+) {
+    let mut pumps = JoinSet::new();
+    for t in tasks {
+        match spawn_task(&t, run_as) {
+            Ok(child) => {
+                let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
+                registry.add_task(key, owner_uid, t.task_id, pid);
+                pumps.spawn(pump(
+                    child,
+                    t.task_id,
+                    key,
+                    Arc::clone(&registry),
+                    tx.clone(),
+                ));
+            }
+            Err(e) => {
+                let program = t.argv.first().map(String::as_str).unwrap_or_default();
+                let text = format!(
+                    "tandem: error: task {}: execve(): {program}: {e}\n",
+                    t.task_id
+                );
+                let tx = tx.clone();
+                let task_id = t.task_id;
+                pumps.spawn(async move {
+                    let _ = tx
+                        .send(Ok(output(task_id, Event::Stderr(text.into_bytes()))))
+                        .await;
+                    let exit = TaskExit {
+                        exit_code: EXEC_FAILED,
+                        signal: 0,
+                    };
+                    let _ = tx.send(Ok(output(task_id, Event::Exit(exit)))).await;
+                });
+            }
+        }
+    }
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = tx.closed() => {
+                    warn!(job_id = key.0, step_id = key.1, "srun went away: killing the step's tasks");
+                    registry.signal_step(key, Signal::SIGKILL);
+                    while pumps.join_next().await.is_some() {}
+                    break;
+                }
+                r = pumps.join_next() => if r.is_none() { break },
+            }
+        }
+        // Dropping the last sender ends the response stream.
+        drop(tx);
+    });
+}
+
+fn spawn_task(t: &TaskSpec<'_>, run_as: RunAs) -> std::io::Result<Child> {
+    let (program, args) = t
+        .argv
+        .split_first()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty argv"))?;
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .env_clear()
+        .envs(&t.env)
+        .current_dir(t.workdir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(false);
+    if let RunAs::User { uid, gid } = run_as {
+        cmd.uid(uid).gid(gid);
+    }
+    cmd.spawn()
+}
+
+enum Event {
+    Stdout(Vec<u8>),
+    Stderr(Vec<u8>),
+    Exit(TaskExit),
+}
+
+fn output(task_id: u32, e: Event) -> TaskOutput {
+    let event = match e {
+        Event::Stdout(b) => task_output::Event::Stdout(b),
+        Event::Stderr(b) => task_output::Event::Stderr(b),
+        Event::Exit(x) => task_output::Event::Exit(x),
+    };
+    TaskOutput {
+        task_id,
+        event: Some(event),
+    }
+}
+
+/// Forwards one task's output, then its exit.
+async fn pump(
+    mut child: Child,
+    task_id: u32,
+    key: StepKey,
+    registry: Arc<StepRegistry>,
+    tx: OutputTx,
+) {
+    let pgid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
+    let out = forward(child.stdout.take(), task_id, &tx, Event::Stdout);
+    let err = forward(child.stderr.take(), task_id, &tx, Event::Stderr);
+    let (out, err) = tokio::join!(out, err);
+    if out.is_err() || err.is_err() {
+        // The caller is gone; a task blocked on a full pipe would never exit by itself.
+        let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+    }
+    let status = child.wait().await;
+    registry.remove_task(key, task_id);
+    let report = match status {
+        Ok(s) => ExitReport::from_status(s),
+        Err(e) => {
+            debug!(error = %e, task_id, "wait failed");
+            ExitReport {
+                exit_code: 1,
+                signal: 0,
+            }
+        }
+    };
+    let exit = TaskExit {
+        exit_code: report.exit_code,
+        signal: report.signal,
+    };
+    let _ = tx.send(Ok(output(task_id, Event::Exit(exit)))).await;
+}
+
+/// Sends chunks until EOF; `Err` when the receiver is gone.
+async fn forward<R: AsyncRead + Unpin>(
+    pipe: Option<R>,
+    task_id: u32,
+    tx: &OutputTx,
+    wrap: fn(Vec<u8>) -> Event,
+) -> Result<(), ()> {
+    let Some(mut pipe) = pipe else {
+        return Ok(());
+    };
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => return Ok(()),
+            Ok(n) => {
+                let chunk = buf[..n].to_vec();
+                tx.send(Ok(output(task_id, wrap(chunk))))
+                    .await
+                    .map_err(|_| ())?;
+            }
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! The `StepLauncher` service as `srun` uses it: per-task environment and output, exit codes,
+//! signals, authorization, and cleanup when `srun` goes away.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use support::{Harness, WAIT};
+use tandem_proto::auth::Identity;
+use tandem_proto::endpoint;
+use tandem_proto::v1::step_launcher_client::StepLauncherClient;
+use tandem_proto::v1::{
+    LaunchTasksRequest, SignalJob, SignalTasksRequest, TaskOutput, controller_message, task_output,
+};
+use tonic::Streaming;
+
+fn me() -> (u32, u32) {
+    (
+        nix::unistd::getuid().as_raw(),
+        nix::unistd::getgid().as_raw(),
+    )
+}
+
+async fn client(h: &Harness, who: &Identity) -> StepLauncherClient<endpoint::AuthChannel> {
+    let ch = endpoint::connect(&h.register.step_address, &h.key, who)
+        .await
+        .unwrap();
+    StepLauncherClient::new(ch)
+}
+
+fn request(
+    h: &Harness,
+    job_id: u64,
+    step_id: u32,
+    argv: &[&str],
+    tasks: &[u32],
+) -> LaunchTasksRequest {
+    let (uid, gid) = me();
+    LaunchTasksRequest {
+        job_id,
+        step_id,
+        argv: argv.iter().map(|s| (*s).to_owned()).collect(),
+        workdir: h.dir.path().to_string_lossy().into_owned(),
+        environment: [("PATH".to_owned(), "/usr/bin:/bin".to_owned())].into(),
+        task_ids: tasks.to_vec(),
+        uid,
+        gid,
+        ..Default::default()
+    }
+}
+
+#[derive(Debug, Default)]
+struct TaskResult {
+    stdout: String,
+    stderr: String,
+    exit: Option<(i32, i32)>,
+}
+
+async fn collect(mut stream: Streaming<TaskOutput>) -> BTreeMap<u32, TaskResult> {
+    let mut out: BTreeMap<u32, TaskResult> = BTreeMap::new();
+    while let Some(m) = tokio::time::timeout(WAIT, stream.message())
+        .await
+        .expect("step output stalled")
+        .unwrap()
+    {
+        let t = out.entry(m.task_id).or_default();
+        assert!(
+            t.exit.is_none(),
+            "output after the exit of task {}",
+            m.task_id
+        );
+        match m.event.unwrap() {
+            task_output::Event::Stdout(b) => t.stdout.push_str(&String::from_utf8_lossy(&b)),
+            task_output::Event::Stderr(b) => t.stderr.push_str(&String::from_utf8_lossy(&b)),
+            task_output::Event::Exit(x) => t.exit = Some((x.exit_code, x.signal)),
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_get_their_rank_gpus_and_report_output_and_exit() {
+    let h = Harness::start().await;
+    let (uid, gid) = me();
+    let mut c = client(&h, &Identity::user("tester", uid, gid)).await;
+    let mut req = request(
+        &h,
+        30,
+        4,
+        &[
+            "sh",
+            "-c",
+            "echo rank=$SLURM_PROCID local=$SLURM_LOCALID node=$SLURM_NODEID step=$SLURM_STEP_ID gpus=$CUDA_VISIBLE_DEVICES host=$SLURMD_NODENAME; echo err$SLURM_PROCID >&2; exit $SLURM_PROCID",
+        ],
+        &[2, 3],
+    );
+    req.node_index = 1;
+    req.gpus = vec![0, 1];
+    req.ntasks_total = 4;
+    let stream = c.launch_tasks(req).await.unwrap().into_inner();
+    let results = collect(stream).await;
+    assert_eq!(results.len(), 2);
+    let t2 = &results[&2];
+    assert_eq!(t2.stdout, "rank=2 local=0 node=1 step=4 gpus=0,1 host=n1\n");
+    assert_eq!(t2.stderr, "err2\n");
+    assert_eq!(t2.exit, Some((2, 0)));
+    let t3 = &results[&3];
+    assert_eq!(t3.stdout, "rank=3 local=1 node=1 step=4 gpus=0,1 host=n1\n");
+    assert_eq!(t3.exit, Some((3, 0)));
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_program_is_a_task_failure() {
+    let h = Harness::start().await;
+    let (uid, gid) = me();
+    let mut c = client(&h, &Identity::user("tester", uid, gid)).await;
+    let req = request(&h, 31, 0, &["/no/such/program"], &[0]);
+    let results = collect(c.launch_tasks(req).await.unwrap().into_inner()).await;
+    let t = &results[&0];
+    assert_eq!(t.exit, Some((2, 0)));
+    assert!(t.stderr.contains("/no/such/program"), "{t:?}");
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_cannot_launch_as_someone_else_or_without_a_token() {
+    let h = Harness::start().await;
+    let mut c = client(&h, &Identity::user("mallory", 4242, 4242)).await;
+    let mut req = request(&h, 32, 0, &["true"], &[0]);
+    req.uid = 4243;
+    req.gid = 4242;
+    let err = c.launch_tasks(req).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+    assert!(
+        err.message().contains("only as itself"),
+        "{}",
+        err.message()
+    );
+
+    let raw =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", h.register.step_address))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+    let err = StepLauncherClient::new(raw)
+        .launch_tasks(request(&h, 32, 0, &["true"], &[0]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signal_tasks_reaches_the_step() {
+    let h = Harness::start().await;
+    let (uid, gid) = me();
+    let who = Identity::user("tester", uid, gid);
+    let mut c = client(&h, &who).await;
+    let req = request(&h, 33, 1, &["sh", "-c", "echo up; exec sleep 300"], &[0]);
+    let mut stream = c.launch_tasks(req).await.unwrap().into_inner();
+    // Wait until the task runs before signalling it.
+    let first = tokio::time::timeout(WAIT, stream.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(matches!(first.event, Some(task_output::Event::Stdout(_))));
+    client(&h, &who)
+        .await
+        .signal_tasks(SignalTasksRequest {
+            job_id: 33,
+            step_id: 1,
+            signal: 15,
+            launch_token: String::new(),
+        })
+        .await
+        .unwrap();
+    let results = collect(stream).await;
+    assert_eq!(results[&0].exit, Some((0, 15)));
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_die_when_srun_goes_away() {
+    let h = Harness::start().await;
+    let (uid, gid) = me();
+    let mut c = client(&h, &Identity::user("tester", uid, gid)).await;
+    let req = request(&h, 34, 0, &["sh", "-c", "echo $$; exec sleep 300"], &[0]);
+    let mut stream = c.launch_tasks(req).await.unwrap().into_inner();
+    let first = tokio::time::timeout(WAIT, stream.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let Some(task_output::Event::Stdout(b)) = first.event else {
+        panic!("expected the pid first, got {first:?}");
+    };
+    let pid: i32 = String::from_utf8(b).unwrap().trim().parse().unwrap();
+    assert!(std::path::Path::new(&format!("/proc/{pid}")).exists());
+    drop(stream);
+    drop(c);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+        let gone = state
+            .as_deref()
+            .and_then(|s| s.rsplit(')').next())
+            .is_none_or(|r| r.trim().starts_with(['Z', 'X']));
+        if gone {
+            break;
+        }
+        assert!(Instant::now() < deadline, "task {pid} outlived its srun");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    h.stop().await;
+}
+
+/// On the non-first nodes of a job only steps run; a cancel from the controller ends them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_the_job_ends_its_steps_on_this_node() {
+    let h = Harness::start().await;
+    let (uid, gid) = me();
+    let mut c = client(&h, &Identity::user("tester", uid, gid)).await;
+    let req = request(&h, 35, 0, &["sh", "-c", "echo up; exec sleep 300"], &[0]);
+    let mut stream = c.launch_tasks(req).await.unwrap().into_inner();
+    let first = tokio::time::timeout(WAIT, stream.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(matches!(first.event, Some(task_output::Event::Stdout(_))));
+    h.controller
+        .send(controller_message::Msg::SignalJob(SignalJob {
+            job_id: 35,
+            signal: 0,
+            batch_only: false,
+            reason: "cancel".into(),
+        }))
+        .await;
+    let results = collect(stream).await;
+    assert_eq!(results[&0].exit, Some((0, 15)));
+    h.stop().await;
+}
