@@ -68,6 +68,7 @@ enum Command {
     /// Run the node agent daemon.
     Worker(cmd::worker::Args),
     /// Start an all-in-one local cluster (controller and workers) and return when it is ready.
+    #[command(args_override_self = true)]
     Up(cmd::up::Args),
     /// Stop the local cluster started by `tandem up`.
     Down(cmd::down::Args),

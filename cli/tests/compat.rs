@@ -147,3 +147,65 @@ fn export_none_hides_the_submitters_variables() {
     let text = c.wait_file(&c.work.join("env2.out"), "secret=", T);
     assert!(text.contains("secret=s3cr3t extra=1"), "{text}");
 }
+
+#[test]
+fn scancel_by_name_and_user_and_srun_outside_an_allocation() {
+    let c = Cluster::start(3);
+    let a = c.sbatch(&["-J", "sweep-a", "--hold", "--wrap", "true"]);
+    let b = c.sbatch(&["-J", "sweep-b", "--hold", "--wrap", "true"]);
+    let keep = c.sbatch(&["-J", "keeper", "--hold", "--wrap", "true"]);
+    c.ok(&["scancel", "-n", "sweep-a"]);
+    assert_eq!(c.wait_end(a, T)["state"], "CANCELLED");
+    assert_eq!(c.job(b).unwrap()["state"], "PENDING");
+    let me = tandem_cli::client::user_name();
+    c.ok(&["scancel", "-u", &me, "-n", "sweep-b"]);
+    assert_eq!(c.wait_end(b, T)["state"], "CANCELLED");
+    assert_eq!(c.job(keep).unwrap()["state"], "PENDING");
+    c.ok(&["scancel", "-u", &me]);
+    assert_eq!(c.wait_end(keep, T)["state"], "CANCELLED");
+
+    // srun without an allocation makes one, runs the tasks on it, and relays their output.
+    let out = c.run(&[
+        "srun",
+        "-N",
+        "2",
+        "--ntasks-per-node=1",
+        "-l",
+        "sh",
+        "-c",
+        "echo rank=$SLURM_PROCID",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut lines: Vec<&str> = stdout.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(lines, ["0: rank=0", "1: rank=1"]);
+    let out = c.run(&["srun", "sh", "-c", "exit 5"]);
+    assert_eq!(out.status.code(), Some(5));
+}
+
+#[test]
+fn sbatch_reads_the_script_from_stdin() {
+    use std::io::Write as _;
+    let c = Cluster::start(3);
+    let mut child = c
+        .cmd(&["sbatch", "--parsable", "-o", "stdin.out"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"#!/bin/sh\n#SBATCH -J from-stdin\necho name=$SLURM_JOB_NAME\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let id: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    c.wait_state(id, "COMPLETED", T);
+    c.wait_file(&c.work.join("stdin.out"), "name=from-stdin", T);
+}

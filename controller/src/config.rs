@@ -325,13 +325,13 @@ impl ConfigFile {
 
     /// Converts into the core's config and validates it.
     pub fn into_cluster(self, path: &Path) -> Result<ClusterConfig, ConfigError> {
-        self.to_cluster().map_err(|message| ConfigError::Parse {
+        self.into_core().map_err(|message| ConfigError::Parse {
             path: path.to_owned(),
             message,
         })
     }
 
-    fn to_cluster(self) -> Result<ClusterConfig, String> {
+    fn into_core(self) -> Result<ClusterConfig, String> {
         use tandem_sched::account::{AccountConfig, AssocLimits, UserConfig};
         use tandem_sched::job::PreemptMode;
         use tandem_sched::partition::{Partition, PartitionState};
@@ -340,7 +340,9 @@ impl ConfigFile {
         let dur = |what: &str, s: &Option<String>| -> Result<Option<u64>, String> {
             match s {
                 None => Ok(None),
-                Some(s) => tandem_sched::time::parse_duration(s).map_err(|e| format!("{what}: {e}")),
+                Some(s) => {
+                    tandem_sched::time::parse_duration(s).map_err(|e| format!("{what}: {e}"))
+                }
             }
         };
         let mut c = ClusterConfig::default();
@@ -357,8 +359,10 @@ impl ConfigFile {
                 part.default = p.default || (!any_default && i == 0);
                 part.nodes = p.nodes;
                 part.max_time = dur(&format!("partition {} max_time", p.name), &p.max_time)?;
-                part.default_time =
-                    dur(&format!("partition {} default_time", p.name), &p.default_time)?;
+                part.default_time = dur(
+                    &format!("partition {} default_time", p.name),
+                    &p.default_time,
+                )?;
                 part.max_nodes = p.max_nodes;
                 part.allowed_accounts = p.allowed_accounts;
                 if let Some(t) = p.priority_tier {
@@ -386,7 +390,12 @@ impl ConfigFile {
             let mut qos = Qos::new(&q.name);
             qos.priority = q.priority;
             qos.preempt = q.preempt;
-            qos.preempt_mode = match q.preempt_mode.as_deref().map(str::to_ascii_lowercase).as_deref() {
+            qos.preempt_mode = match q
+                .preempt_mode
+                .as_deref()
+                .map(str::to_ascii_lowercase)
+                .as_deref()
+            {
                 None | Some("requeue") => PreemptMode::Requeue,
                 Some("cancel") => PreemptMode::Cancel,
                 Some(other) => {
@@ -409,7 +418,8 @@ impl ConfigFile {
                 max_wall: dur(&format!("qos {} max_wall", q.name), &q.max_wall)?,
             };
             // A file entry for `normal` replaces the built-in one.
-            c.qos.retain(|x| x.name != qos.name || qos.name != DEFAULT_QOS);
+            c.qos
+                .retain(|x| x.name != qos.name || qos.name != DEFAULT_QOS);
             c.qos.push(qos);
         }
         for a in self.account {
@@ -483,7 +493,9 @@ impl ConfigFile {
             ] {
                 if let Some(v) = v {
                     if !v.is_finite() || v < 0.0 {
-                        return Err(format!("billing_weights.{name} must be a non-negative number"));
+                        return Err(format!(
+                            "billing_weights.{name} must be a non-negative number"
+                        ));
                     }
                     *dst = v;
                 }
@@ -524,7 +536,15 @@ mod tests {
 
     #[test]
     fn durations_accept_units() {
-        let c = args(&["--node-timeout", "1500ms", "--heartbeat-interval", "0.2", "--kill-wait", "1"]).unwrap();
+        let c = args(&[
+            "--node-timeout",
+            "1500ms",
+            "--heartbeat-interval",
+            "0.2",
+            "--kill-wait",
+            "1",
+        ])
+        .unwrap();
         assert_eq!(c.node_timeout, Duration::from_millis(1500));
         assert_eq!(c.heartbeat_interval, Duration::from_millis(200));
         assert_eq!(c.kill_wait, Duration::from_secs(1));
@@ -570,7 +590,7 @@ mod tests {
             "#,
         )
         .unwrap();
-        let c = f.to_cluster().unwrap();
+        let c = f.into_core().unwrap();
         assert_eq!(c.cluster_name, "research");
         assert_eq!(c.default_partition().name, "gpu");
         let gpu = c.partition("gpu").unwrap();
@@ -589,9 +609,15 @@ mod tests {
     fn bad_toml_names_the_problem() {
         let cases = [
             ("[[partition]]\nname = \"a\"\nmax_time = \"-5\"", "max_time"),
-            ("[[partition]]\nname = \"a\"\nsate = \"UP\"", "unknown field"),
+            (
+                "[[partition]]\nname = \"a\"\nsate = \"UP\"",
+                "unknown field",
+            ),
             ("[[qos]]\nname = \"q\"\npreempt = [\"ghost\"]", "ghost"),
-            ("[[qos]]\nname = \"q\"\npreempt_mode = \"suspend\"", "preempt_mode"),
+            (
+                "[[qos]]\nname = \"q\"\npreempt_mode = \"suspend\"",
+                "preempt_mode",
+            ),
             (
                 "[[partition]]\nname = \"a\"\ndefault = true\n[[partition]]\nname = \"b\"\ndefault = true",
                 "exactly one",
@@ -600,7 +626,7 @@ mod tests {
         for (text, want) in cases {
             let err = match ConfigFile::parse(text) {
                 Err(e) => e,
-                Ok(f) => f.to_cluster().unwrap_err(),
+                Ok(f) => f.into_core().unwrap_err(),
             };
             assert!(err.contains(want), "{want}: {err}");
         }

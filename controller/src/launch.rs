@@ -123,7 +123,10 @@ pub fn job_environment(
         "SLURM_TASKS_PER_NODE",
         compress_counts(&vec![facts.tasks_per_node; facts.nodes.len()]),
     );
-    set("SLURM_CPUS_PER_TASK", facts.cpus_per_task.max(1).to_string());
+    set(
+        "SLURM_CPUS_PER_TASK",
+        facts.cpus_per_task.max(1).to_string(),
+    );
     set(
         "SLURM_JOB_CPUS_PER_NODE",
         compress_counts(&facts.cpus_per_node),
@@ -246,7 +249,10 @@ pub fn output_paths(facts: &LaunchFacts, payload: &Payload) -> (String, String) 
         if p.starts_with('/') || payload.workdir.is_empty() {
             p
         } else {
-            Path::new(&payload.workdir).join(p).to_string_lossy().into_owned()
+            Path::new(&payload.workdir)
+                .join(p)
+                .to_string_lossy()
+                .into_owned()
         }
     };
     (

@@ -158,9 +158,18 @@ mod tests {
         );
         m.set_demand(&d);
         let text = m.encode();
-        assert!(text.contains("tandem_pending_gpus{partition=\"gpu\"} 16"), "{text}");
-        assert!(text.contains("tandem_pending_jobs{partition=\"gpu\"} 3"), "{text}");
+        assert!(
+            text.contains("tandem_pending_gpus{partition=\"gpu\"} 16"),
+            "{text}"
+        );
+        assert!(
+            text.contains("tandem_pending_jobs{partition=\"gpu\"} 3"),
+            "{text}"
+        );
         m.set_demand(&BTreeMap::new());
-        assert!(m.encode().contains("tandem_pending_gpus{partition=\"gpu\"} 0"));
+        assert!(
+            m.encode()
+                .contains("tandem_pending_gpus{partition=\"gpu\"} 0")
+        );
     }
 }

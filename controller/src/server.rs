@@ -11,10 +11,11 @@ use tandem_proto::v1::jobs_server::JobsServer;
 use tandem_proto::v1::nodes_server::NodesServer;
 use tandem_proto::v1::worker_link_server::WorkerLinkServer;
 use tokio::net::TcpListener;
-use tonic::service::interceptor::InterceptedService;
 use tokio_stream::wrappers::TcpListenerStream;
+use tonic::service::interceptor::InterceptedService;
 use tracing::{info, warn};
 
+use crate::Error;
 use crate::api::accounting::AccountingService;
 use crate::api::jobs::{self, JobsService};
 use crate::api::nodes::NodesService;
@@ -24,7 +25,6 @@ use crate::metrics::Metrics;
 use crate::state::{self, ActorParts, Command};
 use crate::store::recover::recover;
 use crate::store::{Committer, Store};
-use crate::Error;
 
 /// Runs the controller on `listener` until `shutdown` resolves.
 ///
@@ -93,6 +93,7 @@ pub async fn run(
     );
 
     let auth = ServerAuth::new(key);
+    let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
     let stop_handle = handle.clone();
     let serve = tonic::transport::Server::builder()
         .tcp_nodelay(true)
@@ -117,7 +118,7 @@ pub async fn run(
             auth.clone(),
         ))
         .add_service(WorkerLinkServer::with_interceptor(
-            WorkerLinkService::new(handle.clone()),
+            WorkerLinkService::new(handle.clone(), stopping_rx),
             auth,
         ))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
@@ -126,6 +127,7 @@ pub async fn run(
                 _ = dead_rx => warn!("state actor stopped; shutting down"),
             }
             // Ends worker and watch streams so the server can drain.
+            let _ = stopping_tx.send(true);
             let _ = stop_handle.send(Command::Shutdown);
         });
     let served = serve.await;

@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use prost::Message;
 use tandem_proto::auth::{ClusterKey, Identity, Role};
 use tandem_proto::v1::{self, controller_message, worker_message};
+use tandem_sched::cycle::{PassObserver, Phase};
 use tandem_sched::effect::{Effect as CoreEffect, RunRecord};
 use tandem_sched::job::{Job, JobOutcome, JobSpec, JobState};
 use tandem_sched::node::Health;
@@ -203,6 +204,7 @@ pub fn spawn(
         batch: Batch::default(),
         effects: Vec::new(),
         pass_wanted: true,
+        pass_if_capacity: false,
         next_pass_at: now,
         next_tick: now,
         next_purge: now + Duration::from_secs(10),
@@ -243,7 +245,12 @@ struct Actor {
     /// Writes and effects of the commands applied since the last flush.
     batch: Batch,
     effects: Vec<Effect>,
+    /// An event that can change what runs (end, cancel, node change, update) happened.
     pass_wanted: bool,
+    /// Only submits happened: a pass can start something only if some node has free
+    /// resources (a preempting QOS sets `pass_wanted` instead). On a full cluster with a
+    /// long queue this spares a pass over every pending job per submit.
+    pass_if_capacity: bool,
     next_pass_at: Instant,
     next_tick: Instant,
     next_purge: Instant,
@@ -308,6 +315,10 @@ impl Actor {
                 self.next_tick = Instant::now() + TICK;
             }
             // 3. pass
+            if self.pass_if_capacity && !self.pass_wanted {
+                self.pass_wanted = self.capacity_available();
+            }
+            self.pass_if_capacity = false;
             if self.pass_wanted && Instant::now() >= self.next_pass_at {
                 self.pass();
             }
@@ -336,12 +347,13 @@ impl Actor {
 
     /// Replies after the current batch commits.
     fn reply_after_commit<T: Send + 'static>(&mut self, reply: Reply<T>, value: T) {
-        self.effects.push(Box::new(move |_: &Store, r: Result<(), &StoreError>| {
-            let _ = reply.send(match r {
-                Ok(()) => Ok(value),
-                Err(e) => Err(Status::unavailable(format!("not committed: {e}"))),
-            });
-        }));
+        self.effects
+            .push(Box::new(move |_: &Store, r: Result<(), &StoreError>| {
+                let _ = reply.send(match r {
+                    Ok(()) => Ok(value),
+                    Err(e) => Err(Status::unavailable(format!("not committed: {e}"))),
+                });
+            }));
     }
 
     fn handle(&mut self, cmd: Command) {
@@ -380,8 +392,7 @@ impl Actor {
                 }
             },
             Command::CompleteStep { who, req, reply } => {
-                match self.complete_step(&who, req.job_id, req.step_id, req.exit_code, req.signal)
-                {
+                match self.complete_step(&who, req.job_id, req.step_id, req.exit_code, req.signal) {
                     Ok(()) => self.reply_after_commit(reply, v1::CompleteStepResponse {}),
                     Err(e) => {
                         let _ = reply.send(Err(e));
@@ -417,7 +428,10 @@ impl Actor {
                 let jobs = self
                     .st
                     .jobs()
-                    .filter(|j| !j.is_array_meta() || j.array.as_ref().is_some_and(|a| !a.pending.is_empty()))
+                    .filter(|j| {
+                        !j.is_array_meta()
+                            || j.array.as_ref().is_some_and(|a| !a.pending.is_empty())
+                    })
                     .map(|j| self.job_info(j))
                     .collect();
                 let _ = reply.send(Ok(jobs));
@@ -485,7 +499,16 @@ impl Actor {
                     self.idem.insert(k, (id, now));
                 }
                 self.metrics.submitted(1);
-                self.pass_wanted = true;
+                let preempts = self
+                    .st
+                    .job(id)
+                    .and_then(|j| self.st.config().qos(&j.spec.qos))
+                    .is_some_and(|q| !q.preempt.is_empty());
+                if preempts {
+                    self.pass_wanted = true;
+                } else {
+                    self.pass_if_capacity = true;
+                }
                 self.reply_after_commit(
                     reply,
                     v1::SubmitResponse {
@@ -554,8 +577,7 @@ impl Actor {
         let mut resp = v1::CancelResponse::default();
         for sel in targets {
             let Some(job) = self.st.job(sel.job) else {
-                resp.errors
-                    .push(format!("Invalid job id specified: {sel}"));
+                resp.errors.push(format!("Invalid job id specified: {sel}"));
                 continue;
             };
             if !authz::may_control_job(who, job.spec.uid) {
@@ -567,7 +589,12 @@ impl Actor {
             }
             if req.signal != 0 {
                 // Deliver a signal only; the job's state does not change.
-                let nodes: Vec<String> = self.st.node_names(job).iter().map(|s| (*s).to_owned()).collect();
+                let nodes: Vec<String> = self
+                    .st
+                    .node_names(job)
+                    .iter()
+                    .map(|s| (*s).to_owned())
+                    .collect();
                 if job.state != JobState::Running || nodes.is_empty() {
                     resp.errors
                         .push(format!("Job {sel} is not running; cannot signal it"));
@@ -639,7 +666,9 @@ impl Actor {
                         self.st
                             .array_task(sel.job, i)
                             .map(|j| j.id)
-                            .ok_or_else(|| Status::not_found(format!("Invalid job id specified: {sel}")))?
+                            .ok_or_else(|| {
+                                Status::not_found(format!("Invalid job id specified: {sel}"))
+                            })?
                     }
                     Some(_) => {
                         return Err(Status::invalid_argument(
@@ -770,7 +799,9 @@ impl Actor {
 
     fn watch(&mut self, job: JobId, tx: WatchTx) -> Result<(), Status> {
         let Some(j) = self.st.job(job) else {
-            return Err(Status::not_found(format!("Invalid job id specified: {job}")));
+            return Err(Status::not_found(format!(
+                "Invalid job id specified: {job}"
+            )));
         };
         let info = self.job_info(j);
         let terminal = j.state.is_terminal();
@@ -799,7 +830,11 @@ impl Actor {
                 job.spec.user
             )));
         }
-        let Some(alloc) = job.alloc.as_deref().filter(|_| job.state == JobState::Running) else {
+        let Some(alloc) = job
+            .alloc
+            .as_deref()
+            .filter(|_| job.state == JobState::Running)
+        else {
             return Err(Status::failed_precondition(format!(
                 "job {id} is {}: steps run only inside a running allocation",
                 job.state
@@ -988,7 +1023,12 @@ impl Actor {
 
     // === workers ===
 
-    fn register(&mut self, conn: ConnId, reg: v1::Register, tx: WorkerTx) -> Result<String, Status> {
+    fn register(
+        &mut self,
+        conn: ConnId,
+        reg: v1::Register,
+        tx: WorkerTx,
+    ) -> Result<String, Status> {
         let now = self.now();
         let res = reg.resources.clone().unwrap_or_default();
         // Ends reported for the time the link was down come first, so those jobs are not
@@ -1131,11 +1171,12 @@ impl Actor {
             debug!(node = %node, "message dropped: worker not connected");
             return;
         };
-        self.effects.push(Box::new(move |_: &Store, r: Result<(), &StoreError>| {
-            if r.is_ok() {
-                let _ = tx.send(Ok(v1::ControllerMessage { msg: Some(msg) }));
-            }
-        }));
+        self.effects
+            .push(Box::new(move |_: &Store, r: Result<(), &StoreError>| {
+                if r.is_ok() {
+                    let _ = tx.send(Ok(v1::ControllerMessage { msg: Some(msg) }));
+                }
+            }));
     }
 
     /// The accounting row of a run that ended (the job record itself no longer shows the
@@ -1196,12 +1237,13 @@ impl Actor {
             if job.state.is_terminal() {
                 // Runs are recorded when they end (`record_run`); this covers jobs that
                 // ended without running (cancelled while pending).
-                let recordable = job.start_time.is_none() && match &job.array {
-                    None => true,
-                    // A meta gets its own line only if indices never ran (cancelled while
-                    // pending), as Slurm shows `12_[5-9]` CANCELLED.
-                    Some(a) => a.tasks.is_empty(),
-                };
+                let recordable = job.start_time.is_none()
+                    && match &job.array {
+                        None => true,
+                        // A meta gets its own line only if indices never ran (cancelled while
+                        // pending), as Slurm shows `12_[5-9]` CANCELLED.
+                        Some(a) => a.tasks.is_empty(),
+                    };
                 if recordable {
                     let info = self.job_info(job);
                     batch.records.push(record_row(job, job.restarts, &info, ""));
@@ -1217,13 +1259,14 @@ impl Actor {
                 } else {
                     ws.clone()
                 };
-                self.effects.push(Box::new(move |_: &Store, r: Result<(), &StoreError>| {
-                    if r.is_ok() {
-                        for w in ws {
-                            let _ = w.send(Ok(info.clone()));
+                self.effects
+                    .push(Box::new(move |_: &Store, r: Result<(), &StoreError>| {
+                        if r.is_ok() {
+                            for w in ws {
+                                let _ = w.send(Ok(info.clone()));
+                            }
                         }
-                    }
-                }));
+                    }));
             }
         }
         for id in &changes.removed_jobs {
@@ -1272,7 +1315,8 @@ impl Actor {
         self.pass_wanted = false;
         let started = Instant::now();
         let now = self.now();
-        let plan = self.st.schedule(now);
+        let mut phases = PhaseTimer::default();
+        let plan = tandem_sched::cycle::schedule_observed(&mut self.st, now, &mut phases);
         let sched_us = started.elapsed().as_micros() as u64;
         let n_starts = plan.starts.len();
         for start in &plan.starts {
@@ -1308,12 +1352,21 @@ impl Actor {
                 preempted = plan.preemptions.len(),
                 reservations = plan.stats.reservations,
                 sched_us,
+                usage_us = phases.us(Phase::Usage),
+                eligible_us = phases.us(Phase::Eligible),
+                order_us = phases.us(Phase::Order),
+                place_us = phases.us(Phase::Place),
+                preempt_us = phases.us(Phase::Preempt),
+                apply_us = phases.us(Phase::Apply),
                 dispatch_us,
                 rows,
                 "scheduling pass"
             );
         } else {
-            debug!(considered = plan.stats.considered, sched_us, "scheduling pass");
+            debug!(
+                considered = plan.stats.considered,
+                sched_us, "scheduling pass"
+            );
         }
         self.publish_demand();
     }
@@ -1415,7 +1468,11 @@ impl Actor {
             tasks_per_node: job.shape.tasks_per_node,
             cpus_per_task: job.spec.cpus_per_task.max(1),
             gpus_total: start.nodes.iter().map(|n| n.gpus.len() as u32).sum(),
-            batch_node_gpus: start.nodes.first().map(|n| n.gpus.clone()).unwrap_or_default(),
+            batch_node_gpus: start
+                .nodes
+                .first()
+                .map(|n| n.gpus.clone())
+                .unwrap_or_default(),
             array,
             start_time: job.start_time.unwrap_or(now),
             time_limit_s: job.time_limit,
@@ -1448,13 +1505,26 @@ impl Actor {
             .running_jobs()
             .filter(|j| !self.timeout_signalled.contains(&j.id))
             .filter(|j| {
-                j.expected_end()
-                    .is_some_and(|e| now > e.saturating_add(kill_wait).saturating_add(TIMEOUT_SLACK_S))
+                j.expected_end().is_some_and(|e| {
+                    now > e.saturating_add(kill_wait).saturating_add(TIMEOUT_SLACK_S)
+                })
             })
-            .map(|j| (j.id, self.st.node_names(j).iter().map(|s| (*s).to_owned()).collect()))
+            .map(|j| {
+                (
+                    j.id,
+                    self.st
+                        .node_names(j)
+                        .iter()
+                        .map(|s| (*s).to_owned())
+                        .collect(),
+                )
+            })
             .collect();
         for (id, nodes) in overdue {
-            warn!(job_id = id.0, "job overran its time limit unreported; signalling its nodes");
+            warn!(
+                job_id = id.0,
+                "job overran its time limit unreported; signalling its nodes"
+            );
             for n in &nodes {
                 self.signal_node(n, id, 0, false, "timeout");
             }
@@ -1483,6 +1553,14 @@ impl Actor {
         }
     }
 
+    /// Whether any node could take more work now.
+    fn capacity_available(&self) -> bool {
+        self.st.nodes().any(|n| {
+            let free = n.free();
+            n.schedulable() && free.cpus > 0
+        })
+    }
+
     fn publish_demand(&self) {
         let mut demand: BTreeMap<String, Demand> = BTreeMap::new();
         for j in self.st.pending_jobs() {
@@ -1492,6 +1570,33 @@ impl Actor {
             d.pending_gpus += n * u64::from(j.shape.total().gpus);
         }
         self.metrics.set_demand(&demand);
+    }
+}
+
+/// Times the phases of one pass (the core has no clock; it reports phase boundaries).
+#[derive(Default)]
+struct PhaseTimer {
+    current: Option<(Phase, Instant)>,
+    done: Vec<(Phase, Duration)>,
+}
+
+impl PassObserver for PhaseTimer {
+    fn phase(&mut self, phase: Phase) {
+        let now = Instant::now();
+        if let Some((p, t)) = self.current.take() {
+            self.done.push((p, now - t));
+        }
+        self.current = Some((phase, now));
+    }
+}
+
+impl PhaseTimer {
+    fn us(&self, phase: Phase) -> u64 {
+        self.done
+            .iter()
+            .filter(|(p, _)| *p == phase)
+            .map(|(_, d)| d.as_micros() as u64)
+            .sum()
     }
 }
 
@@ -1522,7 +1627,10 @@ fn record_row(job: &Job, run: u32, info: &v1::JobInfo, batch_host: &str) -> JobR
     JobRecordRow {
         id: job.id.0,
         run,
-        array_job_id: job.array_job_id.map(|a| a.0).or(job.array.as_ref().map(|_| job.id.0)),
+        array_job_id: job
+            .array_job_id
+            .map(|a| a.0)
+            .or(job.array.as_ref().map(|_| job.id.0)),
         array_task_id: job.array_task_id,
         user: job.spec.user.clone(),
         account: job.spec.account.clone(),
@@ -1531,7 +1639,11 @@ fn record_row(job: &Job, run: u32, info: &v1::JobInfo, batch_host: &str) -> JobR
         state,
         submit_time: job.submit_time,
         start_time: (info.start_time > 0).then_some(info.start_time),
-        end_time: if info.end_time > 0 { info.end_time } else { unix_now() },
+        end_time: if info.end_time > 0 {
+            info.end_time
+        } else {
+            unix_now()
+        },
         record: info.encode_to_vec(),
     }
 }

@@ -207,7 +207,10 @@ mod tests {
     #[test]
     fn ntasks_spread_in_blocks_and_nodes_truncate() {
         let p = place(&alloc(), &req(|r| r.ntasks = 5), 3, 1).unwrap();
-        assert_eq!(ids(&p), vec![(0, vec![0, 1]), (1, vec![2, 3]), (2, vec![4])]);
+        assert_eq!(
+            ids(&p),
+            vec![(0, vec![0, 1]), (1, vec![2, 3]), (2, vec![4])]
+        );
         let p = place(&alloc(), &req(|r| r.nodes = 2), 3, 1).unwrap();
         assert_eq!(ids(&p), vec![(0, vec![0]), (1, vec![1])]);
         let p = place(&alloc(), &req(|r| r.nodelist = "n3".into()), 3, 1).unwrap();

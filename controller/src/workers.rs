@@ -108,10 +108,8 @@ impl Workers {
 
     /// Sends one message; false if the worker is not connected.
     pub fn send(&self, node: &str, msg: controller_message::Msg) -> bool {
-        self.sender(node).is_some_and(|tx| {
-            tx.send(Ok(ControllerMessage { msg: Some(msg) }))
-                .is_ok()
-        })
+        self.sender(node)
+            .is_some_and(|tx| tx.send(Ok(ControllerMessage { msg: Some(msg) })).is_ok())
     }
 
     /// How long `node` has been silent at `now`.

@@ -308,8 +308,14 @@ async fn submit_launch_end_and_account_then_restart() {
 
     let ctl = Controller::start(dir.path(), |_| {}).await;
     let mut jobs = ctl.jobs(&alice()).await;
-    assert_eq!(job(&mut jobs, id).await.unwrap().state, v1::JobState::Completed as i32);
-    assert_eq!(job(&mut jobs, id2).await.unwrap().state, v1::JobState::Running as i32);
+    assert_eq!(
+        job(&mut jobs, id).await.unwrap().state,
+        v1::JobState::Completed as i32
+    );
+    assert_eq!(
+        job(&mut jobs, id2).await.unwrap().state,
+        v1::JobState::Running as i32
+    );
     let w = FakeWorker::attach(&ctl, "n1", 4, vec![id2]).await;
     w.end(id2, 3).await;
     let j2 = wait_state(&mut jobs, id2, v1::JobState::Failed).await;
@@ -388,8 +394,14 @@ async fn users_cancel_only_their_own_jobs_and_bad_input_creates_nothing() {
                 as Box<dyn Fn(&mut v1::JobSpec)>,
             "partition",
         ),
-        (Box::new(|s: &mut v1::JobSpec| s.workdir = "relative".into()), "workdir"),
-        (Box::new(|s: &mut v1::JobSpec| s.array = "9-1".into()), "array"),
+        (
+            Box::new(|s: &mut v1::JobSpec| s.workdir = "relative".into()),
+            "workdir",
+        ),
+        (
+            Box::new(|s: &mut v1::JobSpec| s.array = "9-1".into()),
+            "array",
+        ),
     ] {
         let mut s = spec("bad");
         mutate(&mut s);

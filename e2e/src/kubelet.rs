@@ -43,8 +43,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
-use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::Instrument;
@@ -66,7 +66,12 @@ pub struct KubeletConfig {
 
 impl KubeletConfig {
     pub fn new(images: ImageTable) -> Self {
-        Self { images, root_dir: None, heartbeat: Duration::from_secs(10), backoff: Backoff::default() }
+        Self {
+            images,
+            root_dir: None,
+            heartbeat: Duration::from_secs(10),
+            backoff: Backoff::default(),
+        }
     }
 }
 
@@ -116,7 +121,10 @@ pub struct Kubelet {
 
 impl std::fmt::Debug for Kubelet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Kubelet").field("root", &self.root).field("log_addr", &self.log_addr).finish()
+        f.debug_struct("Kubelet")
+            .field("root", &self.root)
+            .field("log_addr", &self.log_addr)
+            .finish()
     }
 }
 
@@ -129,13 +137,21 @@ impl Kubelet {
                 let tmp = tempfile::Builder::new()
                     .prefix("tandem-kubelet-")
                     .tempdir()
-                    .map_err(|source| KubeletError::RootDir { path: std::env::temp_dir(), source })?;
+                    .map_err(|source| KubeletError::RootDir {
+                        path: std::env::temp_dir(),
+                        source,
+                    })?;
                 (tmp.path().to_owned(), Some(tmp))
             }
         };
-        std::fs::create_dir_all(&root).map_err(|source| KubeletError::RootDir { path: root.clone(), source })?;
+        std::fs::create_dir_all(&root).map_err(|source| KubeletError::RootDir {
+            path: root.clone(),
+            source,
+        })?;
         let logs = Arc::new(logs::LogStore::new(root.join("logs")));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(KubeletError::BindLogs)?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(KubeletError::BindLogs)?;
         let log_addr = listener.local_addr().map_err(KubeletError::BindLogs)?;
         let router = logs::router(logs.clone());
         let server = tokio::spawn(async move {
@@ -163,18 +179,33 @@ impl Kubelet {
 
     /// Registers a node, starts its heartbeat and begins running the pods bound to it.
     pub async fn add_node(&self, spec: NodeSpec) -> Result<(), KubeletError> {
-        let allocatable = spec
-            .allocatable()
-            .map_err(|(field, source)| KubeletError::InvalidNode { node: spec.name.clone(), field, source })?;
-        if self.tasks.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&spec.name) {
+        let allocatable =
+            spec.allocatable()
+                .map_err(|(field, source)| KubeletError::InvalidNode {
+                    node: spec.name.clone(),
+                    field,
+                    source,
+                })?;
+        if self
+            .tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&spec.name)
+        {
             return Err(KubeletError::DuplicateNode(spec.name.clone()));
         }
         let port = self.log_addr.port();
         let node_uid = node::register(&self.client, &spec, port)
             .await
-            .map_err(|source| KubeletError::RegisterNode { node: spec.name.clone(), source })?;
+            .map_err(|source| KubeletError::RegisterNode {
+                node: spec.name.clone(),
+                source,
+            })?;
         if let Err(e) = node::heartbeat(&self.client, &spec, &node_uid, port).await {
-            return Err(KubeletError::RegisterNode { node: spec.name.clone(), source: e });
+            return Err(KubeletError::RegisterNode {
+                node: spec.name.clone(),
+                source: e,
+            });
         }
         let ctx = Arc::new(pod::NodeCtx {
             client: self.client.clone(),
@@ -206,7 +237,10 @@ impl Kubelet {
             }
             .instrument(span),
         );
-        self.tasks.lock().unwrap_or_else(|e| e.into_inner()).insert(name, vec![pods, beat]);
+        self.tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name, vec![pods, beat]);
         Ok(())
     }
 
@@ -245,7 +279,9 @@ async fn watch_pods(ctx: Arc<pod::NodeCtx>) {
         match event {
             Ok(Event::Init) => relisted = Some(Default::default()),
             Ok(Event::InitApply(pod) | Event::Apply(pod)) => {
-                let Some(uid) = pod.metadata.uid.clone() else { continue };
+                let Some(uid) = pod.metadata.uid.clone() else {
+                    continue;
+                };
                 if let Some(seen) = relisted.as_mut() {
                     seen.insert(uid.clone());
                 }

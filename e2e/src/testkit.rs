@@ -17,9 +17,10 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::Resource;
 use kube::api::{Api, PostParams};
 use kube::runtime::watcher::{self, Event};
-use kube::Resource;
+use serde::Deserialize as _;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
@@ -37,8 +38,25 @@ pub enum TestkitError {
     Client(#[source] kube::Error),
     #[error("starting the process kubelet")]
     Kubelet(#[source] crate::kubelet::KubeletError),
-    #[error("declaring node {0}: this cluster has no process kubelet (KUBECONFIG points at a real cluster)")]
+    #[error(
+        "declaring node {0}: this cluster has no process kubelet (KUBECONFIG points at a real cluster)"
+    )]
     NoKubelet(String),
+    #[error("reading YAML document {index}")]
+    Yaml {
+        index: usize,
+        #[source]
+        source: serde_yaml::Error,
+    },
+    #[error("YAML document {index} has no apiVersion/kind")]
+    NoKind { index: usize },
+    #[error("creating {kind} {name} from YAML")]
+    Create {
+        kind: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("creating namespace {name}")]
     Namespace {
         name: String,
@@ -60,6 +78,7 @@ pub struct TestCluster {
 struct Local {
     // Field order is drop order: stop the kubelet (and its processes) before the server.
     kubelet: Kubelet,
+    kubelet_requests: RequestLog,
     server: apiserver::RunningServer,
 }
 
@@ -86,22 +105,47 @@ impl TestCluster {
     }
 
     pub async fn start_with(options: Options) -> Result<Self, TestkitError> {
+        init_tracing();
         let requests = RequestLog::default();
         if std::env::var_os("KUBECONFIG").is_some() {
             let config = kube::Config::from_kubeconfig(&kube::config::KubeConfigOptions::default())
                 .await
                 .map_err(TestkitError::Kubeconfig)?;
             let client = counted_client(config.clone(), &requests)?;
-            return Ok(Self { client, config, requests, local: None });
+            return Ok(Self {
+                client,
+                config,
+                requests,
+                local: None,
+            });
         }
-        let server = apiserver::Server::start(options.server).await.map_err(TestkitError::Server)?;
-        let uri = server.url().parse().map_err(|_| TestkitError::Server(apiserver::Error::BadUrl(server.url())))?;
+        let server = apiserver::Server::start(options.server)
+            .await
+            .map_err(TestkitError::Server)?;
+        let uri = server
+            .url()
+            .parse()
+            .map_err(|_| TestkitError::Server(apiserver::Error::BadUrl(server.url())))?;
         let config = kube::Config::new(uri);
         let client = counted_client(config.clone(), &requests)?;
-        // The kubelet gets its own client, so `requests` counts only what the test's code sends.
-        let kubelet_client = server.client().map_err(TestkitError::Server)?;
-        let kubelet = Kubelet::start(kubelet_client, options.kubelet).await.map_err(TestkitError::Kubelet)?;
-        Ok(Self { client, config, requests, local: Some(Local { kubelet, server }) })
+        // The kubelet gets its own client, so `requests` counts only what the test's code
+        // sends, and the kubelet's traffic can be checked on its own.
+        let kubelet_requests = RequestLog::default();
+        let kubelet_client = counted_client(config.clone(), &kubelet_requests)?;
+        let kubelet = Kubelet::start(kubelet_client, options.kubelet)
+            .await
+            .map_err(TestkitError::Kubelet)?;
+        let local = Local {
+            kubelet,
+            kubelet_requests,
+            server,
+        };
+        Ok(Self {
+            client,
+            config,
+            requests,
+            local: Some(local),
+        })
     }
 
     /// Starts a cluster for a test that needs the process kubelet; `None` (after printing
@@ -143,6 +187,11 @@ impl TestCluster {
         self.local.as_ref().map(|l| &l.kubelet)
     }
 
+    /// Every request the process kubelet sent, if it runs.
+    pub fn kubelet_requests(&self) -> Option<&RequestLog> {
+        self.local.as_ref().map(|l| &l.kubelet_requests)
+    }
+
     /// True if the process kubelet runs; otherwise prints why `test` is skipped.
     pub fn needs_process_kubelet(&self, test: &str) -> bool {
         if self.local.is_none() {
@@ -156,7 +205,13 @@ impl TestCluster {
 
     /// Declares a node served by the process kubelet: `cpu`/`memory` are quantities
     /// (`"4"`, `"8Gi"`), `gpus` the `nvidia.com/gpu` count.
-    pub async fn declare_node(&self, name: &str, cpu: &str, memory: &str, gpus: u32) -> Result<(), TestkitError> {
+    pub async fn declare_node(
+        &self,
+        name: &str,
+        cpu: &str,
+        memory: &str,
+        gpus: u32,
+    ) -> Result<(), TestkitError> {
         self.declare(NodeSpec::new(name, cpu, memory, gpus)).await
     }
 
@@ -165,7 +220,11 @@ impl TestCluster {
         let Some(local) = &self.local else {
             return Err(TestkitError::NoKubelet(spec.name));
         };
-        local.kubelet.add_node(spec).await.map_err(TestkitError::Kubelet)
+        local
+            .kubelet
+            .add_node(spec)
+            .await
+            .map_err(TestkitError::Kubelet)
     }
 
     /// Creates a namespace `{base}-{random}` so tests never collide on a shared cluster.
@@ -176,9 +235,80 @@ impl TestCluster {
             .map_err(|e| TestkitError::Client(kube::Error::SerdeError(e)))?;
         api.create(&PostParams::default(), &ns)
             .await
-            .map_err(|source| TestkitError::Namespace { name: name.clone(), source })?;
+            .map_err(|source| TestkitError::Namespace {
+                name: name.clone(),
+                source,
+            })?;
         Ok(name)
     }
+}
+
+/// Parses a multi-document YAML manifest (an `examples/` file, a rendered chart) into
+/// objects; empty documents are skipped.
+pub fn objects_from_yaml(text: &str) -> Result<Vec<kube::api::DynamicObject>, TestkitError> {
+    let mut out = Vec::new();
+    for (index, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let value = serde_yaml::Value::deserialize(doc)
+            .map_err(|source| TestkitError::Yaml { index, source })?;
+        if value.is_null() {
+            continue;
+        }
+        let obj: kube::api::DynamicObject =
+            serde_yaml::from_value(value).map_err(|source| TestkitError::Yaml { index, source })?;
+        if obj.types.is_none() {
+            return Err(TestkitError::NoKind { index });
+        }
+        out.push(obj);
+    }
+    Ok(out)
+}
+
+/// Creates every object of a manifest, in order, finding each kind through discovery (as
+/// `kubectl create -f` does). Namespaced objects without a namespace go to `namespace`.
+pub async fn create_all(
+    client: &kube::Client,
+    namespace: &str,
+    objects: &[kube::api::DynamicObject],
+) -> Result<Vec<kube::api::DynamicObject>, TestkitError> {
+    let mut created = Vec::new();
+    for (index, obj) in objects.iter().enumerate() {
+        let types = obj.types.as_ref().ok_or(TestkitError::NoKind { index })?;
+        let gvk = kube::api::GroupVersionKind::try_from(types)
+            .map_err(|_| TestkitError::NoKind { index })?;
+        let name = obj.metadata.name.clone().unwrap_or_default();
+        let fail = |source| TestkitError::Create {
+            kind: gvk.kind.clone(),
+            name: name.clone(),
+            source,
+        };
+        let (ar, caps) = kube::discovery::pinned_kind(client, &gvk)
+            .await
+            .map_err(fail)?;
+        let api: Api<kube::api::DynamicObject> = match caps.scope {
+            kube::discovery::Scope::Cluster => Api::all_with(client.clone(), &ar),
+            kube::discovery::Scope::Namespaced => {
+                let ns = obj.metadata.namespace.as_deref().unwrap_or(namespace);
+                Api::namespaced_with(client.clone(), ns, &ar)
+            }
+        };
+        created.push(
+            api.create(&PostParams::default(), obj)
+                .await
+                .map_err(fail)?,
+        );
+    }
+    Ok(created)
+}
+
+/// Logs to the test's captured output, filtered by `RUST_LOG` (nothing when unset), so
+/// a failing test shows what the kubelet and the server did.
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
 }
 
 /// Prints `SKIP <test>: <why>` to the terminal, bypassing libtest's output capture.
@@ -237,14 +367,24 @@ where
 
 /// Waits until `name` is gone and returns the last version seen before it went (what
 /// the deleting party wrote last), if any was seen.
-pub async fn wait_for_deletion<K>(api: &Api<K>, name: &str, timeout: Duration) -> Result<Option<K>, WaitError>
+pub async fn wait_for_deletion<K>(
+    api: &Api<K>,
+    name: &str,
+    timeout: Duration,
+) -> Result<Option<K>, WaitError>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + serde::Serialize + 'static,
     K::DynamicType: Default,
 {
     match observe(api, name, timeout, |o| o.is_none()).await {
         (true, last) => Ok(last),
-        (false, last) => Err(wait_error::<K>(name, "to be deleted", timeout, last.as_ref(), true)),
+        (false, last) => Err(wait_error::<K>(
+            name,
+            "to be deleted",
+            timeout,
+            last.as_ref(),
+            true,
+        )),
     }
 }
 
@@ -259,7 +399,9 @@ where
     K::DynamicType: Default,
 {
     let last = match last {
-        Some(obj) => serde_json::to_string_pretty(obj).unwrap_or_else(|e| format!("<unprintable: {e}>")),
+        Some(obj) => {
+            serde_json::to_string_pretty(obj).unwrap_or_else(|e| format!("<unprintable: {e}>"))
+        }
         None if exists => "<never seen>".into(),
         None => "<not found (never seen, or deleted)>".into(),
     };
@@ -274,7 +416,12 @@ where
 
 /// Watches one object; `done` sees `Some(current)` or `None` once it is gone. Returns
 /// whether `done` held, and the last version seen.
-async fn observe<K>(api: &Api<K>, name: &str, timeout: Duration, done: impl Fn(Option<&K>) -> bool) -> (bool, Option<K>)
+async fn observe<K>(
+    api: &Api<K>,
+    name: &str,
+    timeout: Duration,
+    done: impl Fn(Option<&K>) -> bool,
+) -> (bool, Option<K>)
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
@@ -316,7 +463,12 @@ where
 
 /// Polls the pod's log (through the API server's `log` subresource) until it contains
 /// `needle`; returns the whole log.
-pub async fn wait_for_log(pods: &Api<Pod>, name: &str, needle: &str, timeout: Duration) -> Result<String, WaitError> {
+pub async fn wait_for_log(
+    pods: &Api<Pod>,
+    name: &str,
+    needle: &str,
+    timeout: Duration,
+) -> Result<String, WaitError> {
     let deadline = Instant::now() + timeout;
     let mut last = String::from("<no log read yet>");
     while Instant::now() < deadline {
@@ -401,13 +553,19 @@ impl PodFixture {
     }
 
     pub fn env(mut self, name: &str, value: &str) -> Self {
-        push(&mut self.main()["env"], json!({"name": name, "value": value}));
+        push(
+            &mut self.main()["env"],
+            json!({"name": name, "value": value}),
+        );
         self
     }
 
     /// An env var from the downward API (`spec.nodeName`, `metadata.name`, ...).
     pub fn env_field(mut self, name: &str, field_path: &str) -> Self {
-        push(&mut self.main()["env"], json!({"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}));
+        push(
+            &mut self.main()["env"],
+            json!({"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}),
+        );
         self
     }
 
@@ -479,7 +637,10 @@ pub fn exit_code(pod: &Pod) -> Option<i32> {
 
 /// The pod's phase, or `""`.
 pub fn phase(pod: &Pod) -> &str {
-    pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("")
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("")
 }
 
 // === request counting ===
@@ -530,11 +691,14 @@ impl RequestLog {
     }
 
     fn record(&self, method: &str, path: String) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(RequestRecord {
-            at: Instant::now(),
-            method: method.to_owned(),
-            path,
-        });
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(RequestRecord {
+                at: Instant::now(),
+                method: method.to_owned(),
+                path,
+            });
     }
 }
 
@@ -546,7 +710,10 @@ impl<S> tower::Layer<S> for CountLayer {
     type Service = Counted<S>;
 
     fn layer(&self, inner: S) -> Counted<S> {
-        Counted { inner, log: self.0.clone() }
+        Counted {
+            inner,
+            log: self.0.clone(),
+        }
     }
 }
 
@@ -570,7 +737,10 @@ where
     }
 
     fn call(&mut self, req: axum::http::Request<B>) -> Self::Future {
-        let path = req.uri().path_and_query().map_or_else(|| req.uri().to_string(), |p| p.to_string());
+        let path = req
+            .uri()
+            .path_and_query()
+            .map_or_else(|| req.uri().to_string(), |p| p.to_string());
         self.log.record(req.method().as_str(), path);
         self.inner.call(req)
     }
@@ -583,5 +753,8 @@ fn counted_client(config: kube::Config, log: &RequestLog) -> Result<kube::Client
 
 /// Labels as a map, for fixtures that take them.
 pub fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
 }

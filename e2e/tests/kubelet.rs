@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
-use tandem_e2e::testkit::{self, PodFixture, TestCluster, exit_code, phase, wait_for, wait_for_deletion, wait_for_log};
+use tandem_e2e::testkit::{
+    self, PodFixture, TestCluster, exit_code, phase, wait_for, wait_for_deletion, wait_for_log,
+};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -16,26 +18,59 @@ async fn cluster(test: &str) -> Option<(TestCluster, Api<Pod>)> {
     Some((cluster, pods))
 }
 
-fn condition<'a>(pod: &'a Pod, type_: &str) -> Option<&'a k8s_openapi::api::core::v1::PodCondition> {
-    pod.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == type_)
+fn condition<'a>(
+    pod: &'a Pod,
+    type_: &str,
+) -> Option<&'a k8s_openapi::api::core::v1::PodCondition> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
 }
 
 #[tokio::test]
 async fn failing_pod_reports_exit_code_and_logs_its_node_name() {
-    let Some((cluster, pods)) = cluster("failing_pod_reports_exit_code_and_logs_its_node_name").await else { return };
+    let Some((cluster, pods)) =
+        cluster("failing_pod_reports_exit_code_and_logs_its_node_name").await
+    else {
+        return;
+    };
     cluster.declare_node("node-a", "4", "8Gi", 0).await.unwrap();
-    let pod = PodFixture::new("echo-node").node("node-a").env_field("NODE", "spec.nodeName").sh("echo $NODE; exit 3");
-    pods.create(&PostParams::default(), &pod.build()).await.unwrap();
+    let pod = PodFixture::new("echo-node")
+        .node("node-a")
+        .env_field("NODE", "spec.nodeName")
+        .sh("echo $NODE; exit 3");
+    pods.create(&PostParams::default(), &pod.build())
+        .await
+        .unwrap();
 
-    let done = wait_for(&pods, "echo-node", "to fail", WAIT, |p| phase(p) == "Failed").await.unwrap();
+    let done = wait_for(&pods, "echo-node", "to fail", WAIT, |p| {
+        phase(p) == "Failed"
+    })
+    .await
+    .unwrap();
     assert_eq!(exit_code(&done), Some(3));
-    let status = &done.status.as_ref().unwrap().container_statuses.as_ref().unwrap()[0];
+    let status = &done
+        .status
+        .as_ref()
+        .unwrap()
+        .container_statuses
+        .as_ref()
+        .unwrap()[0];
     let terminated = status.state.as_ref().unwrap().terminated.as_ref().unwrap();
     assert_eq!(terminated.reason.as_deref(), Some("Error"));
     assert!(terminated.started_at.is_some() && terminated.finished_at.is_some());
     let ready = condition(&done, "Ready").unwrap();
-    assert_eq!((ready.status.as_str(), ready.reason.as_deref()), ("False", Some("PodCompleted")));
-    assert_eq!(done.status.as_ref().unwrap().pod_ip.as_deref(), Some("127.0.0.1"));
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_deref()),
+        ("False", Some("PodCompleted"))
+    );
+    assert_eq!(
+        done.status.as_ref().unwrap().pod_ip.as_deref(),
+        Some("127.0.0.1")
+    );
 
     let logs = pods.logs("echo-node", &LogParams::default()).await.unwrap();
     assert_eq!(logs, "node-a\n");
@@ -43,7 +78,10 @@ async fn failing_pod_reports_exit_code_and_logs_its_node_name() {
 
 #[tokio::test]
 async fn running_pod_has_ready_conditions_and_downward_env() {
-    let Some((cluster, pods)) = cluster("running_pod_has_ready_conditions_and_downward_env").await else { return };
+    let Some((cluster, pods)) = cluster("running_pod_has_ready_conditions_and_downward_env").await
+    else {
+        return;
+    };
     cluster.declare_node("node-a", "4", "8Gi", 0).await.unwrap();
     let pod = PodFixture::new("envy")
         .node("node-a")
@@ -55,7 +93,9 @@ async fn running_pod_has_ready_conditions_and_downward_env() {
         .env_field("IP", "status.podIP")
         .env_field("TEAM", "metadata.labels['team']")
         .sh("echo \"$SAID $POD $NS $IP $TEAM\"; exec sleep 30");
-    pods.create(&PostParams::default(), &pod.build()).await.unwrap();
+    pods.create(&PostParams::default(), &pod.build())
+        .await
+        .unwrap();
 
     let running = wait_for(&pods, "envy", "to be ready", WAIT, |p| {
         condition(p, "Ready").is_some_and(|c| c.status == "True")
@@ -64,19 +104,59 @@ async fn running_pod_has_ready_conditions_and_downward_env() {
     .unwrap();
     assert_eq!(phase(&running), "Running");
     for type_ in ["Initialized", "ContainersReady", "PodScheduled"] {
-        assert_eq!(condition(&running, type_).map(|c| c.status.as_str()), Some("True"), "{type_}");
+        assert_eq!(
+            condition(&running, type_).map(|c| c.status.as_str()),
+            Some("True"),
+            "{type_}"
+        );
     }
-    let cs = &running.status.as_ref().unwrap().container_statuses.as_ref().unwrap()[0];
-    assert!(cs.ready && cs.state.as_ref().unwrap().running.as_ref().unwrap().started_at.is_some());
+    let cs = &running
+        .status
+        .as_ref()
+        .unwrap()
+        .container_statuses
+        .as_ref()
+        .unwrap()[0];
+    assert!(
+        cs.ready
+            && cs
+                .state
+                .as_ref()
+                .unwrap()
+                .running
+                .as_ref()
+                .unwrap()
+                .started_at
+                .is_some()
+    );
     let logs = wait_for_log(&pods, "envy", "\n", WAIT).await.unwrap();
     assert_eq!(logs, "hi there envy default 127.0.0.1 ml\n");
+
+    // A running pod costs the kubelet nothing: no status rewrites, no polling.
+    let kubelet = cluster.kubelet_requests().unwrap();
+    let quiet_from = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // (Node heartbeats every 10 s are expected; pod traffic is not.)
+    let idle: Vec<_> = kubelet
+        .since(quiet_from)
+        .into_iter()
+        .filter(|r| r.path.contains("/pods"))
+        .collect();
+    assert!(
+        idle.is_empty(),
+        "kubelet pod requests while the pod just ran: {idle:?}"
+    );
 }
 
 /// A container that traps SIGTERM exits at once; one that ignores it is SIGKILLed when the
 /// grace period ends. Either way the kubelet writes the final status, then removes the pod.
 #[tokio::test]
 async fn deletion_sends_sigterm_then_sigkill_after_the_grace_period() {
-    let Some((cluster, pods)) = cluster("deletion_sends_sigterm_then_sigkill_after_the_grace_period").await else { return };
+    let Some((cluster, pods)) =
+        cluster("deletion_sends_sigterm_then_sigkill_after_the_grace_period").await
+    else {
+        return;
+    };
     cluster.declare_node("node-a", "4", "8Gi", 0).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mark = dir.path().join("got-term");
@@ -84,71 +164,150 @@ async fn deletion_sends_sigterm_then_sigkill_after_the_grace_period() {
         .node("node-a")
         .grace(10)
         .env("MARK", mark.to_str().unwrap())
-        .sh("trap 'echo term > \"$MARK\"; exit 0' TERM; echo ready; while true; do sleep 0.1; done");
+        .sh(
+            "trap 'echo term > \"$MARK\"; exit 0' TERM; echo ready; while true; do sleep 0.1; done",
+        );
     let ignore = PodFixture::new("ignores-term")
         .node("node-a")
         .grace(2)
         .sh("trap '' TERM; echo ready; while true; do sleep 0.1; done");
-    pods.create(&PostParams::default(), &trap.build()).await.unwrap();
-    pods.create(&PostParams::default(), &ignore.build()).await.unwrap();
-    wait_for_log(&pods, "traps-term", "ready", WAIT).await.unwrap();
-    wait_for_log(&pods, "ignores-term", "ready", WAIT).await.unwrap();
+    pods.create(&PostParams::default(), &trap.build())
+        .await
+        .unwrap();
+    pods.create(&PostParams::default(), &ignore.build())
+        .await
+        .unwrap();
+    wait_for_log(&pods, "traps-term", "ready", WAIT)
+        .await
+        .unwrap();
+    wait_for_log(&pods, "ignores-term", "ready", WAIT)
+        .await
+        .unwrap();
 
     let began = Instant::now();
-    pods.delete("traps-term", &DeleteParams::default()).await.unwrap();
-    let last = wait_for_deletion(&pods, "traps-term", WAIT).await.unwrap().unwrap();
+    pods.delete("traps-term", &DeleteParams::default())
+        .await
+        .unwrap();
+    let last = wait_for_deletion(&pods, "traps-term", WAIT)
+        .await
+        .unwrap()
+        .unwrap();
     let took = began.elapsed();
-    assert!(took < Duration::from_secs(5), "a trapping pod ends well inside its 10 s grace, took {took:?}");
-    assert_eq!(std::fs::read_to_string(&mark).unwrap(), "term\n", "the trap ran");
+    assert!(
+        took < Duration::from_secs(5),
+        "a trapping pod ends well inside its 10 s grace, took {took:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&mark).unwrap(),
+        "term\n",
+        "the trap ran"
+    );
     assert_eq!(exit_code(&last), Some(0));
     assert_eq!(phase(&last), "Succeeded");
 
     let began = Instant::now();
-    pods.delete("ignores-term", &DeleteParams::default()).await.unwrap();
-    let last = wait_for_deletion(&pods, "ignores-term", WAIT).await.unwrap().unwrap();
+    pods.delete("ignores-term", &DeleteParams::default())
+        .await
+        .unwrap();
+    let last = wait_for_deletion(&pods, "ignores-term", WAIT)
+        .await
+        .unwrap()
+        .unwrap();
     let took = began.elapsed();
-    assert!(took >= Duration::from_millis(1900), "SIGKILL came before the 2 s grace ended: {took:?}");
-    assert!(took < Duration::from_secs(8), "SIGKILL came long after the grace period: {took:?}");
+    assert!(
+        took >= Duration::from_millis(1900),
+        "SIGKILL came before the 2 s grace ended: {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(8),
+        "SIGKILL came long after the grace period: {took:?}"
+    );
     assert_eq!(exit_code(&last), Some(137), "killed by SIGKILL");
     assert_eq!(phase(&last), "Failed");
 }
 
 #[tokio::test]
 async fn gpu_request_beyond_free_allocatable_fails_with_out_of_nvidia_gpu() {
-    let Some((cluster, pods)) = cluster("gpu_request_beyond_free_allocatable_fails_with_out_of_nvidia_gpu").await else { return };
-    cluster.declare_node("gpu-01", "8", "32Gi", 2).await.unwrap();
-    let holder = PodFixture::new("holder").node("gpu-01").gpus(2).sh("exec sleep 30");
-    pods.create(&PostParams::default(), &holder.build()).await.unwrap();
-    wait_for(&pods, "holder", "to run", WAIT, |p| phase(p) == "Running").await.unwrap();
+    let Some((cluster, pods)) =
+        cluster("gpu_request_beyond_free_allocatable_fails_with_out_of_nvidia_gpu").await
+    else {
+        return;
+    };
+    cluster
+        .declare_node("gpu-01", "8", "32Gi", 2)
+        .await
+        .unwrap();
+    let holder = PodFixture::new("holder")
+        .node("gpu-01")
+        .gpus(2)
+        .sh("exec sleep 30");
+    pods.create(&PostParams::default(), &holder.build())
+        .await
+        .unwrap();
+    wait_for(&pods, "holder", "to run", WAIT, |p| phase(p) == "Running")
+        .await
+        .unwrap();
 
-    let late = PodFixture::new("late").node("gpu-01").gpus(1).sh("echo should not run");
-    pods.create(&PostParams::default(), &late.build()).await.unwrap();
-    let rejected = wait_for(&pods, "late", "to be rejected", WAIT, |p| phase(p) == "Failed").await.unwrap();
+    let late = PodFixture::new("late")
+        .node("gpu-01")
+        .gpus(1)
+        .sh("echo should not run");
+    pods.create(&PostParams::default(), &late.build())
+        .await
+        .unwrap();
+    let rejected = wait_for(&pods, "late", "to be rejected", WAIT, |p| {
+        phase(p) == "Failed"
+    })
+    .await
+    .unwrap();
     let status = rejected.status.as_ref().unwrap();
     assert_eq!(status.reason.as_deref(), Some("OutOfnvidia.com/gpu"));
     assert_eq!(
         status.message.as_deref(),
-        Some("Pod was rejected: Node didn't have enough resource: nvidia.com/gpu, requested: 1, used: 2, capacity: 2")
+        Some(
+            "Pod was rejected: Node didn't have enough resource: nvidia.com/gpu, requested: 1, used: 2, capacity: 2"
+        )
     );
     let events: Api<Event> = Api::namespaced(cluster.client(), "default");
     let events = events.list(&ListParams::default()).await.unwrap();
     assert!(
-        events.items.iter().any(|e| e.reason.as_deref() == Some("OutOfnvidia.com/gpu")
-            && e.involved_object.name.as_deref() == Some("late")),
+        events
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("OutOfnvidia.com/gpu")
+                && e.involved_object.name.as_deref() == Some("late")),
         "a Warning event names the rejection"
     );
 
     // The GPUs come back when the holder goes.
-    pods.delete("holder", &DeleteParams { grace_period_seconds: Some(1), ..DeleteParams::default() }).await.unwrap();
+    pods.delete(
+        "holder",
+        &DeleteParams {
+            grace_period_seconds: Some(1),
+            ..DeleteParams::default()
+        },
+    )
+    .await
+    .unwrap();
     wait_for_deletion(&pods, "holder", WAIT).await.unwrap();
     let next = PodFixture::new("next").node("gpu-01").gpus(2).sh("exit 0");
-    pods.create(&PostParams::default(), &next.build()).await.unwrap();
-    wait_for(&pods, "next", "to succeed", WAIT, |p| phase(p) == "Succeeded").await.unwrap();
+    pods.create(&PostParams::default(), &next.build())
+        .await
+        .unwrap();
+    wait_for(&pods, "next", "to succeed", WAIT, |p| {
+        phase(p) == "Succeeded"
+    })
+    .await
+    .unwrap();
 }
 
 #[tokio::test]
 async fn on_failure_restarts_with_backoff_and_keeps_the_previous_log() {
-    let Some((cluster, pods)) = cluster("on_failure_restarts_with_backoff_and_keeps_the_previous_log").await else { return };
+    let Some((cluster, pods)) =
+        cluster("on_failure_restarts_with_backoff_and_keeps_the_previous_log").await
+    else {
+        return;
+    };
     cluster.declare_node("node-a", "4", "8Gi", 0).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let counter = dir.path().join("n");
@@ -157,27 +316,63 @@ async fn on_failure_restarts_with_backoff_and_keeps_the_previous_log() {
         .restart("OnFailure")
         .env("F", counter.to_str().unwrap())
         .sh("n=$(cat \"$F\" 2>/dev/null || echo 0); n=$((n+1)); echo $n > \"$F\"; echo attempt $n; [ $n -ge 3 ]");
-    pods.create(&PostParams::default(), &pod.build()).await.unwrap();
+    pods.create(&PostParams::default(), &pod.build())
+        .await
+        .unwrap();
 
-    let done = wait_for(&pods, "flaky", "to succeed on its third try", WAIT, |p| phase(p) == "Succeeded").await.unwrap();
-    let cs = &done.status.as_ref().unwrap().container_statuses.as_ref().unwrap()[0];
+    let done = wait_for(&pods, "flaky", "to succeed on its third try", WAIT, |p| {
+        phase(p) == "Succeeded"
+    })
+    .await
+    .unwrap();
+    let cs = &done
+        .status
+        .as_ref()
+        .unwrap()
+        .container_statuses
+        .as_ref()
+        .unwrap()[0];
     assert_eq!(cs.restart_count, 2);
-    assert_eq!(cs.last_state.as_ref().unwrap().terminated.as_ref().unwrap().exit_code, 1);
-    assert_eq!(pods.logs("flaky", &LogParams::default()).await.unwrap(), "attempt 3\n");
-    let previous = LogParams { previous: true, ..LogParams::default() };
+    assert_eq!(
+        cs.last_state
+            .as_ref()
+            .unwrap()
+            .terminated
+            .as_ref()
+            .unwrap()
+            .exit_code,
+        1
+    );
+    assert_eq!(
+        pods.logs("flaky", &LogParams::default()).await.unwrap(),
+        "attempt 3\n"
+    );
+    let previous = LogParams {
+        previous: true,
+        ..LogParams::default()
+    };
     assert_eq!(pods.logs("flaky", &previous).await.unwrap(), "attempt 2\n");
 }
 
 #[tokio::test]
 async fn unknown_image_waits_in_image_pull_back_off() {
-    let Some((cluster, pods)) = cluster("unknown_image_waits_in_image_pull_back_off").await else { return };
+    let Some((cluster, pods)) = cluster("unknown_image_waits_in_image_pull_back_off").await else {
+        return;
+    };
     cluster.declare_node("node-a", "4", "8Gi", 0).await.unwrap();
-    let pod = PodFixture::new("nope").node("node-a").image("example.com/no-such-image:1").sh("true");
-    pods.create(&PostParams::default(), &pod.build()).await.unwrap();
+    let pod = PodFixture::new("nope")
+        .node("node-a")
+        .image("example.com/no-such-image:1")
+        .sh("true");
+    pods.create(&PostParams::default(), &pod.build())
+        .await
+        .unwrap();
     let waiting = wait_for(&pods, "nope", "to back off pulling", WAIT, |p| {
-        let reason = p.status.as_ref().and_then(|s| s.container_statuses.as_ref()).and_then(|cs| {
-            cs[0].state.as_ref()?.waiting.as_ref()?.reason.clone()
-        });
+        let reason = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|cs| cs[0].state.as_ref()?.waiting.as_ref()?.reason.clone());
         reason.as_deref() == Some("ImagePullBackOff")
     })
     .await
@@ -190,21 +385,150 @@ async fn unknown_image_waits_in_image_pull_back_off() {
 
 #[tokio::test]
 async fn declaring_a_node_registers_it_ready_with_a_lease() {
-    let Some((cluster, _)) = cluster("declaring_a_node_registers_it_ready_with_a_lease").await else { return };
+    let Some((cluster, _)) = cluster("declaring_a_node_registers_it_ready_with_a_lease").await
+    else {
+        return;
+    };
     cluster
-        .declare(tandem_e2e::kubelet::NodeSpec::new("gpu-07", "16", "64Gi", 8).label("pool", "train"))
+        .declare(
+            tandem_e2e::kubelet::NodeSpec::new("gpu-07", "16", "64Gi", 8).label("pool", "train"),
+        )
         .await
         .unwrap();
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cluster.client());
     let node = nodes.get("gpu-07").await.unwrap();
     let status = node.status.unwrap();
-    assert_eq!(status.allocatable.as_ref().unwrap()["nvidia.com/gpu"].0, "8");
-    let ready = status.conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(
+        status.allocatable.as_ref().unwrap()["nvidia.com/gpu"].0,
+        "8"
+    );
+    let ready = status
+        .conditions
+        .unwrap()
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
     assert_eq!(ready.status, "True");
     assert_eq!(node.metadata.labels.unwrap()["pool"], "train");
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(cluster.client(), "kube-node-lease");
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(cluster.client(), "kube-node-lease");
     let lease = leases.get("gpu-07").await.unwrap();
-    assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some("gpu-07"));
-    assert!(cluster.declare_node("gpu-07", "1", "1Gi", 0).await.is_err(), "a node is declared once");
+    assert_eq!(
+        lease.spec.unwrap().holder_identity.as_deref(),
+        Some("gpu-07")
+    );
+    assert!(
+        cluster.declare_node("gpu-07", "1", "1Gi", 0).await.is_err(),
+        "a node is declared once"
+    );
     let _ = testkit::tandem_bin(); // exercised by the image table; may be None before `cargo build --bins`
+}
+
+#[tokio::test]
+async fn init_containers_run_first_and_yaml_manifests_create_pods() {
+    let Some((cluster, pods)) =
+        cluster("init_containers_run_first_and_yaml_manifests_create_pods").await
+    else {
+        return;
+    };
+    cluster.declare_node("node-a", "4", "8Gi", 0).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("handoff");
+    let manifest = format!(
+        r#"
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: staged
+spec:
+  nodeName: node-a
+  restartPolicy: Never
+  initContainers:
+  - name: prepare
+    image: busybox:1.36
+    command: ["sh", "-c", "echo prepared > {shared}"]
+  containers:
+  - name: main
+    image: docker.io/library/busybox
+    command: ["sh", "-c", "cat {shared}"]
+"#,
+        shared = shared.display()
+    );
+    let objects = testkit::objects_from_yaml(&manifest).unwrap();
+    assert_eq!(objects.len(), 1, "the empty leading document is skipped");
+    testkit::create_all(&cluster.client(), "default", &objects)
+        .await
+        .unwrap();
+    let done = wait_for(&pods, "staged", "to succeed", WAIT, |p| {
+        phase(p) == "Succeeded"
+    })
+    .await
+    .unwrap();
+    let init = &done
+        .status
+        .as_ref()
+        .unwrap()
+        .init_container_statuses
+        .as_ref()
+        .unwrap()[0];
+    assert_eq!(
+        init.state
+            .as_ref()
+            .unwrap()
+            .terminated
+            .as_ref()
+            .unwrap()
+            .reason
+            .as_deref(),
+        Some("Completed")
+    );
+    let main = LogParams {
+        container: Some("main".into()),
+        ..LogParams::default()
+    };
+    assert_eq!(pods.logs("staged", &main).await.unwrap(), "prepared\n");
+}
+
+#[tokio::test]
+async fn always_restarts_even_after_success_and_stays_running() {
+    let Some((cluster, pods)) =
+        cluster("always_restarts_even_after_success_and_stays_running").await
+    else {
+        return;
+    };
+    cluster.declare_node("node-a", "4", "8Gi", 0).await.unwrap();
+    let pod = PodFixture::new("loop")
+        .node("node-a")
+        .restart("Always")
+        .sh("echo run; exit 0");
+    pods.create(&PostParams::default(), &pod.build())
+        .await
+        .unwrap();
+    let restarted = wait_for(&pods, "loop", "to restart twice", WAIT, |p| {
+        let cs = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref());
+        cs.is_some_and(|cs| cs[0].restart_count >= 2)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        phase(&restarted),
+        "Running",
+        "an Always pod never finishes on its own"
+    );
+    let cs = &restarted
+        .status
+        .as_ref()
+        .unwrap()
+        .container_statuses
+        .as_ref()
+        .unwrap()[0];
+    let last = cs.last_state.as_ref().unwrap().terminated.as_ref().unwrap();
+    assert_eq!(last.reason.as_deref(), Some("Completed"));
+    // Back-off keeps the kubelet's traffic low even for a pod that exits at once.
+    let sent = cluster.kubelet_requests().unwrap().max_per_second();
+    assert!(sent < 30, "kubelet sent {sent} requests in one second");
 }

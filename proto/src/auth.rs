@@ -215,9 +215,7 @@ impl ClusterKey {
     pub fn verify_metadata(&self, meta: &MetadataMap) -> Result<Identity, TokenError> {
         let value = meta.get(AUTH_HEADER).ok_or(TokenError::Missing)?;
         let value = value.to_str().map_err(|_| TokenError::NotBearer)?;
-        let token = value
-            .strip_prefix("Bearer ")
-            .ok_or(TokenError::NotBearer)?;
+        let token = value.strip_prefix("Bearer ").ok_or(TokenError::NotBearer)?;
         self.verify(token.trim())
     }
 }
@@ -482,10 +480,7 @@ mod tests {
         assert_eq!(again.bytes, k.bytes);
         // A second load_or_create keeps the existing key.
         assert_eq!(ClusterKey::load_or_create(&path).unwrap().bytes, k.bytes);
-        assert!(matches!(
-            k.write_new(&path),
-            Err(KeyError::Write { .. })
-        ));
+        assert!(matches!(k.write_new(&path), Err(KeyError::Write { .. })));
 
         fs::set_permissions(&path, fs::Permissions::from_mode(0o640)).unwrap();
         let err = ClusterKey::load(&path).unwrap_err();

@@ -25,6 +25,11 @@ pub const ENV_CONTROLLER: &str = "TANDEM_CONTROLLER";
 pub const ENV_KEY_FILE: &str = "TANDEM_KEY_FILE";
 pub const DEFAULT_CLUSTER_NAME: &str = "tandem";
 
+/// Largest response a client should accept. tonic's default (4 MiB) is too small for
+/// `ListJobs` over ~35,000 jobs; pass this to `.max_decoding_message_size(..)` on clients
+/// that list jobs, nodes or accounting records.
+pub const MAX_RESPONSE_BYTES: usize = 1 << 30;
+
 /// A channel whose every request carries a signed token. Wrap it in any generated client:
 /// `JobsClient::new(channel.clone())`.
 pub type AuthChannel = InterceptedService<Channel, ClientAuth>;

@@ -414,6 +414,9 @@ pub struct ArrayState {
     pub cancelled: u64,
     /// Tasks that ended COMPLETED.
     pub ok: u64,
+    /// When the latest task started (`after:ARRAY+MIN` counts from it).
+    #[serde(default)]
+    pub last_start: Option<i64>,
 }
 
 impl ArrayState {

@@ -113,13 +113,13 @@ impl Planner<'_> {
     }
 
     /// Finds the earliest common start of the request and reserves its nodes then. Returns
-    /// the start time, or `None` when no start was found (e.g. nodes held by jobs without a
+    /// the start time and nodes, or `None` when no start was found (e.g. nodes held by jobs without a
     /// time limit).
-    pub(crate) fn reserve(&mut self, req: &Request<'_>) -> Option<i64> {
+    pub(crate) fn reserve(&mut self, req: &Request<'_>) -> Option<(i64, Vec<NodeId>)> {
         if req.required.is_empty() {
             let (cands, complete) = self.k_earliest(req);
-            if let Some(t) = self.settle(req, &[], cands) {
-                return Some(t);
+            if let Some(found) = self.settle(req, &[], cands) {
+                return Some(found);
             }
             if complete {
                 return None;
@@ -151,7 +151,12 @@ impl Planner<'_> {
         let k = req.shape.nodes as usize;
         let mut best: BinaryHeap<(i64, NodeId)> = BinaryHeap::with_capacity(k + 1);
         let mut complete = true;
-        for &(lb, n) in &self.lb_order[req.part] {
+        let order = if req.shape.per_node.gpus > 0 {
+            &self.lb_order_gpu
+        } else {
+            &self.lb_order_cpu
+        };
+        for &(lb, n) in &order[req.part] {
             if best.len() == k && best.peek().is_some_and(|(e, _)| lb >= *e) {
                 complete = false;
                 break;
@@ -176,7 +181,7 @@ impl Planner<'_> {
         req: &Request<'_>,
         required_fit: &[(i64, NodeId)],
         mut cands: Vec<(i64, NodeId)>,
-    ) -> Option<i64> {
+    ) -> Option<(i64, Vec<NodeId>)> {
         let k = req.shape.nodes as usize;
         if required_fit.len() + cands.len() < k {
             return None;
@@ -235,7 +240,7 @@ impl Planner<'_> {
                         whole: req.shape.exclusive,
                     });
                 }
-                return Some(t);
+                return Some((t, chosen));
             }
             // Try the next time any candidate's situation changes.
             let next = cands

@@ -22,7 +22,6 @@ use crate::dependency::DepStatus;
 use crate::effect::Preempt;
 use crate::job::{Hold, Job, JobState, KillReason, Reason};
 use crate::partition::PartitionState;
-use crate::priority::{PriorityContext, PriorityInput};
 use crate::select::{Planner, Request};
 use crate::state::State;
 use crate::{JobId, NodeId};
@@ -33,7 +32,19 @@ use crate::{JobId, NodeId};
 pub struct Plan {
     pub starts: Vec<Start>,
     pub preemptions: Vec<Preempt>,
+    /// Blocked jobs that hold a reservation: their expected start (squeue `--start`'s
+    /// START_TIME) and the nodes set aside for them. Recomputed every pass.
+    pub reservations: Vec<Reservation>,
     pub stats: PassStats,
+}
+
+/// A blocked job's reserved start.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reservation {
+    /// For an array, the meta's id (the next task to start).
+    pub job: JobId,
+    pub start: i64,
+    pub nodes: Vec<NodeId>,
 }
 
 /// A job to launch. For an array task, `job` is the task's own new id.
@@ -139,7 +150,11 @@ pub fn schedule_observed(st: &mut State, now: i64, obs: &mut impl PassObserver) 
     }
     stats.eligible = eligible.len();
     for id in &newly_eligible {
-        st.with_job(*id, |j| j.eligible_time = Some(now));
+        // Eligibility feeds no index: set it in place and record the change.
+        if let Some(j) = st.jobs.get_mut(id) {
+            j.eligible_time = Some(now);
+            st.changes.jobs.insert(*id);
+        }
     }
 
     // 2. order
@@ -163,6 +178,7 @@ pub fn schedule_observed(st: &mut State, now: i64, obs: &mut impl PassObserver) 
     obs.phase(Phase::Place);
     let mut decisions: Vec<Decision> = Vec::new();
     let mut blocked: Vec<(JobId, usize)> = Vec::new();
+    let mut reservations: Vec<Reservation> = Vec::new();
     {
         let st: &State = st;
         let mut planner = Planner::new(st, now);
@@ -214,10 +230,15 @@ pub fn schedule_observed(st: &mut State, now: i64, obs: &mut impl PassObserver) 
             if backfill
                 && !already_reserved
                 && stats.reservations < max_resv
-                && planner.reserve(&req).is_some()
+                && let Some((start, nodes)) = planner.reserve(&req)
             {
                 stats.reservations += 1;
                 reserved = true;
+                reservations.push(Reservation {
+                    job: job.id,
+                    start,
+                    nodes,
+                });
             }
             if let Some(k) = key {
                 let m = memo.entry(k).or_insert(Memo {
@@ -239,7 +260,8 @@ pub fn schedule_observed(st: &mut State, now: i64, obs: &mut impl PassObserver) 
 
         // 4. preempt
         obs.phase(Phase::Preempt);
-        for (id, part) in blocked {
+        let any_preemptor = st.config.qos.iter().any(|q| !q.preempt.is_empty());
+        for (id, part) in blocked.into_iter().filter(|_| any_preemptor) {
             let job = &st.jobs[&id];
             if st.preempting.contains_key(&id) {
                 continue;
@@ -263,7 +285,10 @@ pub fn schedule_observed(st: &mut State, now: i64, obs: &mut impl PassObserver) 
 
     // 5. apply
     obs.phase(Phase::Apply);
-    let mut plan = Plan::default();
+    let mut plan = Plan {
+        reservations,
+        ..Plan::default()
+    };
     for d in decisions {
         match d {
             Decision::Start { job, nodes } => {
@@ -312,12 +337,12 @@ pub fn schedule_observed(st: &mut State, now: i64, obs: &mut impl PassObserver) 
         }
     }
     for (id, r) in reasons {
-        if st
-            .jobs
-            .get(&id)
-            .is_some_and(|j| j.state == JobState::Pending)
+        if let Some(j) = st.jobs.get_mut(&id)
+            && j.state == JobState::Pending
+            && j.reason != r
         {
-            st.set_reason(id, r);
+            j.reason = r;
+            st.changes.jobs.insert(id);
         }
     }
     stats.started = plan.starts.len();
@@ -342,7 +367,10 @@ fn ineligible_reason(st: &State, job: &Job, singles: &HashSet<JobId>, now: i64) 
         DepStatus::Pending => return Some(Reason::Dependency),
         DepStatus::NeverSatisfied => return Some(Reason::DependencyNeverSatisfied),
     }
-    let part = st.config.partition(&job.spec.partition)?;
+    // A partition removed from the configuration while the job waited.
+    let Some(part) = st.config.partition(&job.spec.partition) else {
+        return Some(Reason::PartitionInactive);
+    };
     match part.state {
         PartitionState::Down => return Some(Reason::PartitionDown),
         PartitionState::Inactive => return Some(Reason::PartitionInactive),
@@ -420,36 +448,7 @@ fn start_budget(job: &Job) -> u64 {
 }
 
 fn prioritise(st: &State, ids: &[JobId], now: i64) -> Vec<Candidate> {
-    let mut total_nodes = 0u32;
-    let (mut cpus, mut mem, mut gpus) = (0u64, 0u64, 0u64);
-    for n in st
-        .nodes
-        .iter()
-        .filter(|n| n.schedulable() || !n.jobs.is_empty())
-    {
-        total_nodes += 1;
-        cpus += u64::from(n.total.cpus);
-        mem += n.total.mem_mb;
-        gpus += u64::from(n.total.gpus);
-    }
-    let ctx = PriorityContext {
-        now,
-        total_nodes,
-        total_cpus: cpus,
-        total_mem_mb: mem,
-        total_gpus: gpus,
-        max_partition_factor: st
-            .config
-            .partitions
-            .iter()
-            .map(|p| p.priority_job_factor)
-            .max()
-            .unwrap_or(0),
-        max_qos_priority: st.config.qos.iter().map(|q| q.priority).max().unwrap_or(0),
-    };
-    let table = st.assoc.compute();
-    // Association look-ups by (user, account), once per pair rather than once per job.
-    let mut assoc_of: HashMap<(&str, &str), Option<crate::fairshare::AssocIdx>> = HashMap::new();
+    let mut ranking = crate::ranking::Ranking::new(st, now);
     ids.iter()
         .filter_map(|id| {
             let job = &st.jobs[id];
@@ -458,34 +457,11 @@ fn prioritise(st: &State, ids: &[JobId], now: i64) -> Vec<Candidate> {
                 .partitions
                 .iter()
                 .position(|p| p.name == job.spec.partition)?;
-            let p = &st.config.partitions[part];
-            let priority = match job.spec.priority {
-                Some(fixed) => fixed,
-                None => {
-                    let t = job.shape.total();
-                    let input = PriorityInput {
-                        eligible_at: job.eligible_time.unwrap_or(now),
-                        fairshare: assoc_of
-                            .entry((job.spec.user.as_str(), job.spec.account.as_str()))
-                            .or_insert_with(|| st.job_assoc(job))
-                            .map(|a| table.factor(a))
-                            .unwrap_or(0.0),
-                        nodes: job.shape.nodes,
-                        cpus: u64::from(t.cpus),
-                        mem_mb: t.mem_mb,
-                        gpus: u64::from(t.gpus),
-                        partition_factor: p.priority_job_factor,
-                        qos_priority: st.config.qos(&job.spec.qos).map_or(0, |q| q.priority),
-                        nice: job.spec.nice,
-                    };
-                    u64::from(crate::priority::priority(&st.config.priority, &ctx, &input).total)
-                }
-            };
             Some(Candidate {
                 id: *id,
                 part,
-                tier: p.priority_tier,
-                priority,
+                tier: st.config.partitions[part].priority_tier,
+                priority: ranking.priority(job),
                 submit_time: job.submit_time,
             })
         })

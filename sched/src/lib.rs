@@ -30,8 +30,8 @@
 //! - The model: `state` (events, indexes, change tracking, recovery).
 //! - The pass: `cycle` (phases), `select` (node choice, the planner's view), `backfill`
 //!   (reservation timeline), `preempt` (victims); `priority` and `fairshare` (multifactor and
-//!   Fair Tree, the policy seam: `cycle::prioritise` builds a `PriorityInput` per job and calls
-//!   `priority::priority`); `sim` (trace simulator).
+//!   Fair Tree) and `ranking` (the seam: builds a `PriorityInput` per job from `State` and calls
+//!   `priority::priority`; the pass and sprio share it); `sim` (trace simulator).
 //! - `fixtures`: fluent builders (`JobSpec::test().gpus(8).nodes(2)`) for tests and benches.
 //!
 //! # Invariants
@@ -66,6 +66,7 @@ pub mod partition;
 mod preempt;
 pub mod priority;
 pub mod qos;
+pub mod ranking;
 mod select;
 pub mod sim;
 pub mod state;
@@ -76,7 +77,7 @@ pub mod tres;
 mod tests;
 
 pub use config::ClusterConfig;
-pub use cycle::{Plan, Start, StartNode};
+pub use cycle::{Plan, Reservation, Start, StartNode};
 pub use effect::{Effect, Preempt, RunRecord};
 pub use ids::{JobId, NodeId};
 pub use job::{Job, JobOutcome, JobSpec, JobState, Reason};

@@ -88,7 +88,10 @@ pub(crate) struct Planner<'a> {
     /// Per partition: schedulable members sorted by a lower bound on when anything can
     /// start there (`now` if something is free, else the first release). Starts during the
     /// pass only happen where something was free, so the bounds stay valid all pass.
-    pub lb_order: Vec<Vec<(i64, NodeId)>>,
+    /// `lb_order_gpu` bounds by free GPUs (for jobs that need GPUs), `lb_order_cpu` by free
+    /// CPUs (for the others).
+    pub lb_order_gpu: Vec<Vec<(i64, NodeId)>>,
+    pub lb_order_cpu: Vec<Vec<(i64, NodeId)>>,
 }
 
 impl<'a> Planner<'a> {
@@ -106,7 +109,8 @@ impl<'a> Planner<'a> {
             index: vec![BTreeSet::new(); st.part_nodes.len()],
             node_parts: vec![Vec::new(); n],
             promised: vec![false; n],
-            lb_order: Vec::new(),
+            lb_order_gpu: Vec::new(),
+            lb_order_cpu: Vec::new(),
         };
         for (pi, members) in st.part_nodes.iter().enumerate() {
             for id in members {
@@ -129,32 +133,49 @@ impl<'a> Planner<'a> {
                 p.insert(node.id);
             }
         }
-        let lb: Vec<i64> = (0..n)
+        // Lower bounds per resource that gates a start: a job that needs a GPU cannot start
+        // on a node without a free GPU before something there ends; every job needs a CPU.
+        let first_release = |i: usize| {
+            p.releases[i]
+                .iter()
+                .map(|(t, _)| *t)
+                .min()
+                .unwrap_or(i64::MAX)
+        };
+        let lb_gpu: Vec<i64> = (0..n)
             .map(|i| {
-                if p.free[i] != Tres::ZERO {
+                if p.free[i].gpus > 0 {
                     now
                 } else {
-                    p.releases[i]
-                        .iter()
-                        .map(|(t, _)| *t)
-                        .min()
-                        .unwrap_or(i64::MAX)
+                    first_release(i)
                 }
             })
             .collect();
-        p.lb_order = st
-            .part_nodes
-            .iter()
-            .map(|members| {
-                let mut v: Vec<(i64, NodeId)> = members
-                    .iter()
-                    .filter(|id| st.nodes[id.index()].schedulable())
-                    .map(|id| (lb[id.index()], *id))
-                    .collect();
-                v.sort_unstable();
-                v
+        let lb_cpu: Vec<i64> = (0..n)
+            .map(|i| {
+                if p.free[i].cpus > 0 {
+                    now
+                } else {
+                    first_release(i)
+                }
             })
             .collect();
+        let order = |lb: &[i64]| -> Vec<Vec<(i64, NodeId)>> {
+            st.part_nodes
+                .iter()
+                .map(|members| {
+                    let mut v: Vec<(i64, NodeId)> = members
+                        .iter()
+                        .filter(|id| st.nodes[id.index()].schedulable())
+                        .map(|id| (lb[id.index()], *id))
+                        .collect();
+                    v.sort_unstable();
+                    v
+                })
+                .collect()
+        };
+        p.lb_order_gpu = order(&lb_gpu);
+        p.lb_order_cpu = order(&lb_cpu);
         p
     }
 

@@ -51,6 +51,14 @@ impl Changes {
     }
 }
 
+/// Pending demand of one partition (see [`State::pending_demand`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Demand {
+    pub jobs: u64,
+    pub gpus: u64,
+    pub nodes: u64,
+}
+
 /// Who asks for a change to a job.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Requester {
@@ -458,6 +466,26 @@ impl State {
         self.jobs.get(&id)
     }
 
+    /// Pending work per partition, for autoscaling metrics (pending jobs and GPUs, array
+    /// indices counted one by one). Held jobs and jobs waiting on dependencies count too:
+    /// they are demand a scaler may want to see; filter by reason if not.
+    pub fn pending_demand(&self) -> BTreeMap<String, Demand> {
+        let mut out: BTreeMap<String, Demand> = self
+            .config
+            .partitions
+            .iter()
+            .map(|p| (p.name.clone(), Demand::default()))
+            .collect();
+        for job in self.pending_jobs() {
+            let n = job.array.as_ref().map_or(1, |a| a.pending.len());
+            let d = out.entry(job.spec.partition.clone()).or_default();
+            d.jobs += n;
+            d.gpus += n.saturating_mul(u64::from(job.shape.total().gpus));
+            d.nodes += n.saturating_mul(u64::from(job.shape.nodes));
+        }
+        out
+    }
+
     /// Records changed since the last call.
     pub fn take_changes(&mut self) -> Changes {
         std::mem::take(&mut self.changes)
@@ -526,17 +554,6 @@ impl State {
                 .add(&job.spec.qos, &job.spec.account, w);
         }
         self.changes.jobs.insert(id);
-    }
-
-    /// Sets a pending reason. Reasons feed no index, so no reindexing; the job is recorded
-    /// as changed only when the reason really changes.
-    pub(crate) fn set_reason(&mut self, id: JobId, reason: Reason) {
-        if let Some(j) = self.jobs.get_mut(&id)
-            && j.reason != reason
-        {
-            j.reason = reason;
-            self.changes.jobs.insert(id);
-        }
     }
 
     /// Changes a job with its indexes kept right. Returns `None` if the job is unknown.
@@ -916,12 +933,8 @@ impl State {
             return Ok(());
         }
         let pname = &self.config.partitions[part_idx].name;
-        if let Some(max) = self.config.partitions[part_idx].max_nodes
-            && shape.nodes > max
-        {
-            // Slurm's default (EnforcePartLimits=NO) keeps such jobs pending with a reason.
-            let _ = max;
-        }
+        // Partition MaxNodes/MaxTime are not checked here: as with Slurm's default
+        // (EnforcePartLimits=NO) such jobs stay pending with a reason an update can fix.
         let need = shape.per_node;
         let mut fit = 0u32;
         let (mut max_cpus, mut max_mem, mut max_gpus) = (0, 0, 0);
@@ -1040,7 +1053,14 @@ impl State {
             }
             (Some(a), Some(tasks)) => {
                 let idx = IndexSet::from_sorted(a.pending.intersection(tasks).collect::<Vec<_>>());
-                let started: Vec<JobId> = tasks.iter().filter_map(|i| a.task_job(i)).collect();
+                // Walk the started tasks, not the selection: `12_[0-4000000000]` is one run
+                // to parse but four billion indices to iterate.
+                let started: Vec<JobId> = a
+                    .tasks
+                    .iter()
+                    .filter(|(i, _)| tasks.contains(*i))
+                    .map(|(_, j)| *j)
+                    .collect();
                 if idx.is_empty() && started.is_empty() {
                     return Err(JobError::NotFound(sel.to_string()));
                 }
@@ -1222,9 +1242,18 @@ impl State {
                 let array = job.array_job_id;
                 self.with_job(id, back_to_pending);
                 if let Some(meta) = array {
+                    // The task's earlier end no longer counts: it will end again.
                     self.with_job(meta, |m| {
                         if let Some(a) = m.array.as_mut() {
                             a.active += 1;
+                            if s == JobState::Completed {
+                                a.ok = a.ok.saturating_sub(1);
+                            } else {
+                                a.not_ok = a.not_ok.saturating_sub(1);
+                                if s == JobState::Cancelled {
+                                    a.cancelled = a.cancelled.saturating_sub(1);
+                                }
+                            }
                         }
                         if m.state.is_terminal() {
                             m.state = JobState::Running;
@@ -1496,6 +1525,7 @@ impl State {
             if let Some(a) = m.array.as_mut() {
                 a.pending.pop_first();
                 a.active += 1;
+                a.last_start = Some(now);
                 a.tasks.push((index, id));
                 if a.pending.is_empty() {
                     m.state = JobState::Running;
@@ -1559,6 +1589,32 @@ impl State {
             None => (JobState::Completed, Reason::None),
         };
         Ok(self.end_run(id, state, reason, outcome.exit_code, outcome.signal, now))
+    }
+
+    /// [`State::job_ended`] as reported by the worker of `node`: ignored unless that node is
+    /// the job's batch host now. A worker that comes back after its node was declared lost
+    /// may report the end of a run that was already requeued and restarted elsewhere; that
+    /// report must not end the new run.
+    pub fn job_ended_on(
+        &mut self,
+        node: &str,
+        id: JobId,
+        outcome: JobOutcome,
+        now: i64,
+    ) -> Result<Vec<Effect>, JobError> {
+        let job = self
+            .jobs
+            .get(&id)
+            .ok_or_else(|| JobError::NotFound(id.to_string()))?;
+        let host = job
+            .alloc
+            .as_ref()
+            .and_then(|a| a.nodes.first())
+            .map(|n| self.nodes[n.node.index()].name.as_str());
+        if host != Some(node) {
+            return Ok(Vec::new());
+        }
+        self.job_ended(id, outcome, now)
     }
 
     /// Ends the current run of a running job in `state`; requeues when the state and the
@@ -1708,8 +1764,9 @@ impl State {
 
 impl State {
     /// A worker registers (new node) or re-registers (known node). The node becomes UP.
-    /// Jobs the scheduler places on this node that the worker no longer reports ended while
-    /// it was away: they end NODE_FAIL (requeued when allowed). Jobs the worker reports that
+    /// Jobs whose batch host is this node and that the worker no longer reports ended while
+    /// it was away (or never received their launch): they end NODE_FAIL (requeued when
+    /// allowed). Other nodes of a multi-node job need not report it. Jobs the worker reports that
     /// do not belong there come back as `Abandon` effects.
     pub fn register_node(
         &mut self,
@@ -1772,8 +1829,21 @@ impl State {
         self.changes.nodes.insert(id);
         self.refresh_partitions_of(id);
         let mut effects = Vec::new();
-        let here: Vec<JobId> = self.nodes[id.index()].jobs.clone();
-        for job in here {
+        // Only the batch host runs a job's script, so only it can vouch for the job; the
+        // other nodes of a multi-node job run nothing until steps start.
+        let hosted: Vec<JobId> = self.nodes[id.index()]
+            .jobs
+            .iter()
+            .copied()
+            .filter(|j| {
+                self.jobs
+                    .get(j)
+                    .and_then(|j| j.alloc.as_ref())
+                    .and_then(|a| a.nodes.first())
+                    .is_some_and(|n| n.node == id)
+            })
+            .collect();
+        for job in hosted {
             if !reg.running_jobs.contains(&job) {
                 effects.extend(self.fail_job_on_lost_node(job, id, now));
             }
@@ -2108,19 +2178,12 @@ impl State {
         }
         match &job.array {
             None => Some(single_status(job)),
-            Some(a) => {
-                let started_at = a
-                    .tasks
-                    .iter()
-                    .filter_map(|(_, id)| self.jobs.get(id).and_then(|j| j.start_time))
-                    .max();
-                Some(TargetStatus {
-                    all_started: a.pending.is_empty(),
-                    started_at,
-                    all_finished: a.is_done(),
-                    any_not_ok: a.not_ok > 0,
-                })
-            }
+            Some(a) => Some(TargetStatus {
+                all_started: a.pending.is_empty(),
+                started_at: a.last_start,
+                all_finished: a.is_done(),
+                any_not_ok: a.not_ok > 0,
+            }),
         }
     }
 

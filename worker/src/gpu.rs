@@ -6,7 +6,7 @@
 //! where those indices exist), which is how the all-in-one cluster simulates GPU nodes.
 //!
 //! Indices are NVML's (PCI bus order). CUDA orders devices fastest-first unless
-//! `CUDA_DEVICE_ORDER=PCI_BUS_ID`, as with Slurm; jobs on mixed-GPU nodes should set it.
+//! `CUDA_DEVICE_ORDER=PCI_BUS_ID`, so the job environment sets that (unless the job did).
 
 use tandem_proto::v1::GpuDevice;
 

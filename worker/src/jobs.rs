@@ -41,8 +41,9 @@ pub enum JobEvent {
 /// Requests from the session to one job's supervisor.
 #[derive(Debug, Clone, Copy)]
 enum Control {
-    /// SIGTERM, kill_wait, SIGKILL (cancel or preemption).
-    Terminate,
+    /// SIGTERM, kill_wait, SIGKILL: a cancel or preemption, or the controller's safety net
+    /// for a time limit this worker missed (then reported as a timeout).
+    Terminate(EndCause),
     /// Deliver a signal as is.
     Signal { signal: Signal, batch_only: bool },
     /// SIGKILL now: the controller no longer knows the job, or the worker stops.
@@ -150,7 +151,10 @@ impl Jobs {
     /// Applies the controller's `SignalJob`. Returns false if the job does not run here.
     pub fn signal(&self, req: &SignalJob) -> bool {
         let control = if req.signal == 0 {
-            Control::Terminate
+            Control::Terminate(match req.reason.as_str() {
+                "timeout" => EndCause::TimeLimit,
+                _ => EndCause::Cancel,
+            })
         } else {
             match Signal::try_from(req.signal) {
                 Ok(signal) => Control::Signal {
@@ -180,7 +184,7 @@ impl Jobs {
     fn signal_steps(&self, job_id: u64, control: Control) -> bool {
         let steps = &self.inner.steps;
         let signalled = match control {
-            Control::Terminate => {
+            Control::Terminate(_) => {
                 let n = steps.signal_job(job_id, Signal::SIGTERM);
                 if n > 0 {
                     let steps = Arc::clone(steps);
@@ -307,8 +311,8 @@ async fn supervise(
                 apply(enforcer.on_tick(Instant::now().into_std()));
             }
             Some(c) = control.recv() => match c {
-                Control::Terminate => {
-                    apply(enforcer.terminate(Instant::now().into_std(), EndCause::Cancel));
+                Control::Terminate(cause) => {
+                    apply(enforcer.terminate(Instant::now().into_std(), cause));
                 }
                 Control::Kill => apply(enforcer.kill_now()),
                 Control::Signal { signal, batch_only: true } => {

@@ -109,7 +109,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         );
     }
 
-    let detected = gpu::detect();
+    // dlopen and NVML's init can take a while on a GPU machine; keep them off the runtime.
+    let detected = tokio::task::spawn_blocking(gpu::detect)
+        .await
+        .unwrap_or_else(|e| Err(format!("GPU detection failed: {e}")));
     if let Err(why) = &detected {
         info!(%why, declared = ?config.gpus, "no GPU detection; using declared GPUs");
     }

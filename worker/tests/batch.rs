@@ -37,7 +37,7 @@ async fn registers_declared_resources_and_heartbeats() {
             beats += 1;
         }
     }
-    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     h.stop().await;
 }
 
@@ -105,7 +105,7 @@ async fn time_limit_sends_term_then_kill_and_reports_timeout() {
         took >= Duration::from_secs(2),
         "SIGKILL came early: {took:?}"
     );
-    assert!(took < Duration::from_secs(6), "took {took:?}");
+    assert!(took < Duration::from_secs(10), "took {took:?}");
     let text = std::fs::read_to_string(&out).unwrap();
     assert!(text.contains("got TERM"), "SIGTERM came first: {text:?}");
     h.stop().await;
@@ -139,6 +139,28 @@ async fn cancel_terminates_the_whole_process_group() {
         dies_soon(child_pid),
         "the background sleep died with its group"
     );
+    h.stop().await;
+}
+
+/// The controller's safety net for an overdue job says "timeout": the end must say so too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_timeout_signal_is_reported_as_a_timeout() {
+    let mut h = Harness::start().await;
+    h.controller
+        .launch(h.job(19, "#!/bin/sh\nsleep 300\n", &h.path("to.txt")))
+        .await;
+    h.controller.started(19).await;
+    h.controller
+        .send(controller_message::Msg::SignalJob(SignalJob {
+            job_id: 19,
+            signal: 0,
+            batch_only: false,
+            reason: "timeout".into(),
+        }))
+        .await;
+    let ended = h.controller.ended(19).await;
+    assert!(ended.timed_out && !ended.cancelled, "{ended:?}");
+    assert_eq!(ended.signal, 15);
     h.stop().await;
 }
 
@@ -410,7 +432,7 @@ fn alive(pid: i32) -> bool {
 
 /// Whether `pid` is gone within a moment (signals take a little while to land).
 fn dies_soon(pid: i32) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = Instant::now() + Duration::from_secs(5);
     while alive(pid) {
         if Instant::now() >= deadline {
             return false;

@@ -168,6 +168,17 @@ async fn signal_tasks_reaches_the_step() {
         .unwrap()
         .unwrap();
     assert!(matches!(first.event, Some(task_output::Event::Stdout(_))));
+    let stranger = client(&h, &Identity::user("mallory", 4242, 4242))
+        .await
+        .signal_tasks(SignalTasksRequest {
+            job_id: 33,
+            step_id: 1,
+            signal: 9,
+            launch_token: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(stranger.code(), tonic::Code::PermissionDenied);
     client(&h, &who)
         .await
         .signal_tasks(SignalTasksRequest {

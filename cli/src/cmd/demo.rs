@@ -89,7 +89,26 @@ pub async fn run(args: Args) -> Exit {
         state_dir.display()
     );
     let started = super::up::start(&up).await?;
-    let result = drive(&args, &scripts, &started.cluster_file, &work).await;
+    // Jobs call scontrol and srun by name, as on a login node: put the links on their PATH.
+    let bin = base.join("bin");
+    super::links::run(super::links::Args {
+        dir: bin.clone(),
+        force: true,
+    })?;
+    let path = match std::env::var_os("PATH") {
+        Some(p) => {
+            let mut dirs = vec![bin];
+            dirs.extend(std::env::split_paths(&p));
+            std::env::join_paths(dirs)?
+        }
+        None => bin.into_os_string(),
+    };
+    let env = Env {
+        cluster_file: started.cluster_file.clone(),
+        work: work.clone(),
+        path,
+    };
+    let result = drive(&args, &scripts, &env).await;
     if args.keep {
         println!(
             "== cluster left running: TANDEM_CONFIG={} ; stop with tandem down --state-dir {}",
@@ -99,17 +118,26 @@ pub async fn run(args: Args) -> Exit {
     } else {
         println!("== tandem down");
         super::down::stop(&state_dir, Duration::from_secs(10));
+        let _ = std::fs::remove_dir_all(&base);
     }
     result
 }
 
+/// Where the demo's commands run.
+struct Env {
+    cluster_file: PathBuf,
+    work: PathBuf,
+    path: std::ffi::OsString,
+}
+
 /// Runs a CLI command of this binary against the demo cluster.
-fn cli(cluster_file: &Path, work: &Path, args: &[&str]) -> anyhow::Result<Output> {
+fn cli(env: &Env, args: &[&str]) -> anyhow::Result<Output> {
     let exe = std::env::current_exe()?;
     Command::new(exe)
         .args(args)
-        .env("TANDEM_CONFIG", cluster_file)
-        .current_dir(work)
+        .env("TANDEM_CONFIG", &env.cluster_file)
+        .env("PATH", &env.path)
+        .current_dir(&env.work)
         .output()
         .with_context(|| format!("cannot run tandem {}", args.join(" ")))
 }
@@ -119,7 +147,8 @@ fn show(out: &Output) {
     eprint!("{}", String::from_utf8_lossy(&out.stderr));
 }
 
-async fn drive(args: &Args, scripts: &[PathBuf], cluster_file: &Path, work: &Path) -> Exit {
+async fn drive(args: &Args, scripts: &[PathBuf], env: &Env) -> Exit {
+    let (cluster_file, work) = (env.cluster_file.as_path(), env.work.as_path());
     let mut ids = Vec::new();
     for s in scripts {
         let path = s.to_string_lossy();
@@ -127,7 +156,7 @@ async fn drive(args: &Args, scripts: &[PathBuf], cluster_file: &Path, work: &Pat
             "== sbatch {}",
             s.file_name().map_or(path.clone(), |n| n.to_string_lossy())
         );
-        let out = cli(cluster_file, work, &["sbatch", &path])?;
+        let out = cli(env, &["sbatch", &path])?;
         show(&out);
         if !out.status.success() {
             bail!("sbatch {} failed", s.display());
@@ -150,7 +179,7 @@ async fn drive(args: &Args, scripts: &[PathBuf], cluster_file: &Path, work: &Pat
     let mut acct = AccountingClient::new(channel);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(args.timeout);
     let records = loop {
-        let out = cli(cluster_file, work, &["squeue", "-j", &id_list])?;
+        let out = cli(env, &["squeue", "-j", &id_list])?;
         println!("== squeue");
         show(&out);
         let resp = acct
@@ -184,8 +213,7 @@ async fn drive(args: &Args, scripts: &[PathBuf], cluster_file: &Path, work: &Pat
     };
     println!("== sacct -j {id_list}");
     show(&cli(
-        cluster_file,
-        work,
+        env,
         &[
             "sacct",
             "-j",
@@ -199,9 +227,20 @@ async fn drive(args: &Args, scripts: &[PathBuf], cluster_file: &Path, work: &Pat
         .filter(|p| p.is_file())
         .collect();
     outputs.sort();
-    if let Some(first) = outputs.first() {
-        println!("== cat {}", first.display());
-        print!("{}", std::fs::read_to_string(first).unwrap_or_default());
+    // One output file per example (its name up to the first '-').
+    let mut shown = Vec::new();
+    for f in &outputs {
+        let name = f
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let prefix = name.split('-').next().unwrap_or_default().to_string();
+        if shown.contains(&prefix) {
+            continue;
+        }
+        shown.push(prefix);
+        println!("== cat {}", f.display());
+        print!("{}", std::fs::read_to_string(f).unwrap_or_default());
     }
     let failed: Vec<String> = records
         .iter()

@@ -69,6 +69,9 @@ pub struct Args {
     /// Do not print the header.
     #[arg(short = 'n', long = "noheader")]
     pub noheader: bool,
+    /// Show every run of a requeued job, not only the latest.
+    #[arg(short = 'D', long = "duplicates")]
+    pub duplicates: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -117,7 +120,11 @@ pub async fn run(args: Args) -> Exit {
     };
     let resp = client.accounting.list_job_records(req).await.rpc()?;
     let mut rows = Vec::new();
-    let mut sorted = resp.jobs;
+    let mut sorted = if args.duplicates {
+        resp.jobs
+    } else {
+        latest_runs(resp.jobs)
+    };
     sorted.sort_by_key(|j| {
         (
             if j.array_job_id > 0 {
@@ -157,6 +164,31 @@ pub async fn run(args: Args) -> Exit {
     Ok(0)
 }
 
+/// A requeued job has one record per run; like Slurm's sacct without `-D`, keep only the
+/// most recent run of each job id (latest start, then latest end with "still running" last,
+/// then the controller's order).
+pub fn latest_runs(jobs: Vec<tandem_proto::v1::JobInfo>) -> Vec<tandem_proto::v1::JobInfo> {
+    let key = |j: &tandem_proto::v1::JobInfo| {
+        (
+            j.start_time,
+            if j.end_time > 0 { j.end_time } else { i64::MAX },
+        )
+    };
+    let mut best: std::collections::HashMap<u64, (usize, tandem_proto::v1::JobInfo)> =
+        std::collections::HashMap::new();
+    for (i, j) in jobs.into_iter().enumerate() {
+        match best.get(&j.job_id) {
+            Some((_, b)) if key(b) > key(&j) => {}
+            _ => {
+                best.insert(j.job_id, (i, j));
+            }
+        }
+    }
+    let mut out: Vec<(usize, tandem_proto::v1::JobInfo)> = best.into_values().collect();
+    out.sort_by_key(|(i, _)| *i);
+    out.into_iter().map(|(_, j)| j).collect()
+}
+
 /// sacct's times: `now`, `now-N[unit]`, or a date (and time) as `--begin` takes it.
 pub fn parse_when(s: &str, now: i64, utc_offset_s: i32) -> anyhow::Result<i64> {
     let lower = s.trim().to_ascii_lowercase();
@@ -191,6 +223,37 @@ pub fn parse_when(s: &str, now: i64, utc_offset_s: i32) -> anyhow::Result<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_latest_run_of_a_requeued_job_is_shown() {
+        use tandem_proto::v1::{JobInfo, JobState};
+        let run = |id: u64, start: i64, end: i64, state: JobState| JobInfo {
+            job_id: id,
+            start_time: start,
+            end_time: end,
+            state: state as i32,
+            ..JobInfo::default()
+        };
+        let jobs = vec![
+            run(1, 100, 100, JobState::NodeFail),
+            run(2, 50, 60, JobState::Completed),
+            run(1, 100, 130, JobState::Completed),
+            run(3, 10, 20, JobState::NodeFail),
+            run(3, 30, 0, JobState::Running),
+        ];
+        let kept: Vec<(u64, JobState)> = latest_runs(jobs)
+            .iter()
+            .map(|j| (j.job_id, j.state()))
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                (2, JobState::Completed),
+                (1, JobState::Completed),
+                (3, JobState::Running)
+            ]
+        );
+    }
 
     #[test]
     fn relative_and_absolute_times() {

@@ -61,7 +61,12 @@ impl Accounting for AccountingService {
         for s in &req.states {
             let st = tandem_sched::job::JobState::parse(s)
                 .ok_or_else(|| Status::invalid_argument(format!("states: unknown state {s:?}")))?;
-            states.push(convert::state_to_proto(st).as_str_name().trim_start_matches("JOB_STATE_").to_owned());
+            states.push(
+                convert::state_to_proto(st)
+                    .as_str_name()
+                    .trim_start_matches("JOB_STATE_")
+                    .to_owned(),
+            );
         }
         if req.start_time < 0 || req.end_time < 0 {
             return Err(Status::invalid_argument("start/end time: negative"));
@@ -100,9 +105,11 @@ impl Accounting for AccountingService {
                 .handle
                 .call(|reply| Command::ActiveJobs { reply })
                 .await?;
-            jobs.extend(active.into_iter().filter(|j| {
-                !tandem_sched_terminal(j.state) && matches(j, &req, &states)
-            }));
+            jobs.extend(
+                active
+                    .into_iter()
+                    .filter(|j| !tandem_sched_terminal(j.state) && matches(j, &req, &states)),
+            );
         }
         Ok(Response::new(v1::ListJobRecordsResponse { jobs }))
     }

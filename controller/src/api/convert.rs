@@ -98,25 +98,41 @@ pub fn submit_from_proto(
         if k.is_empty() || k.contains('=') || k.contains('\0') {
             return Err(bad(
                 "environment",
-                format!("bad variable name {:?}", k.chars().take(64).collect::<String>()),
+                format!(
+                    "bad variable name {:?}",
+                    k.chars().take(64).collect::<String>()
+                ),
             ));
         }
         no_nul("environment", v)?;
     }
     if spec.workdir.is_empty() {
-        return Err(bad("workdir", "missing (sbatch sends its working directory)"));
+        return Err(bad(
+            "workdir",
+            "missing (sbatch sends its working directory)",
+        ));
     }
     if !spec.workdir.starts_with('/') {
-        return Err(bad("workdir", format!("{:?} is not an absolute path", spec.workdir)));
+        return Err(bad(
+            "workdir",
+            format!("{:?} is not an absolute path", spec.workdir),
+        ));
     }
     text("workdir", &spec.workdir, MAX_PATH_BYTES)?;
     text("output", &spec.stdout, MAX_PATH_BYTES)?;
     text("error", &spec.stderr, MAX_PATH_BYTES)?;
     text("comment", &spec.comment, MAX_TEXT_BYTES)?;
     text("submit host", &spec.submit_host, 256)?;
-    text("idempotency key", &spec.idempotency_key, MAX_IDEMPOTENCY_KEY)?;
+    text(
+        "idempotency key",
+        &spec.idempotency_key,
+        MAX_IDEMPOTENCY_KEY,
+    )?;
     if spec.requeue && spec.no_requeue {
-        return Err(bad("requeue", "--requeue and --no-requeue are mutually exclusive"));
+        return Err(bad(
+            "requeue",
+            "--requeue and --no-requeue are mutually exclusive",
+        ));
     }
     if spec.script.is_empty() && spec.argv.is_empty() {
         return Err(bad("script", "empty (give a batch script or --wrap)"));
@@ -194,7 +210,9 @@ pub fn submit_from_proto(
         nice,
         priority: None,
     };
-    sched.validate().map_err(|e| Status::invalid_argument(e.to_string()))?;
+    sched
+        .validate()
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
     let payload = Payload {
         script: spec.script.clone(),
         argv: spec.argv.clone(),
@@ -217,7 +235,11 @@ pub fn selector(r: &v1::JobRef) -> Result<JobSelector, Status> {
     if r.job_id == 0 {
         return Err(bad("job id", "0 is not a job id"));
     }
-    let tasks = r.array_tasks.trim().trim_start_matches('[').trim_end_matches(']');
+    let tasks = r
+        .array_tasks
+        .trim()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
     if tasks.is_empty() {
         return Ok(JobSelector::job(JobId(r.job_id)));
     }
@@ -280,7 +302,8 @@ pub fn state_to_proto(s: JobState) -> v1::JobState {
 
 /// Unknown or unspecified states are an error, not a silent "match nothing".
 pub fn state_from_proto(s: i32) -> Result<JobState, Status> {
-    let p = v1::JobState::try_from(s).map_err(|_| bad("state", format!("unknown job state {s}")))?;
+    let p =
+        v1::JobState::try_from(s).map_err(|_| bad("state", format!("unknown job state {s}")))?;
     Ok(match p {
         v1::JobState::Unspecified => return Err(bad("state", "unspecified job state")),
         v1::JobState::Pending => JobState::Pending,
@@ -337,7 +360,12 @@ pub fn job_info(st: &State, job: &Job) -> v1::JobInfo {
                 binding,
             )
         }
-        None => (String::new(), job.shape.nodes, job.shape.total(), String::new()),
+        None => (
+            String::new(),
+            job.shape.nodes,
+            job.shape.total(),
+            String::new(),
+        ),
     };
     let array_pending = job
         .array
@@ -510,20 +538,49 @@ mod tests {
 
     #[test]
     fn hostile_input_names_the_field() {
-        let cases: Vec<(Box<dyn Fn(&mut v1::JobSpec)>, &str)> = vec![
+        type Mutate = Box<dyn Fn(&mut v1::JobSpec)>;
+        let cases: Vec<(Mutate, &str)> = vec![
             (Box::new(|s| s.workdir = "rel".into()), "workdir"),
             (Box::new(|s| s.workdir.clear()), "workdir"),
-            (Box::new(|s| s.script = "x".repeat(MAX_SCRIPT_BYTES + 1)), "script"),
-            (Box::new(|s| { s.script.clear(); }), "script"),
+            (
+                Box::new(|s| s.script = "x".repeat(MAX_SCRIPT_BYTES + 1)),
+                "script",
+            ),
+            (
+                Box::new(|s| {
+                    s.script.clear();
+                }),
+                "script",
+            ),
             (Box::new(|s| s.script = "a\0b".into()), "NUL"),
-            (Box::new(|s| { s.environment.insert("A=B".into(), "x".into()); }), "environment"),
+            (
+                Box::new(|s| {
+                    s.environment.insert("A=B".into(), "x".into());
+                }),
+                "environment",
+            ),
             (Box::new(|s| s.array = "5-1".into()), "array"),
             (Box::new(|s| s.array = "0-10".into()), "array"),
-            (Box::new(|s| s.dependency = "afterwards:1".into()), "dependency"),
+            (
+                Box::new(|s| s.dependency = "afterwards:1".into()),
+                "dependency",
+            ),
             (Box::new(|s| s.nodelist = "n[1-".into()), "nodelist"),
             (Box::new(|s| s.mode = 99), "mode"),
-            (Box::new(|s| { s.requeue = true; s.no_requeue = true; }), "requeue"),
-            (Box::new(|s| { s.gpus = 1; s.gpus_per_node = 1; }), "gpus"),
+            (
+                Box::new(|s| {
+                    s.requeue = true;
+                    s.no_requeue = true;
+                }),
+                "requeue",
+            ),
+            (
+                Box::new(|s| {
+                    s.gpus = 1;
+                    s.gpus_per_node = 1;
+                }),
+                "gpus",
+            ),
             (Box::new(|s| s.name = "x".repeat(300)), "name"),
             (Box::new(|s| s.begin_time = -5), "begin"),
         ];
@@ -545,11 +602,13 @@ mod tests {
         })
         .unwrap();
         assert_eq!(s.to_string(), "12_[3-5]");
-        assert!(selector(&v1::JobRef {
-            job_id: 0,
-            array_tasks: String::new()
-        })
-        .is_err());
+        assert!(
+            selector(&v1::JobRef {
+                job_id: 0,
+                array_tasks: String::new()
+            })
+            .is_err()
+        );
         for st in JobState::ALL {
             assert_eq!(state_from_proto(state_to_proto(st) as i32).unwrap(), st);
         }
@@ -567,10 +626,12 @@ mod tests {
         .unwrap();
         assert_eq!(u.time_limit, Some(None));
         assert_eq!(u.dependency, Some(None));
-        assert!(job_update(&v1::JobUpdate {
-            dependency: Some("bogus".into()),
-            ..Default::default()
-        })
-        .is_err());
+        assert!(
+            job_update(&v1::JobUpdate {
+                dependency: Some("bogus".into()),
+                ..Default::default()
+            })
+            .is_err()
+        );
     }
 }

@@ -44,7 +44,13 @@ pub async fn add_payloads(reader: &Arc<Mutex<Store>>, jobs: &mut [v1::JobInfo]) 
     }
     let ids: Vec<u64> = jobs
         .iter()
-        .map(|j| if j.array_job_id != 0 { j.array_job_id } else { j.job_id })
+        .map(|j| {
+            if j.array_job_id != 0 {
+                j.array_job_id
+            } else {
+                j.job_id
+            }
+        })
         .collect();
     let reader = reader.clone();
     let loaded = tokio::task::spawn_blocking(move || {

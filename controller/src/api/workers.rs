@@ -17,14 +17,18 @@ use crate::state::{Command, Handle};
 
 pub struct WorkerLinkService {
     handle: Handle,
+    /// Turns true at shutdown: readers drop their inbound halves so the server can finish
+    /// streams whose workers never close their side.
+    stopping: tokio::sync::watch::Receiver<bool>,
     /// Numbers successive streams so stale events of a replaced stream are ignored.
     next_conn: AtomicU64,
 }
 
 impl WorkerLinkService {
-    pub fn new(handle: Handle) -> Self {
+    pub fn new(handle: Handle, stopping: tokio::sync::watch::Receiver<bool>) -> Self {
         Self {
             handle,
+            stopping,
             next_conn: AtomicU64::new(1),
         }
     }
@@ -57,9 +61,7 @@ impl WorkerLink for WorkerLinkService {
                 ));
             }
             None => {
-                return Err(Status::invalid_argument(
-                    "stream closed before Register",
-                ));
+                return Err(Status::invalid_argument("stream closed before Register"));
             }
         };
         tracing::Span::current().record("node", reg.node_name.as_str());
@@ -75,11 +77,16 @@ impl WorkerLink for WorkerLinkService {
             })
             .await?;
         let handle = self.handle.clone();
+        let mut stopping = self.stopping.clone();
         let span = info_span!("worker_link", node = %node, conn);
         tokio::spawn(
             async move {
                 loop {
-                    match inbound.message().await {
+                    let msg = tokio::select! {
+                        m = inbound.message() => m,
+                        _ = stopping.wait_for(|s| *s) => break,
+                    };
+                    match msg {
                         Ok(Some(m)) => {
                             let Some(msg) = m.msg else { continue };
                             let cmd = Command::WorkerEvent {

@@ -125,12 +125,14 @@ mod tests {
             };
             c.submit(
                 b,
-                vec![Box::new(move |store: &Store, r: Result<(), &StoreError>| {
-                    assert!(r.is_ok());
-                    // The effect sees its own write.
-                    let p = store.load_payload(i).unwrap();
-                    seen.lock().unwrap().push((i, p));
-                })],
+                vec![Box::new(
+                    move |store: &Store, r: Result<(), &StoreError>| {
+                        assert!(r.is_ok());
+                        // The effect sees its own write.
+                        let p = store.load_payload(i).unwrap();
+                        seen.lock().unwrap().push((i, p));
+                    },
+                )],
             )
             .unwrap();
         }

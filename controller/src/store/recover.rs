@@ -64,7 +64,11 @@ pub fn recover(loaded: Loaded, mut config: ClusterConfig) -> Result<Recovered, R
         config.users = stored.users;
     }
     let assoc: Option<AssocTree> = match meta.get("assoc_tree") {
-        Some(t) => Some(decode("account tree", || "assoc_tree".into(), t.as_bytes())?),
+        Some(t) => Some(decode(
+            "account tree",
+            || "assoc_tree".into(),
+            t.as_bytes(),
+        )?),
         None => None,
     };
     let int = |key: &'static str| -> Result<Option<i64>, RecoverError> {

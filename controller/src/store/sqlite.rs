@@ -235,7 +235,7 @@ impl Store {
              PRAGMA synchronous=FULL;
              PRAGMA foreign_keys=OFF;
              PRAGMA temp_store=MEMORY;
-             PRAGMA cache_size=-65536;",
+             PRAGMA cache_size=-8192;",
         )
         .map_err(open_err)?;
         conn.busy_timeout(Duration::from_secs(10))
@@ -311,9 +311,7 @@ impl Store {
         let mut st = c
             .prepare("SELECT record FROM jobs ORDER BY id")
             .map_err(sql("load jobs"))?;
-        let rows = st
-            .query_map([], |r| r.get(0))
-            .map_err(sql("load jobs"))?;
+        let rows = st.query_map([], |r| r.get(0)).map_err(sql("load jobs"))?;
         for r in rows {
             out.jobs.push(r.map_err(sql("load jobs"))?);
         }
@@ -365,7 +363,11 @@ impl Store {
             let marks = vec!["?"; f.ids.len()].join(",");
             where_.push(format!("(id IN ({marks}) OR array_job_id IN ({marks}))"));
             for _ in 0..2 {
-                args.extend(f.ids.iter().map(|i| rusqlite::types::Value::Integer(*i as i64)));
+                args.extend(
+                    f.ids
+                        .iter()
+                        .map(|i| rusqlite::types::Value::Integer(*i as i64)),
+                );
             }
         }
         for (col, values) in [
@@ -380,7 +382,11 @@ impl Store {
             }
             let marks = vec!["?"; values.len()].join(",");
             where_.push(format!("{col} IN ({marks})"));
-            args.extend(values.iter().map(|v| rusqlite::types::Value::Text(v.clone())));
+            args.extend(
+                values
+                    .iter()
+                    .map(|v| rusqlite::types::Value::Text(v.clone())),
+            );
         }
         if let Some(t) = f.ended_after {
             where_.push("end_time >= ?".into());
@@ -575,7 +581,10 @@ mod tests {
                 meta: vec![("next_job_id".into(), "3".into())],
                 jobs: vec![(1, b"one".to_vec()), (2, b"two".to_vec())],
                 payloads: vec![(1, b"p1".to_vec()), (2, b"p2".to_vec())],
-                nodes: vec![("n2".into(), 1, b"b".to_vec()), ("n1".into(), 0, b"a".to_vec())],
+                nodes: vec![
+                    ("n2".into(), 1, b"b".to_vec()),
+                    ("n1".into(), 0, b"a".to_vec()),
+                ],
                 steps: vec![(1, 0, b"s".to_vec())],
                 idempotency: vec![("k".into(), 1, 100)],
                 ..Batch::default()

@@ -37,8 +37,6 @@ pub struct Attrs<'a> {
 struct Hook {
     name: String,
     spec: Value,
-    /// Labels of the namespace the object lives in (for `namespaceSelector`).
-    ns_labels: Value,
     /// Where to connect and which name the certificate must carry.
     url: String,
     tls_name: Option<String>,
@@ -92,7 +90,8 @@ fn hooks(
     let Some(ts) = st.types.get(&key) else {
         return Ok(Vec::new());
     };
-    let ns_labels = if a.rt.group.is_empty() && a.rt.plural == "namespaces" {
+    let is_namespace = a.rt.group.is_empty() && a.rt.plural == "namespaces";
+    let ns_labels = if is_namespace {
         obj["metadata"]["labels"].clone()
     } else {
         st.try_get("namespaces", "", a.namespace)
@@ -108,7 +107,9 @@ fn hooks(
             {
                 continue;
             }
-            if a.rt.namespaced && !selector_matches(&wh["namespaceSelector"], &ns_labels)? {
+            if (a.rt.namespaced || is_namespace)
+                && !selector_matches(&wh["namespaceSelector"], &ns_labels)?
+            {
                 continue;
             }
             let new_match = selector_matches(&wh["objectSelector"], &obj["metadata"]["labels"])?;
@@ -147,7 +148,6 @@ fn hooks(
             out.push(Hook {
                 name: wh["name"].as_str().unwrap_or_default().to_owned(),
                 spec: wh.clone(),
-                ns_labels: ns_labels.clone(),
                 url,
                 tls_name,
             });
@@ -267,7 +267,6 @@ async fn call(
             .unwrap_or(10)
             .clamp(1, 30),
     );
-    let _ = &hook.ns_labels;
     let result = tokio::time::timeout(timeout, post(hook, &review))
         .await
         .unwrap_or_else(|_| Err(format!("context deadline exceeded after {timeout:?}")));

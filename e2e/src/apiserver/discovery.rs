@@ -67,6 +67,22 @@ pub fn group(types: &[Arc<ResourceType>], name: &str) -> Option<Value> {
     Some(doc)
 }
 
+/// `kubectl get all` lists the kinds in the `all` category.
+fn categories(rt: &ResourceType) -> Vec<&'static str> {
+    let all = matches!(
+        (rt.group.as_str(), rt.plural.as_str()),
+        ("", "pods")
+            | ("", "services")
+            | ("apps", "deployments")
+            | ("apps", "replicasets")
+            | ("apps", "statefulsets")
+            | ("apps", "daemonsets")
+            | ("batch", "jobs")
+            | ("autoscaling", "horizontalpodautoscalers")
+    );
+    if all { vec!["all"] } else { Vec::new() }
+}
+
 const ALL_VERBS: &[&str] = &[
     "create",
     "delete",
@@ -91,7 +107,7 @@ pub fn resource_list(types: &[Arc<ResourceType>], group: &str, version: &str) ->
     {
         resources.push(json!({
             "name": rt.plural, "singularName": rt.singular, "namespaced": rt.namespaced, "kind": rt.kind,
-            "verbs": ALL_VERBS, "shortNames": rt.short_names,
+            "verbs": ALL_VERBS, "shortNames": rt.short_names, "categories": categories(rt),
             "storageVersionHash": "",
         }));
         if rt.status {

@@ -19,6 +19,7 @@ use super::Ctx;
 use super::discovery;
 use super::error::{ApiError, ApiResult};
 use super::list::{self, ListParams};
+use super::openapi;
 use super::ops::{self, Change, DeleteOpts, Deleted, Target, WriteOpts, present};
 use super::patch::PatchKind;
 use super::selector::{FieldSelector, LabelSelector};
@@ -121,6 +122,15 @@ async fn route(
     headers: &HeaderMap,
     body: &Bytes,
 ) -> ApiResult<Response> {
+    let ct = headers
+        .get("content-type")
+        .and_then(|c| c.to_str().ok())
+        .unwrap_or("");
+    if !body.is_empty() && (ct.contains("protobuf") || ct.contains("cbor")) {
+        return Err(ApiError::unsupported_media(format!(
+            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (got {ct}; this server speaks JSON only)"
+        )));
+    }
     let segs: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
     let types = ctx.store.lock().all_types();
     let get_only = |v: Option<Value>| -> ApiResult<Response> {
@@ -136,6 +146,9 @@ async fn route(
         ["version"] => return get_only(Some(discovery::version())),
         ["healthz"] | ["livez"] | ["readyz"] => return Ok((StatusCode::OK, "ok").into_response()),
         ["api"] => return get_only(Some(discovery::core_versions())),
+        ["openapi", "v3"] => return get_only(Some(openapi::root(&types))),
+        ["openapi", "v3", "api", v] => return get_only(openapi::group_version(&types, "", v)),
+        ["openapi", "v3", "apis", g, v] => return get_only(openapi::group_version(&types, g, v)),
         ["apis"] => return get_only(Some(discovery::group_list(&types))),
         ["api", v] => return get_only(discovery::resource_list(&types, "", v)),
         ["apis", g] => return get_only(discovery::group(&types, g)),
@@ -237,6 +250,7 @@ async fn route(
                     bookmarks: q.get("allowWatchBookmarks").is_some_and(|b| b == "true"),
                     send_initial_events: q.get("sendInitialEvents").map(|s| s == "true"),
                     timeout,
+                    table: wants_table(headers),
                 },
             )
         }

@@ -26,7 +26,9 @@
 //! - `list`, `watch`, `selector`: reads.
 //! - `subresource`: scale, binding, eviction, log.
 //! - `gc`: garbage collection, namespace and CRD cleanup.
-//! - `discovery`, `table`, `http`, `error`, `meta`, `resource`: the rest of the API surface.
+//! - `workloads`: Deployment, ReplicaSet, StatefulSet and Job controllers (make pods).
+//! - `events`: mirrors core/v1 and events.k8s.io/v1 Events into each other.
+//! - `discovery`, `openapi`, `table`, `http`, `error`, `meta`, `resource`: the rest of the API surface.
 //!
 //! # Invariants
 //! - Every change goes through `Store::with`, which wakes watches and the collector.
@@ -37,10 +39,12 @@ mod admission;
 mod crd;
 mod discovery;
 mod error;
+mod events;
 mod gc;
 mod http;
 mod list;
 mod meta;
+mod openapi;
 mod ops;
 mod patch;
 mod resource;
@@ -50,6 +54,7 @@ mod strategy;
 mod subresource;
 mod table;
 mod watch;
+mod workloads;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -75,6 +80,9 @@ pub struct Config {
     pub bookmark_interval: Duration,
     /// Namespaces that exist from the start (as on a fresh cluster).
     pub namespaces: Vec<String>,
+    /// Run the Deployment/ReplicaSet/StatefulSet/Job controllers (see `workloads`), so
+    /// workloads make pods as on a real cluster. Off: those kinds are only stored.
+    pub workload_controllers: bool,
 }
 
 impl Default for Config {
@@ -83,6 +91,7 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             watch_window: 1000,
             bookmark_interval: Duration::from_secs(5),
+            workload_controllers: true,
             namespaces: ["default", "kube-system", "kube-public", "kube-node-lease"]
                 .map(String::from)
                 .to_vec(),
@@ -183,7 +192,7 @@ fn build(config: Config, shutdown: tokio_watch::Receiver<bool>) -> Result<Arc<Ct
             .resolve("", "v1", "namespaces")
             .expect("namespaces is a built-in type");
         let mut obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
-        strategy::prepare_create(&rt, "v1", &mut obj);
+        strategy::prepare_create(&rt, &mut obj);
         store
             .with(|st| {
                 let o = st.create(&rt, obj)?;
@@ -206,6 +215,10 @@ async fn serve_ctx(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
     let gc = tokio::spawn(gc::run(ctx.clone()));
+    let workloads = ctx
+        .config
+        .workload_controllers
+        .then(|| tokio::spawn(workloads::run(ctx.clone())));
     let app = http::router(ctx.clone());
     let mut stop = ctx.shutdown.clone();
     let served = axum::serve(listener, app)
@@ -220,6 +233,9 @@ async fn serve_ctx(
         tracing::error!(error = %e, "api server stopped with an error");
     }
     gc.abort();
+    if let Some(w) = workloads {
+        w.abort();
+    }
 }
 
 /// A server running in this process. Dropping it stops the server too.

@@ -10,6 +10,7 @@ use super::Ctx;
 use super::admission::{self, Attrs};
 use super::crd;
 use super::error::{ApiError, ApiResult};
+use super::events;
 use super::meta;
 use super::patch::{self, PatchKind};
 use super::resource::ResourceType;
@@ -140,11 +141,11 @@ pub async fn create(ctx: &Ctx, t: &Target, mut body: Value, opts: &WriteOpts) ->
         // Reject a bad CRD before storing it.
         crd::type_from_crd(&body)?;
     }
-    strategy::prepare_create(&t.rt, &t.version, &mut body);
+    strategy::prepare_create(&t.rt, &mut body);
     let name = meta::name(&body).to_owned();
     let a = attrs(t, "CREATE", &name, opts.dry_run);
     let mut obj = admission::mutate(&ctx.store, &a, body, None).await?;
-    strategy::prepare_create(&t.rt, &t.version, &mut obj);
+    strategy::prepare_create(&t.rt, &mut obj);
     check_namespace(t, &mut obj)?;
     strategy::validate(&t.rt, &t.version, &obj, None)?;
     admission::validate(&ctx.store, &a, &obj, None).await?;
@@ -162,6 +163,16 @@ pub async fn create(ctx: &Ctx, t: &Target, mut body: Value, opts: &WriteOpts) ->
 /// Follow-up effects of a stored write that a real cluster's built-in controllers would make
 /// shortly after; done at once here.
 fn after_write(st: &mut State, rt: &ResourceType, obj: &Value) -> ApiResult<()> {
+    if events::is_event(rt) {
+        if st
+            .try_get(&rt.key(), meta::namespace(obj), meta::name(obj))
+            .is_some()
+        {
+            events::mirror_write(st, rt, obj);
+        } else {
+            events::mirror_delete(st, rt, meta::namespace(obj), meta::name(obj));
+        }
+    }
     match (rt.group.as_str(), rt.plural.as_str()) {
         ("apiextensions.k8s.io", "customresourcedefinitions") if !meta::is_deleting(obj) => {
             st.add_type(Arc::new(crd::type_from_crd(obj)?));
@@ -411,6 +422,9 @@ pub fn delete_in(
     let old_grace = old["metadata"]["deletionGracePeriodSeconds"].as_i64();
     if finalizers.is_empty() && grace == 0 && !is_ns {
         let gone = st.remove(rt, ns, name)?;
+        if events::is_event(rt) {
+            events::mirror_delete(st, rt, ns, name);
+        }
         return Ok(Deleted::Now(gone));
     }
     if already && old_grace.is_some_and(|g| g <= grace) && finalizers == meta::finalizers(&old) {

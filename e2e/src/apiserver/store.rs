@@ -239,8 +239,13 @@ impl State {
         self.rv += 1;
         let rv = self.rv;
         let m = meta::meta_mut(&mut obj);
-        m.insert("uid".into(), json!(meta::new_uid()));
-        m.insert("creationTimestamp".into(), json!(meta::now_rfc3339()));
+        // Clients cannot set these (strategy strips them); internal mirrors keep theirs.
+        if !m.get("uid").is_some_and(Value::is_string) {
+            m.insert("uid".into(), json!(meta::new_uid()));
+        }
+        if !m.get("creationTimestamp").is_some_and(Value::is_string) {
+            m.insert("creationTimestamp".into(), json!(meta::now_rfc3339()));
+        }
         m.insert("resourceVersion".into(), json!(rv.to_string()));
         m.insert("generation".into(), json!(1));
         m.remove("deletionTimestamp");

@@ -20,9 +20,8 @@ fn is(rt: &ResourceType, group: &str, plural: &str) -> bool {
 }
 
 /// Defaulting and status initialisation on create.
-pub fn prepare_create(rt: &ResourceType, version: &str, obj: &mut Value) {
+pub fn prepare_create(rt: &ResourceType, obj: &mut Value) {
     set_type_meta(rt, rt.storage_version(), obj);
-    let _ = version;
     if rt.status && !is(rt, "", "nodes") {
         // Status is the server's (or a controller's) to set; a create cannot set it.
         if let Some(o) = obj.as_object_mut() {

@@ -172,7 +172,7 @@ pub async fn bind(ctx: &Ctx, t: &Target, body: &Value) -> ApiResult<Value> {
             )
         })?;
     let node = node.to_owned();
-    let result = ctx.store.with(|st| {
+    ctx.store.with(|st| {
         let pod = st.get(&t.rt, &t.ns, &t.name)?;
         if let Some(u) = body["metadata"]["uid"].as_str().filter(|u| !u.is_empty())
             && u != meta::uid(&pod)
@@ -197,7 +197,6 @@ pub async fn bind(ctx: &Ctx, t: &Target, body: &Value) -> ApiResult<Value> {
         }
         st.update(&t.rt, new, &rv)
     })?;
-    let _ = result;
     Ok(
         json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
     )

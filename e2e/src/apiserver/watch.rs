@@ -29,6 +29,8 @@ pub struct WatchParams {
     pub bookmarks: bool,
     pub send_initial_events: Option<bool>,
     pub timeout: Duration,
+    /// Send each event's object as a one-row Table (what `kubectl get -w` asks for).
+    pub table: bool,
 }
 
 /// Where the stream starts.
@@ -91,6 +93,15 @@ fn line(kind: &str, object: Value) -> Bytes {
     Bytes::from(v)
 }
 
+fn render(rt: &ResourceType, version: &str, obj: Value, table: bool) -> Value {
+    let obj = present(rt, version, obj);
+    if table {
+        super::table::to_table(rt, version, &obj)
+    } else {
+        obj
+    }
+}
+
 fn bookmark(rt: &ResourceType, version: &str, rv: u64, initial_end: bool) -> Bytes {
     let mut metadata = json!({"resourceVersion": rv.to_string()});
     if initial_end {
@@ -125,7 +136,7 @@ async fn run(
             Start::Snapshot { end_bookmark } => {
                 for (_, obj) in st.iter(&rt, p.ns.as_deref(), None) {
                     if in_scope(obj) {
-                        out.push(line("ADDED", present(&rt, &version, obj.clone())));
+                        out.push(line("ADDED", render(&rt, &version, obj.clone(), p.table)));
                     }
                 }
                 if end_bookmark {
@@ -201,7 +212,7 @@ async fn run(
                 _ => continue,
             };
             if tx
-                .send(Ok(line(kind, present(&rt, &version, obj))))
+                .send(Ok(line(kind, render(&rt, &version, obj, p.table))))
                 .await
                 .is_err()
             {

@@ -103,11 +103,17 @@ pub fn admit(
         if want <= 0 {
             continue;
         }
-        let have = node.resources.get(name).copied().unwrap_or(0);
+        let Some(&have) = node.resources.get(name) else {
+            // Like the kubelet, an extended resource the node does not report at all is not
+            // checked here: it is left to the device manager (or a scheduler extender).
+            if is_extended(name) {
+                continue;
+            }
+            return Err(insufficient(name, show_units(name, want), 0, 0));
+        };
         let taken = used.get(name).copied().unwrap_or(0);
         if want > have - taken {
-            // CPU is compared and printed in millicores, everything else in whole units.
-            let show = |m: i128| if name == "cpu" { m } else { milli_to_units(m) };
+            let show = |m: i128| show_units(name, m);
             return Err(insufficient(name, show(want), show(taken), show(have)));
         }
     }
@@ -130,6 +136,23 @@ pub fn check_node_selector(
         }
     }
     Ok(())
+}
+
+/// CPU is compared and printed in millicores, everything else in whole units.
+fn show_units(name: &str, milli: i128) -> i128 {
+    if name == "cpu" {
+        milli
+    } else {
+        milli_to_units(milli)
+    }
+}
+
+/// `v1helper.IsExtendedResourceName`: a domain-prefixed name outside `kubernetes.io`.
+fn is_extended(name: &str) -> bool {
+    match name.split_once('/') {
+        Some((domain, _)) => !domain.ends_with("kubernetes.io") && !name.starts_with("requests."),
+        None => false,
+    }
 }
 
 fn insufficient(name: &str, requested: i128, used: i128, capacity: i128) -> Rejection {
@@ -157,7 +180,10 @@ mod tests {
         if gpus > 0 {
             resources.insert("nvidia.com/gpu".into(), gpus * 1000);
         }
-        NodeAllocatable { resources, pods: 110 }
+        NodeAllocatable {
+            resources,
+            pods: 110,
+        }
     }
 
     fn gpu_pod(gpus: u32) -> PodSpec {
@@ -177,14 +203,22 @@ mod tests {
             "overhead": {"memory": "10Mi"}
         }));
         let r = pod_requests(&s).unwrap();
-        assert_eq!(r["cpu"], 2000, "the largest init container wins over the 500m sum");
+        assert_eq!(
+            r["cpu"], 2000,
+            "the largest init container wins over the 500m sum"
+        );
         assert_eq!(r["memory"], ((1 << 30) + 10 * (1 << 20)) * 1000);
     }
 
     #[test]
     fn gpu_shortfall_is_out_of_nvidia_gpu_with_the_kubelet_message() {
         let used: Resources = [("nvidia.com/gpu".to_string(), 1000)].into();
-        let got = admit(&pod_requests(&gpu_pod(2)).unwrap(), &node("4", "8Gi", 2), &used, 1);
+        let got = admit(
+            &pod_requests(&gpu_pod(2)).unwrap(),
+            &node("4", "8Gi", 2),
+            &used,
+            1,
+        );
         assert_eq!(
             got,
             Err(Rejection {
@@ -195,10 +229,22 @@ mod tests {
     }
 
     #[test]
-    fn fits_exactly_and_a_node_without_gpus_refuses_gpu_pods() {
+    fn fits_exactly_and_unknown_extended_resources_are_not_checked() {
         let req = pod_requests(&gpu_pod(2)).unwrap();
-        assert_eq!(admit(&req, &node("4", "8Gi", 2), &Resources::new(), 0), Ok(()));
-        let err = admit(&req, &node("4", "8Gi", 0), &Resources::new(), 0).unwrap_err();
+        assert_eq!(
+            admit(&req, &node("4", "8Gi", 2), &Resources::new(), 0),
+            Ok(())
+        );
+        // A node without the GPU device plugin does not report nvidia.com/gpu at all; the
+        // kubelet's fit check skips it (the device manager would not allocate anything).
+        assert_eq!(
+            admit(&req, &node("4", "8Gi", 0), &Resources::new(), 0),
+            Ok(())
+        );
+        // A node reporting zero GPUs does refuse them.
+        let mut zero = node("4", "8Gi", 0);
+        zero.resources.insert("nvidia.com/gpu".into(), 0);
+        let err = admit(&req, &zero, &Resources::new(), 0).unwrap_err();
         assert_eq!(err.reason, "OutOfnvidia.com/gpu");
         assert!(err.message.ends_with("capacity: 0"), "{}", err.message);
     }
@@ -211,7 +257,12 @@ mod tests {
         let used: Resources = [("cpu".to_string(), 2000)].into();
         let err = admit(&req, &node("4", "8Gi", 0), &used, 1).unwrap_err();
         assert_eq!(err.reason, "OutOfcpu");
-        assert!(err.message.contains("requested: 3000, used: 2000, capacity: 4000"), "{}", err.message);
+        assert!(
+            err.message
+                .contains("requested: 3000, used: 2000, capacity: 4000"),
+            "{}",
+            err.message
+        );
     }
 
     #[test]

@@ -71,11 +71,12 @@ pub fn container_env(
 ) -> Result<Vec<(String, String)>, EnvError> {
     let ns = ctx.pod.metadata.namespace.as_deref().unwrap_or("default");
     let mut env: Vec<(String, String)> = Vec::new();
-    let set = |env: &mut Vec<(String, String)>, name: String, value: String| {
-        match env.iter_mut().find(|(n, _)| *n == name) {
-            Some(slot) => slot.1 = value,
-            None => env.push((name, value)),
-        }
+    let set = |env: &mut Vec<(String, String)>, name: String, value: String| match env
+        .iter_mut()
+        .find(|(n, _)| *n == name)
+    {
+        Some(slot) => slot.1 = value,
+        None => env.push((name, value)),
     };
     for from in container.env_from.iter().flatten() {
         let prefix = from.prefix.as_deref().unwrap_or("");
@@ -137,7 +138,14 @@ fn resolve_source(
         return resource_value(ctx, target, &r.resource, divisor).map(Some);
     }
     let (kind, title, name, key, optional, source) = if let Some(r) = &src.config_map_key_ref {
-        ("configmap", "ConfigMap", &r.name, &r.key, r.optional, ctx.config_maps)
+        (
+            "configmap",
+            "ConfigMap",
+            &r.name,
+            &r.key,
+            r.optional,
+            ctx.config_maps,
+        )
     } else if let Some(r) = &src.secret_key_ref {
         ("secret", "Secret", &r.name, &r.key, r.optional, ctx.secrets)
     } else {
@@ -178,9 +186,17 @@ pub fn field_value(ctx: &EnvContext<'_>, path: &str) -> Result<String, EnvError>
         "status.hostIP" | "status.hostIPs" => ctx.host_ip.to_owned(),
         _ => {
             if let Some(key) = map_key("metadata.labels") {
-                meta.labels.as_ref().and_then(|l| l.get(key)).cloned().unwrap_or_default()
+                meta.labels
+                    .as_ref()
+                    .and_then(|l| l.get(key))
+                    .cloned()
+                    .unwrap_or_default()
             } else if let Some(key) = map_key("metadata.annotations") {
-                meta.annotations.as_ref().and_then(|a| a.get(key)).cloned().unwrap_or_default()
+                meta.annotations
+                    .as_ref()
+                    .and_then(|a| a.get(key))
+                    .cloned()
+                    .unwrap_or_default()
             } else {
                 return Err(EnvError(format!("unsupported fieldRef fieldPath {path:?}")));
             }
@@ -197,9 +213,11 @@ fn resource_value(
     divisor: &str,
 ) -> Result<String, EnvError> {
     let bad = |e: super::quantity::QuantityError| EnvError(e.to_string());
-    let (kind, name) = resource
-        .split_once('.')
-        .ok_or_else(|| EnvError(format!("unsupported resourceFieldRef resource {resource:?}")))?;
+    let (kind, name) = resource.split_once('.').ok_or_else(|| {
+        EnvError(format!(
+            "unsupported resourceFieldRef resource {resource:?}"
+        ))
+    })?;
     let amount = match kind {
         "limits" => {
             let limit = container
@@ -217,11 +235,17 @@ fn resource_value(
             .get(name)
             .copied()
             .unwrap_or(0),
-        _ => return Err(EnvError(format!("unsupported resourceFieldRef resource {resource:?}"))),
+        _ => {
+            return Err(EnvError(format!(
+                "unsupported resourceFieldRef resource {resource:?}"
+            )));
+        }
     };
     let divisor = parse_milli(divisor).map_err(bad)?;
     if divisor <= 0 {
-        return Err(EnvError(format!("resourceFieldRef divisor must be positive: {divisor}")));
+        return Err(EnvError(format!(
+            "resourceFieldRef divisor must be positive: {divisor}"
+        )));
     }
     Ok(((amount + divisor - 1) / divisor).to_string())
 }
@@ -289,7 +313,11 @@ mod tests {
     fn resolve(env: serde_json::Value) -> Result<Vec<(String, String)>, EnvError> {
         let pod = pod();
         let alloc: Resources = [("cpu".to_string(), 8000)].into();
-        let maps: ObjectData = [("cm".to_string(), [("k".to_string(), "v".to_string())].into())].into();
+        let maps: ObjectData = [(
+            "cm".to_string(),
+            [("k".to_string(), "v".to_string())].into(),
+        )]
+        .into();
         let secrets = ObjectData::new();
         let ctx = EnvContext {
             pod: &pod,
@@ -352,18 +380,35 @@ mod tests {
             {"name": "A", "value": "y"},
         ]))
         .unwrap();
-        assert_eq!(env, vec![("A".into(), "y".into()), ("B".into(), "x-$(MISSING)-$(A)-$".into())]);
+        assert_eq!(
+            env,
+            vec![
+                ("A".into(), "y".into()),
+                ("B".into(), "x-$(MISSING)-$(A)-$".into())
+            ]
+        );
     }
 
     #[test]
     fn config_map_refs_resolve_and_missing_ones_fail_like_a_kubelet() {
-        let ok = resolve(json!([{"name": "K", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}}]));
+        let ok = resolve(
+            json!([{"name": "K", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}}]),
+        );
         assert_eq!(ok.unwrap(), vec![("K".into(), "v".into())]);
-        let missing_key = resolve(json!([{"name": "K", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "nope"}}}]));
-        assert_eq!(missing_key.unwrap_err().0, "couldn't find key nope in ConfigMap ns/cm");
-        let missing = resolve(json!([{"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]));
+        let missing_key = resolve(
+            json!([{"name": "K", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "nope"}}}]),
+        );
+        assert_eq!(
+            missing_key.unwrap_err().0,
+            "couldn't find key nope in ConfigMap ns/cm"
+        );
+        let missing = resolve(
+            json!([{"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]),
+        );
         assert_eq!(missing.unwrap_err().0, "secret \"s\" not found");
-        let optional = resolve(json!([{"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k", "optional": true}}}]));
+        let optional = resolve(
+            json!([{"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k", "optional": true}}}]),
+        );
         assert_eq!(optional.unwrap(), vec![]);
     }
 

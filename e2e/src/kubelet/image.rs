@@ -46,7 +46,10 @@ impl Image {
         Self {
             entrypoint: vec![main.to_owned()],
             cmd: Vec::new(),
-            bins: names.iter().map(|n| ((*n).to_owned(), path.clone())).collect(),
+            bins: names
+                .iter()
+                .map(|n| ((*n).to_owned(), path.clone()))
+                .collect(),
             host_tools: true,
         }
     }
@@ -114,7 +117,9 @@ impl ImageTable {
             return Some(image);
         }
         let (repo, tag) = split_reference(reference);
-        self.images.get(&format!("{repo}:{tag}")).or_else(|| self.images.get(repo))
+        self.images
+            .get(&format!("{repo}:{tag}"))
+            .or_else(|| self.images.get(repo))
     }
 
     /// The process for a container, by Docker's rules: `command` replaces `ENTRYPOINT` (and
@@ -185,7 +190,10 @@ mod tests {
         assert!(t.lookup("docker.io/library/busybox:1.36").is_some());
         assert!(t.lookup("busybox@sha256:abc").is_some());
         assert!(t.lookup("tandem:dev").is_some());
-        assert!(t.lookup("tandem:other").is_none(), "a tagged key matches its tag only");
+        assert!(
+            t.lookup("tandem:other").is_none(),
+            "a tagged key matches its tag only"
+        );
         assert!(t.lookup("registry.local:5000/busybox").is_none());
         assert!(t.lookup("nginx").is_none());
     }
@@ -195,11 +203,31 @@ mod tests {
         let t = table();
         let cases = [
             // (container, want program, want arg0, want args)
-            (json!({"name": "c", "image": "busybox", "command": ["sh", "-c", "exit 3"]}), "sh", "sh", vec!["-c", "exit 3"]),
+            (
+                json!({"name": "c", "image": "busybox", "command": ["sh", "-c", "exit 3"]}),
+                "sh",
+                "sh",
+                vec!["-c", "exit 3"],
+            ),
             (json!({"name": "c", "image": "busybox"}), "sh", "sh", vec![]),
-            (json!({"name": "c", "image": "tandem:dev", "args": ["worker", "--x"]}), "/build/tandem", "tandem", vec!["worker", "--x"]),
-            (json!({"name": "c", "image": "tandem:dev", "command": ["/usr/local/bin/sbatch"], "args": ["a.sh"]}), "/build/tandem", "sbatch", vec!["a.sh"]),
-            (json!({"name": "c", "image": "tandem:dev", "command": ["/bin/sh", "-c", "true"]}), "/bin/sh", "sh", vec!["-c", "true"]),
+            (
+                json!({"name": "c", "image": "tandem:dev", "args": ["worker", "--x"]}),
+                "/build/tandem",
+                "tandem",
+                vec!["worker", "--x"],
+            ),
+            (
+                json!({"name": "c", "image": "tandem:dev", "command": ["/usr/local/bin/sbatch"], "args": ["a.sh"]}),
+                "/build/tandem",
+                "sbatch",
+                vec!["a.sh"],
+            ),
+            (
+                json!({"name": "c", "image": "tandem:dev", "command": ["/bin/sh", "-c", "true"]}),
+                "/bin/sh",
+                "sh",
+                vec!["-c", "true"],
+            ),
         ];
         for (c, program, arg0, args) in cases {
             let got = t.launch(&container(c.clone())).unwrap();
@@ -211,17 +239,39 @@ mod tests {
 
     #[test]
     fn unknown_images_and_missing_commands_are_errors() {
-        let t = ImageTable::new().with("only-bins", Image { host_tools: false, ..Image::binary("/x", &["x"]) });
+        let t = ImageTable::new().with(
+            "only-bins",
+            Image {
+                host_tools: false,
+                ..Image::binary("/x", &["x"])
+            },
+        );
         assert_eq!(
             t.launch(&container(json!({"name": "c", "image": "nginx:1"}))),
             Err(LaunchError::UnknownImage("nginx:1".into()))
         );
         assert_eq!(
-            t.launch(&container(json!({"name": "c", "image": "only-bins", "command": ["sh"]}))),
+            t.launch(&container(
+                json!({"name": "c", "image": "only-bins", "command": ["sh"]})
+            )),
             Err(LaunchError::NotFound("sh".into()))
         );
-        let empty = ImageTable::new().with("e", Image { cmd: vec![], ..Image::host_shell() });
-        assert_eq!(t.launch(&container(json!({"name": "c", "image": "only-bins"}))).unwrap().arg0, "x");
-        assert_eq!(empty.launch(&container(json!({"name": "c", "image": "e"}))), Err(LaunchError::NoCommand));
+        let empty = ImageTable::new().with(
+            "e",
+            Image {
+                cmd: vec![],
+                ..Image::host_shell()
+            },
+        );
+        assert_eq!(
+            t.launch(&container(json!({"name": "c", "image": "only-bins"})))
+                .unwrap()
+                .arg0,
+            "x"
+        );
+        assert_eq!(
+            empty.launch(&container(json!({"name": "c", "image": "e"}))),
+            Err(LaunchError::NoCommand)
+        );
     }
 }

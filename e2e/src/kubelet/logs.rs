@@ -49,7 +49,12 @@ impl Record {
             "F" => false,
             _ => return None,
         };
-        Some(Self { time, stream, partial, text: parts.next().unwrap_or("").to_owned() })
+        Some(Self {
+            time,
+            stream,
+            partial,
+            text: parts.next().unwrap_or("").to_owned(),
+        })
     }
 
     /// The bytes a log reader sees for this record.
@@ -90,7 +95,10 @@ impl LogQuery {
         let number = |name: &str| -> Result<Option<i64>, String> {
             params
                 .get(name)
-                .map(|v| v.parse::<i64>().map_err(|_| format!("invalid {name}: {v:?} is not an integer")))
+                .map(|v| {
+                    v.parse::<i64>()
+                        .map_err(|_| format!("invalid {name}: {v:?} is not an integer"))
+                })
                 .transpose()
         };
         let non_negative = |name: &str| -> Result<Option<usize>, String> {
@@ -100,10 +108,17 @@ impl LogQuery {
             }
         };
         let since = match (number("sinceSeconds")?, params.get("sinceTime")) {
-            (Some(_), Some(_)) => return Err("at most one of sinceTime or sinceSeconds may be specified".into()),
-            (Some(s), None) if s < 1 => return Err("invalid sinceSeconds: must be greater than 0".into()),
+            (Some(_), Some(_)) => {
+                return Err("at most one of sinceTime or sinceSeconds may be specified".into());
+            }
+            (Some(s), None) if s < 1 => {
+                return Err("invalid sinceSeconds: must be greater than 0".into());
+            }
             (Some(s), None) => Some(now - k8s_openapi::jiff::SignedDuration::from_secs(s)),
-            (None, Some(t)) => Some(t.parse().map_err(|_| format!("invalid sinceTime: {t:?} is not RFC 3339"))?),
+            (None, Some(t)) => Some(
+                t.parse()
+                    .map_err(|_| format!("invalid sinceTime: {t:?} is not RFC 3339"))?,
+            ),
             (None, None) => None,
         };
         Ok(Self {
@@ -142,7 +157,10 @@ pub fn render(records: &[Record], q: &LogQuery) -> String {
             start
         }
     };
-    kept[start..].iter().map(|r| r.render(q.timestamps)).collect()
+    kept[start..]
+        .iter()
+        .map(|r| r.render(q.timestamps))
+        .collect()
 }
 
 // === the store ===
@@ -186,7 +204,10 @@ pub struct LogError {
 
 impl LogStore {
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into(), pods: Mutex::new(HashMap::new()) }
+        Self {
+            root: root.into(),
+            pods: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Makes a pod's containers known (before any of them starts).
@@ -195,7 +216,12 @@ impl LogStore {
         let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
         pods.insert(
             (ns.to_owned(), pod.to_owned()),
-            PodLogs { uid: uid.to_owned(), dir, names, instances: HashMap::new() },
+            PodLogs {
+                uid: uid.to_owned(),
+                dir,
+                names,
+                instances: HashMap::new(),
+            },
         );
     }
 
@@ -223,12 +249,17 @@ impl LogStore {
         let (path, tx) = {
             let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
             let Some(p) = pods.get_mut(&(ns.to_owned(), pod.to_owned())) else {
-                return Err(std::io::Error::other(format!("pod {ns}/{pod} is not registered")));
+                return Err(std::io::Error::other(format!(
+                    "pod {ns}/{pod} is not registered"
+                )));
             };
             let list = p.instances.entry(container.to_owned()).or_default();
             let path = p.dir.join(container).join(format!("{}.log", list.len()));
             let (tx, rx) = watch::channel(Progress::default());
-            list.push(Instance { path: path.clone(), progress: rx });
+            list.push(Instance {
+                path: path.clone(),
+                progress: rx,
+            });
             (path, tx)
         };
         if let Some(dir) = path.parent() {
@@ -247,10 +278,22 @@ impl LogStore {
         Ok(())
     }
 
-    fn instance(&self, ns: &str, pod: &str, container: Option<&str>, previous: bool) -> Result<Instance, LogError> {
+    fn instance(
+        &self,
+        ns: &str,
+        pod: &str,
+        container: Option<&str>,
+        previous: bool,
+    ) -> Result<Instance, LogError> {
         let pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
-        let not_found = |message: String| LogError { code: StatusCode::NOT_FOUND, message };
-        let bad = |message: String| LogError { code: StatusCode::BAD_REQUEST, message };
+        let not_found = |message: String| LogError {
+            code: StatusCode::NOT_FOUND,
+            message,
+        };
+        let bad = |message: String| LogError {
+            code: StatusCode::BAD_REQUEST,
+            message,
+        };
         let p = pods
             .get(&(ns.to_owned(), pod.to_owned()))
             .ok_or_else(|| not_found(format!("pod {ns}/{pod} is not known to this kubelet")))?;
@@ -267,14 +310,24 @@ impl LogStore {
         if !p.names.contains(&name) {
             return Err(bad(format!("container {name} is not valid for pod {pod}")));
         }
-        let list = p.instances.get(&name).map(Vec::as_slice).unwrap_or_default();
-        let pick = if previous { list.len().checked_sub(2) } else { list.len().checked_sub(1) };
+        let list = p
+            .instances
+            .get(&name)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let pick = if previous {
+            list.len().checked_sub(2)
+        } else {
+            list.len().checked_sub(1)
+        };
         match pick {
             Some(i) => Ok(list[i].clone()),
             None if previous => Err(bad(format!(
                 "previous terminated container \"{name}\" in pod \"{pod}\" not found"
             ))),
-            None => Err(bad(format!("container \"{name}\" in pod \"{pod}\" is waiting to start: ContainerCreating"))),
+            None => Err(bad(format!(
+                "container \"{name}\" in pod \"{pod}\" is waiting to start: ContainerCreating"
+            ))),
         }
     }
 
@@ -293,8 +346,13 @@ impl LogStore {
         };
         let mut progress = inst.progress.clone();
         let snapshot = *progress.borrow_and_update();
-        let bytes = read_from(&inst.path, 0, snapshot.written).await.map_err(io)?;
-        let records: Vec<Record> = String::from_utf8_lossy(&bytes).lines().filter_map(Record::decode).collect();
+        let bytes = read_from(&inst.path, 0, snapshot.written)
+            .await
+            .map_err(io)?;
+        let records: Vec<Record> = String::from_utf8_lossy(&bytes)
+            .lines()
+            .filter_map(Record::decode)
+            .collect();
         let mut budget = q.limit_bytes.unwrap_or(usize::MAX);
         let first = clip(render(&records, &q), &mut budget);
         if !q.follow || snapshot.done || budget == 0 {
@@ -303,30 +361,47 @@ impl LogStore {
         // Follow: wait for the writer to report progress, then send what was added.
         let path = inst.path.clone();
         let state = (path, snapshot.written, progress, q, budget, Some(first));
-        let stream = futures::stream::unfold(state, |(path, offset, mut progress, q, mut budget, first)| async move {
-            if let Some(first) = first {
-                return Some((Ok::<_, std::io::Error>(first), (path, offset, progress, q, budget, None)));
-            }
-            loop {
-                if budget == 0 {
-                    return None;
+        let stream = futures::stream::unfold(
+            state,
+            |(path, offset, mut progress, q, mut budget, first)| async move {
+                if let Some(first) = first {
+                    return Some((
+                        Ok::<_, std::io::Error>(first),
+                        (path, offset, progress, q, budget, None),
+                    ));
                 }
-                let now = *progress.borrow_and_update();
-                if now.written > offset {
-                    let bytes = match read_from(&path, offset, now.written).await {
-                        Ok(b) => b,
-                        Err(e) => return Some((Err(e), (path, offset, progress, q, 0, None))),
-                    };
-                    let records: Vec<Record> =
-                        String::from_utf8_lossy(&bytes).lines().filter_map(Record::decode).collect();
-                    let chunk = clip(render(&records, &LogQuery { tail_lines: None, ..q.clone() }), &mut budget);
-                    return Some((Ok(chunk), (path, now.written, progress, q, budget, None)));
+                loop {
+                    if budget == 0 {
+                        return None;
+                    }
+                    let now = *progress.borrow_and_update();
+                    if now.written > offset {
+                        let bytes = match read_from(&path, offset, now.written).await {
+                            Ok(b) => b,
+                            Err(e) => return Some((Err(e), (path, offset, progress, q, 0, None))),
+                        };
+                        let records: Vec<Record> = String::from_utf8_lossy(&bytes)
+                            .lines()
+                            .filter_map(Record::decode)
+                            .collect();
+                        let chunk = clip(
+                            render(
+                                &records,
+                                &LogQuery {
+                                    tail_lines: None,
+                                    ..q.clone()
+                                },
+                            ),
+                            &mut budget,
+                        );
+                        return Some((Ok(chunk), (path, now.written, progress, q, budget, None)));
+                    }
+                    if now.done || progress.changed().await.is_err() {
+                        return None;
+                    }
                 }
-                if now.done || progress.changed().await.is_err() {
-                    return None;
-                }
-            }
-        });
+            },
+        );
         Ok(Body::from_stream(stream))
     }
 }
@@ -360,14 +435,23 @@ async fn copy_stream(reader: impl AsyncRead + Unpin, stream: &'static str, sink:
     let mut buf = Vec::new();
     loop {
         buf.clear();
-        let n = match (&mut reader).take(MAX_RECORD as u64).read_until(b'\n', &mut buf).await {
+        let n = match (&mut reader)
+            .take(MAX_RECORD as u64)
+            .read_until(b'\n', &mut buf)
+            .await
+        {
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
         let complete = buf.ends_with(b"\n");
         let text = String::from_utf8_lossy(if complete { &buf[..n - 1] } else { &buf[..] });
         // A record line must not contain a newline of its own; CR is kept as text.
-        let record = Record { time: Timestamp::now(), stream: stream.into(), partial: !complete, text: text.into_owned() };
+        let record = Record {
+            time: Timestamp::now(),
+            stream: stream.into(),
+            partial: !complete,
+            text: text.into_owned(),
+        };
         let line = record.encode();
         let mut guard = sink.lock().await;
         let (file, tx) = &mut *guard;
@@ -383,8 +467,14 @@ async fn copy_stream(reader: impl AsyncRead + Unpin, stream: &'static str, sink:
 /// The kubelet's log endpoint as an axum router.
 pub fn router(store: Arc<LogStore>) -> axum::Router {
     axum::Router::new()
-        .route("/containerLogs/{ns}/{pod}/{container}", axum::routing::get(with_container))
-        .route("/containerLogs/{ns}/{pod}", axum::routing::get(without_container))
+        .route(
+            "/containerLogs/{ns}/{pod}/{container}",
+            axum::routing::get(with_container),
+        )
+        .route(
+            "/containerLogs/{ns}/{pod}",
+            axum::routing::get(without_container),
+        )
         .route("/healthz", axum::routing::get(|| async { "ok" }))
         .with_state(store)
 }
@@ -445,29 +535,61 @@ mod tests {
 
     #[test]
     fn render_tails_whole_lines_and_filters_by_time() {
-        let records = vec![rec(1, "one", false), rec(2, "tw", true), rec(3, "o", false), rec(4, "three", false)];
+        let records = vec![
+            rec(1, "one", false),
+            rec(2, "tw", true),
+            rec(3, "o", false),
+            rec(4, "three", false),
+        ];
         let all = LogQuery::default();
         assert_eq!(render(&records, &all), "one\ntwo\nthree\n");
-        let tail = LogQuery { tail_lines: Some(2), ..LogQuery::default() };
+        let tail = LogQuery {
+            tail_lines: Some(2),
+            ..LogQuery::default()
+        };
         assert_eq!(render(&records, &tail), "two\nthree\n");
-        let none = LogQuery { tail_lines: Some(0), ..LogQuery::default() };
+        let none = LogQuery {
+            tail_lines: Some(0),
+            ..LogQuery::default()
+        };
         assert_eq!(render(&records, &none), "");
-        let since = LogQuery { since: Some(records[3].time), ..LogQuery::default() };
+        let since = LogQuery {
+            since: Some(records[3].time),
+            ..LogQuery::default()
+        };
         assert_eq!(render(&records, &since), "three\n");
-        let ts = LogQuery { timestamps: true, tail_lines: Some(1), ..LogQuery::default() };
-        assert_eq!(render(&records, &ts), format!("{} three\n", records[3].time));
+        let ts = LogQuery {
+            timestamps: true,
+            tail_lines: Some(1),
+            ..LogQuery::default()
+        };
+        assert_eq!(
+            render(&records, &ts),
+            format!("{} three\n", records[3].time)
+        );
     }
 
     #[test]
     fn query_parsing_rejects_bad_values() {
         let now = Timestamp::from_second(1_800_000_000).unwrap();
         let p = |pairs: &[(&str, &str)]| {
-            let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            let m: HashMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
             LogQuery::parse(&m, now)
         };
-        let q = p(&[("follow", "true"), ("tailLines", "5"), ("sinceSeconds", "10")]).unwrap();
+        let q = p(&[
+            ("follow", "true"),
+            ("tailLines", "5"),
+            ("sinceSeconds", "10"),
+        ])
+        .unwrap();
         assert!(q.follow && q.tail_lines == Some(5));
-        assert_eq!(q.since, Some(Timestamp::from_second(1_800_000_000 - 10).unwrap()));
+        assert_eq!(
+            q.since,
+            Some(Timestamp::from_second(1_800_000_000 - 10).unwrap())
+        );
         assert!(p(&[("tailLines", "x")]).is_err());
         assert!(p(&[("limitBytes", "-1")]).is_err());
         assert!(p(&[("follow", "maybe")]).is_err());
@@ -480,12 +602,25 @@ mod tests {
         let store = Arc::new(LogStore::new(dir.path()));
         store.register_pod("ns", "p", "u", vec!["c".into()]);
         for text in ["first\n", "second\nno newline"] {
-            store.capture("ns", "p", "c", text.as_bytes(), &b""[..]).await.unwrap();
+            store
+                .capture("ns", "p", "c", text.as_bytes(), &b""[..])
+                .await
+                .unwrap();
         }
         // Captures run in the background; wait until both instances are done.
         for _ in 0..100 {
-            let done = store.instance("ns", "p", None, false).unwrap().progress.borrow().done
-                && store.instance("ns", "p", None, true).unwrap().progress.borrow().done;
+            let done = store
+                .instance("ns", "p", None, false)
+                .unwrap()
+                .progress
+                .borrow()
+                .done
+                && store
+                    .instance("ns", "p", None, true)
+                    .unwrap()
+                    .progress
+                    .borrow()
+                    .done;
             if done {
                 break;
             }
@@ -494,16 +629,35 @@ mod tests {
         let read = |previous| {
             let store = store.clone();
             async move {
-                let body = store.read("ns", "p", None, LogQuery { previous, ..LogQuery::default() }).await.unwrap();
+                let body = store
+                    .read(
+                        "ns",
+                        "p",
+                        None,
+                        LogQuery {
+                            previous,
+                            ..LogQuery::default()
+                        },
+                    )
+                    .await
+                    .unwrap();
                 let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
                 String::from_utf8(bytes.to_vec()).unwrap()
             }
         };
         assert_eq!(read(true).await, "first\n");
         assert_eq!(read(false).await, "second\nno newline");
-        let err = store.read("ns", "p", Some("x"), LogQuery::default()).await.err().unwrap();
+        let err = store
+            .read("ns", "p", Some("x"), LogQuery::default())
+            .await
+            .err()
+            .unwrap();
         assert_eq!(err.code, StatusCode::BAD_REQUEST);
-        let err = store.read("ns", "q", None, LogQuery::default()).await.err().unwrap();
+        let err = store
+            .read("ns", "q", None, LogQuery::default())
+            .await
+            .err()
+            .unwrap();
         assert_eq!(err.code, StatusCode::NOT_FOUND);
     }
 }

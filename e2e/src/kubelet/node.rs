@@ -97,7 +97,10 @@ impl NodeSpec {
             };
             resources.insert(name, parse_milli(&q).map_err(|e| (field, e))?);
         }
-        Ok(NodeAllocatable { resources, pods: i128::from(self.pods) })
+        Ok(NodeAllocatable {
+            resources,
+            pods: i128::from(self.pods),
+        })
     }
 
     /// Node labels: the well-known ones a kubelet sets, then the declared ones.
@@ -158,7 +161,11 @@ pub fn node_status(spec: &NodeSpec, log_port: u16, now: &str) -> serde_json::Val
 
 /// Creates the Node (or takes over an existing one) and publishes its status. Returns the
 /// Node's uid, for the lease's owner reference.
-pub async fn register(client: &kube::Client, spec: &NodeSpec, log_port: u16) -> Result<String, kube::Error> {
+pub async fn register(
+    client: &kube::Client,
+    spec: &NodeSpec,
+    log_port: u16,
+) -> Result<String, kube::Error> {
     let nodes: Api<Node> = Api::all(client.clone());
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
     let status = node_status(spec, log_port, &now);
@@ -173,39 +180,65 @@ pub async fn register(client: &kube::Client, spec: &NodeSpec, log_port: u16) -> 
     match nodes.create(&PostParams::default(), &object).await {
         Ok(_) => {}
         Err(kube::Error::Api(e)) if e.code == 409 => {
-            let meta = json!({"metadata": {"labels": spec.all_labels()}, "spec": {"taints": spec.taints}});
-            nodes.patch(&spec.name, &PatchParams::default(), &Patch::Merge(&meta)).await?;
+            let meta =
+                json!({"metadata": {"labels": spec.all_labels()}, "spec": {"taints": spec.taints}});
+            nodes
+                .patch(&spec.name, &PatchParams::default(), &Patch::Merge(&meta))
+                .await?;
         }
         Err(e) => return Err(e),
     }
     // Servers differ in whether a create keeps status; the status subresource always does.
     let node = nodes
-        .patch_status(&spec.name, &PatchParams::default(), &Patch::Merge(&json!({"status": status})))
+        .patch_status(
+            &spec.name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": status})),
+        )
         .await?;
     Ok(node.metadata.uid.unwrap_or_default())
 }
 
 /// One heartbeat: renew the node's Lease (creating it, and its namespace, if missing) and
 /// refresh the Ready condition's heartbeat time.
-pub async fn heartbeat(client: &kube::Client, spec: &NodeSpec, node_uid: &str, log_port: u16) -> Result<(), kube::Error> {
+pub async fn heartbeat(
+    client: &kube::Client,
+    spec: &NodeSpec,
+    node_uid: &str,
+    log_port: u16,
+) -> Result<(), kube::Error> {
     let now_ts = k8s_openapi::jiff::Timestamp::now();
     let micro = now_ts.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string();
     let leases: Api<Lease> = Api::namespaced(client.clone(), LEASE_NAMESPACE);
     let renew = json!({"spec": {"renewTime": micro, "holderIdentity": spec.name}});
-    match leases.patch(&spec.name, &PatchParams::default(), &Patch::Merge(&renew)).await {
+    match leases
+        .patch(&spec.name, &PatchParams::default(), &Patch::Merge(&renew))
+        .await
+    {
         Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 404 => create_lease(client, spec, node_uid, &micro).await?,
+        Err(kube::Error::Api(e)) if e.code == 404 => {
+            create_lease(client, spec, node_uid, &micro).await?
+        }
         Err(e) => return Err(e),
     }
     let nodes: Api<Node> = Api::all(client.clone());
     let status = node_status(spec, log_port, &now_ts.to_string());
     nodes
-        .patch_status(&spec.name, &PatchParams::default(), &Patch::Merge(&json!({"status": status})))
+        .patch_status(
+            &spec.name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": status})),
+        )
         .await?;
     Ok(())
 }
 
-async fn create_lease(client: &kube::Client, spec: &NodeSpec, node_uid: &str, micro: &str) -> Result<(), kube::Error> {
+async fn create_lease(
+    client: &kube::Client,
+    spec: &NodeSpec,
+    node_uid: &str,
+    micro: &str,
+) -> Result<(), kube::Error> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), LEASE_NAMESPACE);
     let lease: Lease = serde_json::from_value(json!({
         "metadata": {
@@ -225,14 +258,18 @@ async fn create_lease(client: &kube::Client, spec: &NodeSpec, node_uid: &str, mi
         Err(kube::Error::Api(e)) if e.code == 404 => {
             // A fresh in-repo server has no kube-node-lease namespace; a real cluster does.
             let namespaces: Api<Namespace> = Api::all(client.clone());
-            let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": LEASE_NAMESPACE}}))
-                .map_err(kube::Error::SerdeError)?;
+            let ns: Namespace =
+                serde_json::from_value(json!({"metadata": {"name": LEASE_NAMESPACE}}))
+                    .map_err(kube::Error::SerdeError)?;
             match namespaces.create(&PostParams::default(), &ns).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(e)) if e.code == 409 => {}
                 Err(e) => return Err(e),
             }
-            leases.create(&PostParams::default(), &lease).await.map(|_| ())
+            leases
+                .create(&PostParams::default(), &lease)
+                .await
+                .map(|_| ())
         }
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
         Err(e) => Err(e),
@@ -254,21 +291,45 @@ mod tests {
         assert_eq!(alloc.resources["nvidia.com/gpu"], 4000);
         assert_eq!(spec.all_labels()["kubernetes.io/hostname"], "gpu-01");
         assert_eq!(spec.all_labels()["pool"], "a");
-        assert!(!NodeSpec::new("cpu-01", "1", "1Gi", 0).capacity().contains_key("nvidia.com/gpu"));
+        assert!(
+            !NodeSpec::new("cpu-01", "1", "1Gi", 0)
+                .capacity()
+                .contains_key("nvidia.com/gpu")
+        );
     }
 
     #[test]
     fn bad_quantities_name_the_field() {
-        let err = NodeSpec::new("n", "lots", "1Gi", 0).allocatable().unwrap_err();
+        let err = NodeSpec::new("n", "lots", "1Gi", 0)
+            .allocatable()
+            .unwrap_err();
         assert_eq!(err.0, "cpu");
     }
 
     #[test]
     fn status_deserialises_as_a_node_status() {
-        let status = node_status(&NodeSpec::new("n", "1", "1Gi", 1), 4321, "2026-01-01T00:00:00Z");
-        let parsed: k8s_openapi::api::core::v1::NodeStatus = serde_json::from_value(status).unwrap();
-        assert_eq!(parsed.daemon_endpoints.unwrap().kubelet_endpoint.unwrap().port, 4321);
-        let ready = parsed.conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap();
+        let status = node_status(
+            &NodeSpec::new("n", "1", "1Gi", 1),
+            4321,
+            "2026-01-01T00:00:00Z",
+        );
+        let parsed: k8s_openapi::api::core::v1::NodeStatus =
+            serde_json::from_value(status).unwrap();
+        assert_eq!(
+            parsed
+                .daemon_endpoints
+                .unwrap()
+                .kubelet_endpoint
+                .unwrap()
+                .port,
+            4321
+        );
+        let ready = parsed
+            .conditions
+            .unwrap()
+            .into_iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap();
         assert_eq!(ready.status, "True");
     }
 }

@@ -43,13 +43,18 @@ pub struct Backoff {
 
 impl Default for Backoff {
     fn default() -> Self {
-        Self { initial: Duration::from_millis(200), max: Duration::from_secs(3) }
+        Self {
+            initial: Duration::from_millis(200),
+            max: Duration::from_secs(3),
+        }
     }
 }
 
 impl Backoff {
     pub fn delay(&self, failures: u32) -> Duration {
-        self.initial.saturating_mul(1 << failures.min(16)).min(self.max)
+        self.initial
+            .saturating_mul(1 << failures.min(16))
+            .min(self.max)
     }
 }
 
@@ -92,7 +97,10 @@ impl NodeCtx {
     }
 
     fn release(&self, uid: &str) {
-        self.admitted.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
+        self.admitted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(uid);
     }
 }
 
@@ -121,9 +129,22 @@ struct Slot {
 
 impl Slot {
     fn new(spec: &Container, waiting: &str) -> Self {
-        let mut record = ContainerRecord::new(&spec.name, spec.image.as_deref().unwrap_or_default());
-        record.state = State::Waiting { reason: waiting.into(), message: None };
-        Self { spec: spec.clone(), record, pid: None, started: None, retry_at: None, failures: 0, ran: false, settled: false }
+        let mut record =
+            ContainerRecord::new(&spec.name, spec.image.as_deref().unwrap_or_default());
+        record.state = State::Waiting {
+            reason: waiting.into(),
+            message: None,
+        };
+        Self {
+            spec: spec.clone(),
+            record,
+            pid: None,
+            started: None,
+            retry_at: None,
+            failures: 0,
+            ran: false,
+            settled: false,
+        }
     }
 
     fn due(&self, now: Instant) -> bool {
@@ -158,17 +179,39 @@ struct Worker {
 
 /// Runs one pod until it is gone from the API. `updates` starts with the pod.
 pub async fn run(ctx: Arc<NodeCtx>, updates: watch::Receiver<Option<Pod>>) {
-    let Some(pod) = updates.borrow().clone() else { return };
-    let ns = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+    let Some(pod) = updates.borrow().clone() else {
+        return;
+    };
+    let ns = pod
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
     let name = pod.metadata.name.clone().unwrap_or_default();
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let spec = pod.spec.clone().unwrap_or_default();
     let has_init = spec.init_containers.as_ref().is_some_and(|v| !v.is_empty());
-    let main_waiting = if has_init { "PodInitializing" } else { "ContainerCreating" };
+    let main_waiting = if has_init {
+        "PodInitializing"
+    } else {
+        "ContainerCreating"
+    };
     let mut w = Worker {
-        init: spec.init_containers.iter().flatten().map(|c| Slot::new(c, "PodInitializing")).collect(),
-        main: spec.containers.iter().map(|c| Slot::new(c, main_waiting)).collect(),
-        policy: spec.restart_policy.clone().unwrap_or_else(|| "Always".into()),
+        init: spec
+            .init_containers
+            .iter()
+            .flatten()
+            .map(|c| Slot::new(c, "PodInitializing"))
+            .collect(),
+        main: spec
+            .containers
+            .iter()
+            .map(|c| Slot::new(c, main_waiting))
+            .collect(),
+        policy: spec
+            .restart_policy
+            .clone()
+            .unwrap_or_else(|| "Always".into()),
         ctx,
         updates,
         pod,
@@ -188,7 +231,12 @@ pub async fn run(ctx: Arc<NodeCtx>, updates: watch::Receiver<Option<Pod>>) {
 
 impl Worker {
     async fn lifecycle(&mut self) {
-        let phase = self.pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+        let phase = self
+            .pod
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.clone())
+            .unwrap_or_default();
         if phase == "Succeeded" || phase == "Failed" {
             // Finished before this kubelet saw it (or rejected): only removal is left.
             return self.await_removal().await;
@@ -200,8 +248,15 @@ impl Worker {
             self.reject(rejection).await;
             return self.await_removal().await;
         }
-        let names = self.init.iter().chain(&self.main).map(|s| s.spec.name.clone()).collect();
-        self.ctx.logs.register_pod(&self.ns, &self.name, &self.uid, names);
+        let names = self
+            .init
+            .iter()
+            .chain(&self.main)
+            .map(|s| s.spec.name.clone())
+            .collect();
+        self.ctx
+            .logs
+            .register_pod(&self.ns, &self.name, &self.uid, names);
         loop {
             if self.deleting() {
                 break;
@@ -264,7 +319,12 @@ impl Worker {
         if self.finished {
             return None;
         }
-        self.init.iter().chain(&self.main).filter(|s| s.pid.is_none() && !s.settled).filter_map(|s| s.retry_at).min()
+        self.init
+            .iter()
+            .chain(&self.main)
+            .filter(|s| s.pid.is_none() && !s.settled)
+            .filter_map(|s| s.retry_at)
+            .min()
     }
 
     // === starting containers ===
@@ -294,7 +354,10 @@ impl Worker {
     fn wait(&mut self, kind: Kind, idx: usize, reason: &str, message: String) {
         let backoff = self.ctx.backoff;
         let slot = self.slot(kind, idx);
-        slot.record.state = State::Waiting { reason: reason.into(), message: Some(message) };
+        slot.record.state = State::Waiting {
+            reason: reason.into(),
+            message: Some(message),
+        };
         slot.retry_at = Some(Instant::now() + backoff.delay(slot.failures));
         slot.failures += 1;
         self.dirty = true;
@@ -308,11 +371,17 @@ impl Worker {
                 let pulled_before = matches!(&self.slot(kind, idx).record.state,
                     State::Waiting { reason, .. } if reason == "ErrImagePull" || reason == "ImagePullBackOff");
                 let (reason, message) = if pulled_before {
-                    ("ImagePullBackOff", format!("Back-off pulling image \"{image}\""))
+                    (
+                        "ImagePullBackOff",
+                        format!("Back-off pulling image \"{image}\""),
+                    )
                 } else {
-                    ("ErrImagePull", format!(
-                        "failed to pull image \"{image}\": the process kubelet's image table has no entry for it"
-                    ))
+                    (
+                        "ErrImagePull",
+                        format!(
+                            "failed to pull image \"{image}\": the process kubelet's image table has no entry for it"
+                        ),
+                    )
                 };
                 return self.wait(kind, idx, reason, message);
             }
@@ -336,7 +405,12 @@ impl Worker {
         if let Some(dir) = container.working_dir.as_deref() {
             cwd.push(dir.trim_start_matches('/'));
         }
-        let target = Target { namespace: &self.ns, pod: &self.name, container: &container.name, cwd: &cwd };
+        let target = Target {
+            namespace: &self.ns,
+            pod: &self.name,
+            container: &container.name,
+            cwd: &cwd,
+        };
         match process::start(&launch, &env, target, &self.ctx.logs, &self.ctx.groups).await {
             Ok(started) => {
                 let slot = self.slot(kind, idx);
@@ -348,13 +422,21 @@ impl Worker {
                 slot.retry_at = None;
                 slot.started = Some((Instant::now(), started.started_at));
                 slot.record.container_id = Some(format!("process://{}", started.pid));
-                slot.record.state = State::Running { started_at: started.started_at };
+                slot.record.state = State::Running {
+                    started_at: started.started_at,
+                };
                 let exit = started.exit;
-                self.exits.push(Box::pin(async move { (kind, idx, exit.await.unwrap_or(128 + 9)) }));
+                self.exits.push(Box::pin(async move {
+                    (kind, idx, exit.await.unwrap_or(128 + 9))
+                }));
                 self.dirty = true;
                 tracing::debug!(container = %container.name, pid = started.pid, "container started");
             }
-            Err(e) => self.start_failed(kind, idx, format!("failed to start {}: {e}", launch.program.display())),
+            Err(e) => self.start_failed(
+                kind,
+                idx,
+                format!("failed to start {}: {e}", launch.program.display()),
+            ),
         }
     }
 
@@ -427,7 +509,10 @@ impl Worker {
         let reset_after = self.ctx.backoff.max;
         let slot = self.slot(kind, idx);
         slot.pid = None;
-        let (ran_for, started_at) = slot.started.take().map_or((Duration::ZERO, now), |(i, t)| (i.elapsed(), t));
+        let (ran_for, started_at) = slot
+            .started
+            .take()
+            .map_or((Duration::ZERO, now), |(i, t)| (i.elapsed(), t));
         if ran_for >= reset_after {
             slot.failures = 0;
         }
@@ -441,9 +526,14 @@ impl Worker {
         let restart = !self.terminal
             && match kind {
                 Kind::Init => term.exit_code != 0 && self.policy != "Never",
-                Kind::Main => self.policy == "Always" || (self.policy == "OnFailure" && term.exit_code != 0),
+                Kind::Main => {
+                    self.policy == "Always" || (self.policy == "OnFailure" && term.exit_code != 0)
+                }
             };
-        let (backoff, pod_ref) = (self.ctx.backoff, format!("{}_{}({})", self.name, self.ns, self.uid));
+        let (backoff, pod_ref) = (
+            self.ctx.backoff,
+            format!("{}_{}({})", self.name, self.ns, self.uid),
+        );
         let slot = self.slot(kind, idx);
         if restart {
             let delay = backoff.delay(slot.failures);
@@ -471,7 +561,12 @@ impl Worker {
             .pod
             .metadata
             .deletion_grace_period_seconds
-            .or_else(|| self.pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds))
+            .or_else(|| {
+                self.pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.termination_grace_period_seconds)
+            })
             .unwrap_or(30);
         Duration::from_secs(secs.max(0) as u64)
     }
@@ -479,7 +574,12 @@ impl Worker {
     /// SIGTERM every running container's group, wait for them up to the grace period
     /// (shortened if a later delete asks for less), then SIGKILL what is left.
     async fn kill_all(&mut self) {
-        let running: Vec<i32> = self.init.iter().chain(&self.main).filter_map(|s| s.pid).collect();
+        let running: Vec<i32> = self
+            .init
+            .iter()
+            .chain(&self.main)
+            .filter_map(|s| s.pid)
+            .collect();
         if running.is_empty() {
             return;
         }
@@ -513,14 +613,17 @@ impl Worker {
         let now = Timestamp::now();
         for slot in self.init.iter_mut().chain(self.main.iter_mut()) {
             if let State::Waiting { .. } = slot.record.state {
-                slot.record.state = State::Terminated(slot.record.last.take().unwrap_or(Termination {
-                    exit_code: 137,
-                    reason: "ContainerStatusUnknown".into(),
-                    message: Some("The container could not be located when the pod was terminated".into()),
-                    started_at: None,
-                    finished_at: now,
-                    container_id: None,
-                }));
+                slot.record.state =
+                    State::Terminated(slot.record.last.take().unwrap_or(Termination {
+                        exit_code: 137,
+                        reason: "ContainerStatusUnknown".into(),
+                        message: Some(
+                            "The container could not be located when the pod was terminated".into(),
+                        ),
+                        started_at: None,
+                        finished_at: now,
+                        container_id: None,
+                    }));
             }
         }
         self.ctx.release(&self.uid);
@@ -537,7 +640,10 @@ impl Worker {
             let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
             let params = DeleteParams {
                 grace_period_seconds: Some(0),
-                preconditions: Some(Preconditions { uid: Some(self.uid.clone()), resource_version: None }),
+                preconditions: Some(Preconditions {
+                    uid: Some(self.uid.clone()),
+                    resource_version: None,
+                }),
                 ..DeleteParams::default()
             };
             match pods.delete(&self.name, &params).await {
@@ -572,7 +678,10 @@ impl Worker {
 
     async fn write_status(&mut self, patch: serde_json::Value) {
         let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
-        match pods.patch_status(&self.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        match pods
+            .patch_status(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
             Ok(pod) => {
                 if pod.metadata.uid.as_deref() == Some(self.uid.as_str()) {
                     self.pod = pod;
@@ -628,7 +737,10 @@ mod tests {
 
     #[test]
     fn backoff_doubles_and_caps() {
-        let b = Backoff { initial: Duration::from_millis(100), max: Duration::from_millis(500) };
+        let b = Backoff {
+            initial: Duration::from_millis(100),
+            max: Duration::from_millis(500),
+        };
         let got: Vec<u128> = (0..5).map(|n| b.delay(n).as_millis()).collect();
         assert_eq!(got, vec![100, 200, 400, 500, 500]);
         assert_eq!(b.delay(u32::MAX), Duration::from_millis(500));

@@ -21,16 +21,27 @@ pub struct ProcessGroups(Arc<Mutex<HashSet<i32>>>);
 
 impl ProcessGroups {
     fn insert(&self, pgid: i32) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).insert(pgid);
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(pgid);
     }
 
     fn remove(&self, pgid: i32) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(&pgid);
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&pgid);
     }
 
     /// SIGKILLs every group still alive.
     pub fn kill_all(&self) {
-        let groups: Vec<i32> = self.0.lock().unwrap_or_else(|e| e.into_inner()).drain().collect();
+        let groups: Vec<i32> = self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .collect();
         for pgid in groups {
             signal_group(pgid, Signal::SIGKILL);
         }
@@ -82,7 +93,10 @@ pub async fn start(
         .args(&launch.args)
         .current_dir(target.cwd)
         .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into()))
+        .env(
+            "PATH",
+            std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into()),
+        )
         .env("HOME", target.cwd)
         .env("HOSTNAME", target.pod)
         .envs(env.iter().map(|(k, v)| (k, v)))
@@ -101,7 +115,16 @@ pub async fn start(
         signal_group(pid, Signal::SIGKILL);
         return Err(std::io::Error::other("spawned process has no output pipes"));
     };
-    if let Err(e) = logs.capture(target.namespace, target.pod, target.container, stdout, stderr).await {
+    if let Err(e) = logs
+        .capture(
+            target.namespace,
+            target.pod,
+            target.container,
+            stdout,
+            stderr,
+        )
+        .await
+    {
         signal_group(pid, Signal::SIGKILL);
         return Err(e);
     }
@@ -117,13 +140,20 @@ pub async fn start(
             Err(_) => 128 + Signal::SIGKILL as i32,
         }
     });
-    Ok(Started { pid, started_at, exit })
+    Ok(Started {
+        pid,
+        started_at,
+        exit,
+    })
 }
 
 /// The exit code a container runtime reports: the code, or 128 + the signal number.
 pub fn exit_code(status: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
-    status.code().or_else(|| status.signal().map(|s| 128 + s)).unwrap_or(255)
+    status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(255)
 }
 
 #[cfg(test)]
@@ -132,7 +162,11 @@ mod tests {
     use std::path::PathBuf;
 
     fn sh(script: &str) -> Launch {
-        Launch { program: PathBuf::from("sh"), arg0: "sh".into(), args: vec!["-c".into(), script.into()] }
+        Launch {
+            program: PathBuf::from("sh"),
+            arg0: "sh".into(),
+            args: vec!["-c".into(), script.into()],
+        }
     }
 
     #[tokio::test]
@@ -142,14 +176,26 @@ mod tests {
         logs.register_pod("ns", "p", "u", vec!["c".into()]);
         let groups = ProcessGroups::default();
         let cwd = dir.path().join("sandbox");
-        let target = Target { namespace: "ns", pod: "p", container: "c", cwd: &cwd };
+        let target = Target {
+            namespace: "ns",
+            pod: "p",
+            container: "c",
+            cwd: &cwd,
+        };
         let env = vec![("X".to_string(), "7".to_string())];
-        let done = start(&sh("exit $X"), &env, target, &logs, &groups).await.unwrap();
+        let done = start(&sh("exit $X"), &env, target, &logs, &groups)
+            .await
+            .unwrap();
         assert_eq!(done.exit.await.unwrap(), 7);
 
-        let long = start(&sh("sleep 30 & sleep 30"), &[], target, &logs, &groups).await.unwrap();
+        let long = start(&sh("sleep 30 & sleep 30"), &[], target, &logs, &groups)
+            .await
+            .unwrap();
         signal_group(long.pid, Signal::SIGTERM);
         assert_eq!(long.exit.await.unwrap(), 128 + 15);
-        assert!(groups.0.lock().unwrap().is_empty(), "exited groups are forgotten");
+        assert!(
+            groups.0.lock().unwrap().is_empty(),
+            "exited groups are forgotten"
+        );
     }
 }

@@ -9,7 +9,9 @@ use thiserror::Error;
 
 /// A quantity string that is not a Kubernetes quantity.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error("quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$': {0:?}")]
+#[error(
+    "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$': {0:?}"
+)]
 pub struct QuantityError(pub String);
 
 /// Parses a quantity into milli-units, rounding up any finer fraction (0.1m -> 1m).

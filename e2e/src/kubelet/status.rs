@@ -38,7 +38,12 @@ pub struct Termination {
 
 impl Termination {
     /// A process that exited: `Completed` for 0, else `Error` (a runtime's reasons).
-    pub fn exited(exit_code: i32, started_at: Timestamp, finished_at: Timestamp, id: String) -> Self {
+    pub fn exited(
+        exit_code: i32,
+        started_at: Timestamp,
+        finished_at: Timestamp,
+        id: String,
+    ) -> Self {
         Self {
             exit_code,
             reason: if exit_code == 0 { "Completed" } else { "Error" }.into(),
@@ -138,7 +143,11 @@ pub fn phase(restart_policy: &str, rt: &PodRuntime) -> &'static str {
         return "Pending";
     }
     if rt.terminal || restart_policy == "Never" {
-        return if stopped == succeeded { "Succeeded" } else { "Failed" };
+        return if stopped == succeeded {
+            "Succeeded"
+        } else {
+            "Failed"
+        };
     }
     if restart_policy == "OnFailure" && stopped == succeeded {
         return "Succeeded";
@@ -148,7 +157,11 @@ pub fn phase(restart_policy: &str, rt: &PodRuntime) -> &'static str {
 
 /// `QOSClass` from the containers' requests and limits.
 pub fn qos_class(pod: &Pod) -> &'static str {
-    let containers = pod.spec.iter().flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()));
+    let containers = pod.spec.iter().flat_map(|s| {
+        s.containers
+            .iter()
+            .chain(s.init_containers.iter().flatten())
+    });
     let (mut any, mut guaranteed) = (false, true);
     for c in containers {
         let res = c.resources.as_ref();
@@ -174,7 +187,9 @@ pub fn qos_class(pod: &Pod) -> &'static str {
 /// times are carried over from the pod's current status when the condition did not change.
 pub fn build(pod: &Pod, rt: &PodRuntime, now: Timestamp) -> PodStatus {
     let spec = pod.spec.as_ref();
-    let policy = spec.and_then(|s| s.restart_policy.as_deref()).unwrap_or("Always");
+    let policy = spec
+        .and_then(|s| s.restart_policy.as_deref())
+        .unwrap_or("Always");
     let phase = phase(policy, rt);
     let finished = matches!(phase, "Succeeded" | "Failed");
     let previous = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
@@ -194,16 +209,32 @@ pub fn build(pod: &Pod, rt: &PodRuntime, now: Timestamp) -> PodStatus {
             ..PodCondition::default()
         }
     };
-    let unfinished_init: Vec<&str> =
-        rt.init.iter().filter(|c| !c.succeeded()).map(|c| c.name.as_str()).collect();
-    let unready: Vec<&str> =
-        rt.containers.iter().filter(|c| !c.is_running()).map(|c| c.name.as_str()).collect();
+    let unfinished_init: Vec<&str> = rt
+        .init
+        .iter()
+        .filter(|c| !c.succeeded())
+        .map(|c| c.name.as_str())
+        .collect();
+    let unready: Vec<&str> = rt
+        .containers
+        .iter()
+        .filter(|c| !c.is_running())
+        .map(|c| c.name.as_str())
+        .collect();
     let list = |names: &[&str]| format!("[{}]", names.join(" "));
     let initialized = if unfinished_init.is_empty() {
         condition("Initialized", true, None, None)
     } else {
-        let msg = format!("containers with incomplete status: {}", list(&unfinished_init));
-        condition("Initialized", false, Some("ContainersNotInitialized".into()), Some(msg))
+        let msg = format!(
+            "containers with incomplete status: {}",
+            list(&unfinished_init)
+        );
+        condition(
+            "Initialized",
+            false,
+            Some("ContainersNotInitialized".into()),
+            Some(msg),
+        )
     };
     let readiness = |type_: &str| {
         if finished {
@@ -227,9 +258,13 @@ pub fn build(pod: &Pod, rt: &PodRuntime, now: Timestamp) -> PodStatus {
         phase: Some(phase.into()),
         conditions: Some(conditions),
         host_ip: Some(rt.host_ip.clone()),
-        host_ips: Some(vec![HostIP { ip: rt.host_ip.clone() }]),
+        host_ips: Some(vec![HostIP {
+            ip: rt.host_ip.clone(),
+        }]),
         pod_ip: Some(rt.pod_ip.clone()),
-        pod_ips: Some(vec![PodIP { ip: rt.pod_ip.clone() }]),
+        pod_ips: Some(vec![PodIP {
+            ip: rt.pod_ip.clone(),
+        }]),
         start_time: Some(Time(rt.start_time)),
         qos_class: Some(qos_class(pod).into()),
         init_container_statuses: (!rt.init.is_empty()).then(|| statuses(&rt.init, false)),
@@ -315,7 +350,10 @@ mod tests {
     }
 
     fn waiting(reason: &str) -> State {
-        State::Waiting { reason: reason.into(), message: None }
+        State::Waiting {
+            reason: reason.into(),
+            message: None,
+        }
     }
 
     fn rt(states: Vec<State>) -> PodRuntime {
@@ -324,7 +362,10 @@ mod tests {
             containers: states
                 .into_iter()
                 .enumerate()
-                .map(|(i, state)| ContainerRecord { state, ..ContainerRecord::new(&format!("c{i}"), "busybox") })
+                .map(|(i, state)| ContainerRecord {
+                    state,
+                    ..ContainerRecord::new(&format!("c{i}"), "busybox")
+                })
                 .collect(),
             start_time: t(0),
             host_ip: "127.0.0.1".into(),
@@ -344,18 +385,84 @@ mod tests {
             terminal: bool,
             want: &'static str,
         }
-        let case = |name, policy, states, want| Case { name, policy, states, restarted: false, terminal: false, want };
+        let case = |name, policy, states, want| Case {
+            name,
+            policy,
+            states,
+            restarted: false,
+            terminal: false,
+            want,
+        };
         let cases = [
-            case("creating is pending", "Never", vec![waiting("ContainerCreating")], "Pending"),
-            case("one running is running", "Never", vec![running(), exited(0)], "Running"),
-            case("never: a failure fails the pod", "Never", vec![exited(0), exited(3)], "Failed"),
-            case("never: all zero succeeds", "Never", vec![exited(0), exited(0)], "Succeeded"),
-            case("on-failure: all zero succeeds", "OnFailure", vec![exited(0)], "Succeeded"),
-            case("on-failure: a failure will restart", "OnFailure", vec![exited(1)], "Running"),
-            case("always: exited will restart", "Always", vec![exited(0)], "Running"),
-            Case { restarted: true, ..case("crash loop counts as stopped", "Always", vec![waiting("CrashLoopBackOff")], "Running") },
-            Case { terminal: true, ..case("deleted always-pod ends by exit codes", "Always", vec![exited(143)], "Failed") },
-            Case { terminal: true, ..case("deleted clean exit succeeds", "Always", vec![exited(0)], "Succeeded") },
+            case(
+                "creating is pending",
+                "Never",
+                vec![waiting("ContainerCreating")],
+                "Pending",
+            ),
+            case(
+                "one running is running",
+                "Never",
+                vec![running(), exited(0)],
+                "Running",
+            ),
+            case(
+                "never: a failure fails the pod",
+                "Never",
+                vec![exited(0), exited(3)],
+                "Failed",
+            ),
+            case(
+                "never: all zero succeeds",
+                "Never",
+                vec![exited(0), exited(0)],
+                "Succeeded",
+            ),
+            case(
+                "on-failure: all zero succeeds",
+                "OnFailure",
+                vec![exited(0)],
+                "Succeeded",
+            ),
+            case(
+                "on-failure: a failure will restart",
+                "OnFailure",
+                vec![exited(1)],
+                "Running",
+            ),
+            case(
+                "always: exited will restart",
+                "Always",
+                vec![exited(0)],
+                "Running",
+            ),
+            Case {
+                restarted: true,
+                ..case(
+                    "crash loop counts as stopped",
+                    "Always",
+                    vec![waiting("CrashLoopBackOff")],
+                    "Running",
+                )
+            },
+            Case {
+                terminal: true,
+                ..case(
+                    "deleted always-pod ends by exit codes",
+                    "Always",
+                    vec![exited(143)],
+                    "Failed",
+                )
+            },
+            Case {
+                terminal: true,
+                ..case(
+                    "deleted clean exit succeeds",
+                    "Always",
+                    vec![exited(0)],
+                    "Succeeded",
+                )
+            },
         ];
         for c in cases {
             let mut r = rt(c.states);
@@ -370,11 +477,18 @@ mod tests {
     #[test]
     fn init_containers_gate_the_pod() {
         let mut r = rt(vec![waiting("PodInitializing")]);
-        r.init = vec![ContainerRecord { state: exited(1), ..ContainerRecord::new("init", "busybox") }];
+        r.init = vec![ContainerRecord {
+            state: exited(1),
+            ..ContainerRecord::new("init", "busybox")
+        }];
         assert_eq!(phase("Never", &r), "Failed");
         assert_eq!(phase("OnFailure", &r), "Pending");
         r.init[0].state = exited(0);
-        assert_eq!(phase("Never", &r), "Pending", "main container still waiting");
+        assert_eq!(
+            phase("Never", &r),
+            "Pending",
+            "main container still waiting"
+        );
     }
 
     fn pod() -> Pod {
@@ -388,7 +502,12 @@ mod tests {
     }
 
     fn cond<'a>(s: &'a PodStatus, type_: &str) -> &'a PodCondition {
-        s.conditions.as_ref().unwrap().iter().find(|c| c.type_ == type_).unwrap()
+        s.conditions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|c| c.type_ == type_)
+            .unwrap()
     }
 
     #[test]
@@ -399,7 +518,10 @@ mod tests {
         assert_eq!(cond(&s, "ContainersReady").status, "True");
         assert_eq!(cond(&s, "PodScheduled").status, "True");
         let init = cond(&s, "Initialized");
-        assert_eq!(init.last_transition_time.as_ref().unwrap().0.to_string(), "2020-01-01T00:00:00Z");
+        assert_eq!(
+            init.last_transition_time.as_ref().unwrap().0.to_string(),
+            "2020-01-01T00:00:00Z"
+        );
         assert_eq!(cond(&s, "Ready").last_transition_time, Some(Time(t(5))));
         let cs = &s.container_statuses.as_ref().unwrap()[0];
         assert!(cs.ready && cs.started == Some(true));
@@ -413,8 +535,16 @@ mod tests {
         let s = build(&pod(), &rt(vec![exited(3)]), t(5));
         assert_eq!(s.phase.as_deref(), Some("Failed"));
         let ready = cond(&s, "Ready");
-        assert_eq!((ready.status.as_str(), ready.reason.as_deref()), ("False", Some("PodCompleted")));
-        let term = s.container_statuses.unwrap()[0].state.clone().unwrap().terminated.unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_deref()),
+            ("False", Some("PodCompleted"))
+        );
+        let term = s.container_statuses.unwrap()[0]
+            .state
+            .clone()
+            .unwrap()
+            .terminated
+            .unwrap();
         assert_eq!((term.exit_code, term.reason.as_deref()), (3, Some("Error")));
     }
 
@@ -423,16 +553,28 @@ mod tests {
         let s = build(&pod(), &rt(vec![waiting("ErrImagePull")]), t(5));
         let ready = cond(&s, "ContainersReady");
         assert_eq!(ready.reason.as_deref(), Some("ContainersNotReady"));
-        assert_eq!(ready.message.as_deref(), Some("containers with unready status: [c0]"));
+        assert_eq!(
+            ready.message.as_deref(),
+            Some("containers with unready status: [c0]")
+        );
     }
 
     #[test]
     fn qos_classes() {
         let with = |res: serde_json::Value| -> Pod {
-            serde_json::from_value(json!({"spec": {"containers": [{"name": "c", "resources": res}]}})).unwrap()
+            serde_json::from_value(
+                json!({"spec": {"containers": [{"name": "c", "resources": res}]}}),
+            )
+            .unwrap()
         };
         assert_eq!(qos_class(&with(json!({}))), "BestEffort");
-        assert_eq!(qos_class(&with(json!({"limits": {"cpu": "1", "memory": "1Gi"}}))), "Guaranteed");
-        assert_eq!(qos_class(&with(json!({"requests": {"cpu": "1"}}))), "Burstable");
+        assert_eq!(
+            qos_class(&with(json!({"limits": {"cpu": "1", "memory": "1Gi"}}))),
+            "Guaranteed"
+        );
+        assert_eq!(
+            qos_class(&with(json!({"requests": {"cpu": "1"}}))),
+            "Burstable"
+        );
     }
 }

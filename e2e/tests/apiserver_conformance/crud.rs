@@ -2,10 +2,20 @@
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use kube::Resource;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 use super::{api_err, create, pod_json, raw, start};
+
+/// Without the workload controllers, which would write Deployment status themselves.
+async fn no_controllers() -> (tandem_e2e::apiserver::RunningServer, kube::Client) {
+    super::start_with(tandem_e2e::apiserver::Config {
+        workload_controllers: false,
+        ..Default::default()
+    })
+    .await
+}
 
 fn cm(name: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"k": "v"}})
@@ -130,7 +140,7 @@ async fn noop_update_keeps_the_version() {
 
 #[tokio::test]
 async fn generation_tracks_spec_changes_only() {
-    let (_s, client) = start().await;
+    let (_s, client) = no_controllers().await;
     let api: Api<Deployment> = Api::default_namespaced(client);
     let d = create(&api, deployment("web", 1)).await;
     assert_eq!(d.metadata.generation, Some(1));
@@ -170,7 +180,7 @@ async fn generation_tracks_spec_changes_only() {
 
 #[tokio::test]
 async fn status_subresource_splits_spec_and_status_writes() {
-    let (_s, client) = start().await;
+    let (_s, client) = no_controllers().await;
     let api: Api<Deployment> = Api::default_namespaced(client);
     let mut with_status = deployment("web", 1);
     with_status["status"] = json!({"replicas": 7});
@@ -367,5 +377,61 @@ async fn discovery_lists_builtin_groups_and_version() {
     assert_eq!(
         names,
         ["default", "kube-node-lease", "kube-public", "kube-system"]
+    );
+}
+
+#[tokio::test]
+async fn events_written_through_either_api_show_in_both() {
+    use k8s_openapi::api::core::v1::Event as CoreEvent;
+    use k8s_openapi::api::events::v1::Event as NewEvent;
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+
+    let (_s, client) = start().await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let pod = create(&pods, pod_json("p", json!({}))).await;
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "tandem-test".into(),
+            instance: None,
+        },
+    );
+    let ev = Event {
+        type_: EventType::Normal,
+        reason: "Tested".into(),
+        note: Some("hello".into()),
+        action: "Test".into(),
+        secondary: None,
+    };
+    recorder.publish(&ev, &pod.object_ref(&())).await.unwrap();
+    let core: Api<CoreEvent> = Api::default_namespaced(client.clone());
+    let list = core
+        .list(&ListParams::default().fields("involvedObject.name=p"))
+        .await
+        .unwrap();
+    assert_eq!(list.items.len(), 1);
+    let e = &list.items[0];
+    assert_eq!(
+        (e.reason.as_deref(), e.message.as_deref()),
+        (Some("Tested"), Some("hello"))
+    );
+    assert_eq!(e.reporting_component.as_deref(), Some("tandem-test"));
+    let newer: Api<NewEvent> = Api::default_namespaced(client);
+    let same = newer
+        .get(e.metadata.name.as_deref().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(same.metadata.uid, e.metadata.uid);
+    core.delete(e.metadata.name.as_deref().unwrap(), &Default::default())
+        .await
+        .unwrap();
+    assert!(
+        newer
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "deletes are mirrored too"
     );
 }

@@ -13,6 +13,7 @@
 //! - `admission`: mutating and validating webhooks over HTTPS.
 //! - `proxy`: the `log` subresource proxied to a kubelet endpoint.
 //! - `binary`: the `kube-sim` process and its kubeconfig.
+//! - `workloads`: Deployment, ReplicaSet, StatefulSet and Job controllers.
 
 mod admission;
 mod binary;
@@ -23,6 +24,7 @@ mod patch;
 mod proxy;
 mod selectors;
 mod watch;
+mod workloads;
 
 use std::future::Future;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams};
 use serde_json::json;
 
 use super::{api_err, create, pod_json, start};
@@ -151,5 +151,4 @@ async fn pagination_with_limit_and_continue_visits_every_item_once() {
         .await
         .unwrap();
     assert_eq!(rest.items.len(), 4);
-    let _ = PostParams::default();
 }

@@ -6,7 +6,8 @@
 //! ```text
 //!   swf.rs     read + parse SWF (.swf / .swf.gz), clean records into SimJobs
 //!   replay.rs  discrete-event loop, processor-count machine, FCFS and EASY
-//!   tandem.rs  Tandem's policy: Fair Tree + multifactor priority + backfill
+//!   tandem.rs  Tandem's policy: drives the core's State (submit, schedule,
+//!              job_ended), i.e. Fair Tree + multifactor priority + backfill
 //!   report.rs  waits, bounded slowdown, utilization, pass cost
 //!   rng.rs     SplitMix64 for window draws
 //! ```
@@ -19,7 +20,9 @@
 //! # Invariants
 //!
 //! - Deterministic: the same options give the same schedule and metrics
-//!   (only the pass timings differ between runs).
+//!   (only the pass timings differ between runs). Simulated time drives every
+//!   decision; the wall clock (`Instant`) is read only to report how long the
+//!   passes took.
 //! - The only I/O is reading the trace file named in the options.
 
 pub mod replay;

@@ -150,3 +150,22 @@ fn selectors_parse_slurm_forms() {
         assert!(JobSelector::parse(bad).is_err(), "{bad}");
     }
 }
+
+#[test]
+fn a_hostile_task_selection_is_cheap() {
+    let mut st = State::test_cluster(1, 2, 8000, 0);
+    let arr = st.submit(JobSpec::test().array("0-999999"), 0).unwrap();
+    st.schedule(0);
+    let sel = JobSelector::parse(&format!("{arr}_[0-4000000000]")).unwrap();
+    let eff = st.cancel(&sel, &Requester::user("alice"), 1).unwrap();
+    assert_eq!(eff.len(), 2, "the two running tasks");
+    assert!(
+        st.job(arr)
+            .unwrap()
+            .array
+            .as_ref()
+            .unwrap()
+            .pending
+            .is_empty()
+    );
+}

@@ -386,33 +386,37 @@ fn restore_keeps_running_jobs_and_reconciles_with_workers() {
         restored.schedule(1).starts.is_empty(),
         "unknown nodes take no work"
     );
-    // node-01 still runs both jobs; node-02 lost job b and reports a stranger.
-    let e1 = restored
-        .register_node(
-            NodeRegistration {
-                running_jobs: vec![a, b],
-                ..NodeRegistration::test("node-01", 8, 8000, 2)
-            },
-            2,
-        )
-        .unwrap();
-    assert!(e1.is_empty(), "{e1:?}");
+    // node-02 is not the batch host of b: it need not report it, only the stranger.
     let e2 = restored
         .register_node(
             NodeRegistration {
                 running_jobs: vec![JobId(999)],
                 ..NodeRegistration::test("node-02", 8, 8000, 2)
             },
+            2,
+        )
+        .unwrap();
+    assert_eq!(
+        e2,
+        vec![Effect::Abandon {
+            job: JobId(999),
+            node: crate::NodeId(1)
+        }]
+    );
+    assert_eq!(state_of(&restored, b), JobState::Running);
+    // node-01 hosts a and b but lost b while the controller was away.
+    let e1 = restored
+        .register_node(
+            NodeRegistration {
+                running_jobs: vec![a],
+                ..NodeRegistration::test("node-01", 8, 8000, 2)
+            },
             3,
         )
         .unwrap();
-    assert!(e2.contains(&Effect::Abandon {
-        job: JobId(999),
-        node: crate::NodeId(1)
-    }));
-    assert!(e2.contains(&Effect::Terminate {
+    assert!(e1.contains(&Effect::Terminate {
         job: b,
-        nodes: vec![crate::NodeId(0)],
+        nodes: vec![crate::NodeId(1)],
         reason: SignalReason::NodeFail,
         grace_s: 0
     }));
@@ -628,4 +632,149 @@ fn usage_is_charged_to_the_users_association() {
         "{usage} vs {}",
         rate * 150.0
     );
+}
+
+/// A pending job must stay small: the controller targets < 2 KB per pending job in total.
+#[test]
+fn a_pending_job_record_is_small() {
+    let size = std::mem::size_of::<crate::Job>();
+    assert!(size <= 576, "Job is {size} bytes");
+    let mut st = State::test_cluster(1, 8, 8000, 0);
+    st.submit(JobSpec::test(), 0).unwrap();
+    // Heap beyond the struct: the short strings (name, user, account, partition, qos).
+    let job = st.jobs().next().unwrap();
+    let heap: usize = [
+        &job.spec.name,
+        &job.spec.user,
+        &job.spec.account,
+        &job.spec.partition,
+        &job.spec.qos,
+    ]
+    .iter()
+    .map(|s| s.capacity())
+    .sum();
+    assert!(size + heap < 700, "{size} + {heap}");
+}
+
+#[test]
+fn partitions_take_nodes_from_host_lists_and_registrations() {
+    let mut cfg = ClusterConfig::default();
+    let mut gpu = Partition::new("gpu");
+    gpu.nodes = Some("node-[01-02]".into());
+    gpu.priority_tier = 2;
+    cfg.partitions.push(gpu);
+    cfg.partitions.push(Partition::new("burst"));
+    cfg.partitions.last_mut().unwrap().nodes = Some("none-0".into());
+    let mut st = State::test_cluster_with(cfg, 3, 8, 8000, 0);
+    st.register_node(
+        NodeRegistration::test("extra", 8, 8000, 0).partitions(&["burst"]),
+        0,
+    )
+    .unwrap();
+    let names = |p: &str| {
+        st.partition_nodes(p)
+            .map(|n| n.name.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names("gpu"), vec!["node-01", "node-02"]);
+    assert_eq!(names("batch").len(), 4);
+    assert_eq!(names("burst"), vec!["extra"]);
+    assert!(
+        st.register_node(
+            NodeRegistration::test("x", 8, 8000, 0).partitions(&["nope"]),
+            0
+        )
+        .is_err()
+    );
+    // A job in the gpu partition never lands on node-03.
+    let jobs: Vec<JobId> = (0..3)
+        .map(|_| {
+            st.submit(JobSpec::test().partition("gpu").cpus_per_task(8), 0)
+                .unwrap()
+        })
+        .collect();
+    let plan = st.schedule(0);
+    assert_eq!(plan.starts.len(), 2);
+    assert!(plan.starts.iter().all(|s| s.nodes[0].name != "node-03"));
+    assert_eq!(st.job(jobs[2]).unwrap().reason, Reason::Resources);
+}
+
+#[test]
+fn requeueing_a_finished_array_task_does_not_count_it_twice() {
+    let mut st = State::test_cluster(1, 8, 8000, 0);
+    let arr = st.submit(JobSpec::test().array("0-1"), 0).unwrap();
+    let plan = st.schedule(0);
+    let (t0, t1) = (plan.starts[0].job, plan.starts[1].job);
+    end(&mut st, t0, 1, 5);
+    st.requeue(t0, &Requester::admin(), 6).unwrap();
+    st.schedule(6);
+    end(&mut st, t0, 0, 7);
+    end(&mut st, t1, 0, 8);
+    let a = st.job(arr).unwrap().array.as_ref().unwrap();
+    assert_eq!((a.ok, a.not_ok, a.active), (2, 0, 0));
+    assert_eq!(state_of(&st, arr), JobState::Completed);
+}
+
+#[test]
+fn purge_drops_old_finished_records_only() {
+    let mut st = State::test_cluster(1, 8, 8000, 0);
+    let a = st.submit(JobSpec::test(), 0).unwrap();
+    let b = st.submit(JobSpec::test(), 0).unwrap();
+    st.schedule(0);
+    end(&mut st, a, 0, 10);
+    st.take_changes();
+    assert_eq!(st.purge_finished(11), vec![a]);
+    assert!(st.job(a).is_none() && st.job(b).is_some());
+    assert_eq!(st.take_changes().removed_jobs, vec![a]);
+    // A dependency on a purged job counts as satisfied, as in Slurm.
+    let c = st
+        .submit(JobSpec::test().dependency(&format!("afterok:{b}")), 12)
+        .unwrap();
+    end(&mut st, b, 0, 13);
+    st.purge_finished(14);
+    assert_eq!(started(&st.schedule(14)), vec![c]);
+}
+
+#[test]
+fn pending_demand_counts_array_indices_per_partition() {
+    let mut st = State::test_cluster(1, 8, 8000, 8);
+    st.submit(JobSpec::test().gpus(8), 0).unwrap();
+    st.schedule(0);
+    st.submit(JobSpec::test().gpus(2).array("0-9"), 1).unwrap();
+    st.submit(JobSpec::test().nodes(1).gpus_per_node(4), 1)
+        .unwrap();
+    let d = st.pending_demand();
+    assert_eq!(
+        (d["batch"].jobs, d["batch"].gpus, d["batch"].nodes),
+        (11, 24, 11)
+    );
+}
+
+#[test]
+fn a_stale_end_report_from_a_lost_node_does_not_end_the_new_run() {
+    let mut st = State::test_cluster(2, 8, 8000, 0);
+    let a = st.submit(JobSpec::test().cpus_per_task(8), 0).unwrap();
+    st.schedule(0);
+    let first = st.node_names(st.job(a).unwrap())[0].to_string();
+    st.node_lost(&first, "", 10).unwrap();
+    st.schedule(11);
+    let second = st.node_names(st.job(a).unwrap())[0].to_string();
+    assert_ne!(first, second);
+    // The old worker returns and reports the end of the old run.
+    let eff = st
+        .job_ended_on(
+            &first,
+            a,
+            JobOutcome {
+                exit_code: 1,
+                ..Default::default()
+            },
+            12,
+        )
+        .unwrap();
+    assert!(eff.is_empty());
+    assert_eq!(state_of(&st, a), JobState::Running);
+    st.job_ended_on(&second, a, JobOutcome::default(), 13)
+        .unwrap();
+    assert_eq!(state_of(&st, a), JobState::Completed);
 }

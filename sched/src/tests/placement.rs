@@ -347,3 +347,66 @@ fn preempt_mode_cancel_ends_the_victim_for_good_and_same_qos_is_never_a_victim()
     let _h2 = st.submit(JobSpec::test().gpus(8).qos("high"), 3).unwrap();
     assert!(st.schedule(3).preemptions.is_empty());
 }
+
+mod reservation_property {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        /// A big job blocked behind random running work gets a reservation; whatever small
+        /// jobs arrive later (and whenever running jobs end, at or before their limits), it
+        /// starts no later than that reservation, and its reservation never moves later.
+        #[test]
+        fn a_job_never_starts_past_its_reservation(
+            running in proptest::collection::vec((1u32..=4, 10u64..500), 4..12),
+            arrivals in proptest::collection::vec((1u32..=4, 5u64..800, 0u64..400), 0..30),
+            early in proptest::collection::vec(any::<bool>(), 64),
+        ) {
+            let mut st = State::test_cluster(4, 16, 64_000, 4);
+            for (g, limit) in &running {
+                st.submit(JobSpec::test().gpus(*g).time(Some(*limit)), 0).unwrap();
+            }
+            st.schedule(0);
+            let big = st.submit(JobSpec::test().nodes(4).gpus_per_node(4).time(Some(100)), 1).unwrap();
+            let plan = st.schedule(1);
+            if started(&plan).contains(&big) {
+                return Ok(());
+            }
+            let mut promised = plan.reservations.iter().find(|r| r.job == big).map(|r| r.start).unwrap_or(i64::MAX);
+            prop_assert!(promised < i64::MAX, "the big job got a reservation");
+            let mut now = 1i64;
+            let mut k = 0usize;
+            let mut arrivals = arrivals.into_iter().peekable();
+            while state_of(&st, big) == JobState::Pending {
+                prop_assert!(now <= promised, "pass at {} but promised {}", now, promised);
+                // Next event: a running job's limit, or an arrival.
+                let next_end = st.running_jobs().filter_map(|j| j.expected_end()).min().unwrap_or(i64::MAX);
+                let next_arrival = arrivals.peek().map(|(_, _, at)| *at as i64 + 2).unwrap_or(i64::MAX);
+                now = now.max(next_end.min(next_arrival)).max(now + 1);
+                let due: Vec<(JobId, i64)> = st.running_jobs().filter_map(|j| j.expected_end().map(|e| (j.id, e))).collect();
+                for (id, e) in due {
+                    // Some jobs end early, the rest at their limit.
+                    k += 1;
+                    if e <= now || early[k % early.len()] {
+                        end(&mut st, id, 0, now);
+                    }
+                }
+                while arrivals.peek().is_some_and(|(_, _, at)| (*at as i64 + 2) <= now) {
+                    let (g, limit, _) = arrivals.next().unwrap();
+                    st.submit(JobSpec::test().gpus(g).time(Some(limit)), now).unwrap();
+                }
+                let plan = st.schedule(now);
+                if let Some(r) = plan.reservations.iter().find(|r| r.job == big) {
+                    prop_assert!(r.start <= promised, "reservation moved from {} to {}", promised, r.start);
+                    promised = r.start;
+                }
+                assert_consistent(&st);
+            }
+            let start = st.job(big).unwrap().start_time.unwrap();
+            prop_assert!(start <= promised, "started at {} past its reservation {}", start, promised);
+        }
+    }
+}

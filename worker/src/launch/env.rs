@@ -103,6 +103,10 @@ fn set_node_vars(env: &mut BTreeMap<String, String>, node: &NodeLocal<'_>, gpus:
         }
     } else {
         let list = join(gpus);
+        // Indices are NVML's, in PCI bus order; CUDA numbers fastest-first unless told
+        // otherwise, which would hand a job another job's device on a mixed node.
+        env.entry("CUDA_DEVICE_ORDER".into())
+            .or_insert_with(|| "PCI_BUS_ID".to_owned());
         env.insert("CUDA_VISIBLE_DEVICES".into(), list.clone());
         env.insert("GPU_DEVICE_ORDINAL".into(), list.clone());
         env.insert("SLURM_JOB_GPUS".into(), list);
@@ -150,6 +154,7 @@ mod tests {
             ("SLURM_LOCALID", "0"),
             ("SLURM_GPUS_ON_NODE", "2"),
             ("CUDA_VISIBLE_DEVICES", "2,3"),
+            ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
             ("SLURM_JOB_GPUS", "2,3"),
             ("SLURM_CPUS_ON_NODE", "64"),
             ("SLURM_TOPOLOGY_ADDR", "gpu-02"),
@@ -182,6 +187,7 @@ mod tests {
             "no GPUs held: none visible"
         );
         assert!(!env.contains_key("SLURM_JOB_GPUS"));
+        assert!(!env.contains_key("CUDA_DEVICE_ORDER"));
     }
 
     #[test]

@@ -1,9 +1,11 @@
 //! A fake controller (a real tonic `WorkerLink` server on 127.0.0.1) and a worker started
 //! through `tandem_worker::run`, for the integration tests.
 //!
-//! The fake runs on its own tokio runtime so that [`FakeController::crash`] can drop every
-//! one of its tasks and connections at once, as a controller killed with SIGKILL would.
+//! The fake and the worker each run on their own tokio runtime, so that a test can drop
+//! every task and connection of either at once, as SIGKILL would
+//! ([`FakeController::crash`], [`Harness::crash_and_restart_worker`]).
 
+// Each test crate (batch, step) uses a different part of this module.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -52,11 +54,17 @@ impl WorkerLink for FakeLink {
             })),
         };
         let _ = tx.send(Ok(registered)).await;
-        *self.to_worker.lock().unwrap() = Some(tx);
+        *self.to_worker.lock().unwrap() = Some(tx.clone());
         let from = self.from_worker.clone();
+        let to_worker = Arc::clone(&self.to_worker);
         tokio::spawn(async move {
             while let Ok(Some(m)) = inbound.message().await {
                 let _ = from.send(m);
+            }
+            // The worker hung up: close our half too, as the controller does.
+            let mut current = to_worker.lock().unwrap();
+            if current.as_ref().is_some_and(|c| c.same_channel(&tx)) {
+                *current = None;
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
