@@ -215,4 +215,43 @@ mod tests {
                 .contains("line 3")
         );
     }
+
+    mod properties {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        /// Quotes a word so the shell-like splitter must give it back unchanged.
+        fn quote(word: &str) -> String {
+            format!("'{}'", word.replace('\'', "'\\''"))
+        }
+
+        proptest! {
+            // The fuzzing stand-in: any text, any bytes of it, never panics, and either
+            // parses or names a line that exists.
+            #[test]
+            fn arbitrary_scripts_never_panic(body in r#"(#SBATCH |#|[ -~\t\n'"\\])*"#, lines in proptest::collection::vec("[ -~\t]{0,40}", 0..20)) {
+                let script = format!("#!/bin/sh\n{body}\n{}", lines.join("\n"));
+                match parse(&script) {
+                    Ok(ds) => {
+                        for d in ds {
+                            let _ = crate::opts::JobOpts::from_directives(&[d]);
+                        }
+                    }
+                    Err(DirectiveError::UnterminatedQuote { line } | DirectiveError::TrailingBackslash { line }) => {
+                        prop_assert!(line >= 2 && line <= script.lines().count());
+                    }
+                    Err(DirectiveError::NoShebang) => prop_assert!(false, "script has a shebang"),
+                }
+            }
+
+            #[test]
+            fn quoted_words_round_trip(words in proptest::collection::vec("[^\n\r]{1,12}", 1..6)) {
+                let line: Vec<String> = words.iter().map(|w| quote(w)).collect();
+                let script = format!("#!/bin/sh\n#SBATCH {}\n", line.join(" "));
+                let ds = parse(&script).unwrap();
+                prop_assert_eq!(ds.len(), 1);
+                prop_assert_eq!(&ds[0].args, &words);
+            }
+        }
+    }
 }

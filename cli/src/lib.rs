@@ -6,7 +6,8 @@
 //! ```text
 //! main.rs          thin: calls main_from_env
 //! lib.rs           argv[0] / subcommand dispatch, one-line errors, exit codes, runtimes
-//! cmd/             one module per command (sbatch.rs, squeue.rs, ..., up.rs, down.rs, demo.rs)
+//! cmd/             one module per command: sbatch squeue scancel sinfo sacct scontrol srun
+//!                  (Slurm's), controller worker (daemons), up down links demo (local cluster)
 //! directives.rs    #SBATCH lines out of a script (pure)
 //! opts.rs          JobOpts shared by sbatch, srun and #SBATCH; -> JobSpec (pure)
 //! jobref.rs        "12", "12_3", "12_[3-5]" job references (pure)
@@ -41,7 +42,7 @@ pub const SLURM_COMMANDS: [&str; 7] = [
 
 /// Tandem: Slurm-compatible batch scheduling for GPU pools.
 #[derive(Debug, Parser)]
-#[command(name = "tandem", version, about)]
+#[command(name = "tandem", version)]
 struct Tandem {
     #[command(subcommand)]
     command: Command,
@@ -206,6 +207,17 @@ fn daemon_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?)
+}
+
+/// Writes a command's output to stdout. A closed pipe (`squeue | head -1`) is not an error:
+/// the reader has what it wanted.
+pub fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
 }
 
 /// Logs of the daemons go to stderr, filtered by `RUST_LOG` (default `info`).

@@ -184,8 +184,17 @@ fn scancel_by_name_and_user_and_srun_outside_an_allocation() {
     let mut lines: Vec<&str> = stdout.lines().collect();
     lines.sort_unstable();
     assert_eq!(lines, ["0: rank=0", "1: rank=1"]);
-    let out = c.run(&["srun", "sh", "-c", "exit 5"]);
+    let out = c.run(&["srun", "-J", "srun-fail", "sh", "-c", "exit 5"]);
     assert_eq!(out.status.code(), Some(5));
+    // The allocations srun made end as their steps did.
+    let all = c.all_jobs();
+    let state_of = |name: &str| {
+        all.iter()
+            .find(|j| j["name"] == name)
+            .map(|j| j["state"].as_str().unwrap_or_default().to_string())
+    };
+    assert_eq!(state_of("sh").as_deref(), Some("COMPLETED"), "{all:?}");
+    assert_eq!(state_of("srun-fail").as_deref(), Some("FAILED"), "{all:?}");
 }
 
 #[test]
@@ -208,4 +217,19 @@ fn sbatch_reads_the_script_from_stdin() {
     let id: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
     c.wait_state(id, "COMPLETED", T);
     c.wait_file(&c.work.join("stdin.out"), "name=from-stdin", T);
+}
+
+#[test]
+fn scancel_signal_reaches_the_batch_script() {
+    let c = Cluster::start(3);
+    let script = c.script(
+        "trap.sh",
+        "#!/bin/bash\n#SBATCH -o trap.out\ntrap 'echo got USR1; exit 0' USR1\necho ready\nwhile :; do sleep 1 & wait $!; done\n",
+    );
+    let id = c.sbatch(&[&script]);
+    c.wait_file(&c.work.join("trap.out"), "ready", T);
+    c.ok(&["scancel", "--signal=USR1", "--batch", &id.to_string()]);
+    c.wait_file(&c.work.join("trap.out"), "got USR1", T);
+    let rec = c.wait_end(id, T);
+    assert_eq!(rec["state"], "COMPLETED", "{rec}");
 }

@@ -104,6 +104,13 @@ async fn submit_round(cs: &[JobsClient<AuthChannel>], per_client: usize, infligh
 
 #[tokio::main]
 async fn main() {
+    // `RUST_LOG=tandem_controller=debug` shows group commits and passes.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let clients = env_usize("TANDEM_BENCH_CLIENTS", 16);
     let per_client = env_usize("TANDEM_BENCH_PER_CLIENT", 2_000);
     let pending = env_usize("TANDEM_BENCH_PENDING", 100_000);
@@ -189,9 +196,11 @@ async fn main() {
     let mut lat = Vec::new();
     for i in 0..200 {
         let t = Instant::now();
-        cl.submit(v1::SubmitRequest { spec: Some(spec(i)) })
-            .await
-            .unwrap();
+        cl.submit(v1::SubmitRequest {
+            spec: Some(spec(i)),
+        })
+        .await
+        .unwrap();
         loop {
             let m = inbound.message().await.unwrap().unwrap();
             if let Some(controller_message::Msg::LaunchJob(l)) = m.msg {

@@ -8,11 +8,12 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
+use prost::Message;
+use tandem_proto::v1;
 
 /// The parts of a submission the scheduler never looks at. Stored in `job_payloads` and read
 /// back only to launch the job or to show one job in detail.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Payload {
     pub script: String,
     pub argv: Vec<String>,
@@ -26,13 +27,35 @@ pub struct Payload {
 }
 
 impl Payload {
-    pub fn encode(&self) -> Vec<u8> {
-        // A struct of strings always serializes.
-        serde_json::to_vec(self).unwrap_or_default()
+    /// Stored as the payload fields of a prost-encoded `tandem.v1.JobSpec`: compact, no
+    /// text escaping on the submit path, and readable with any protobuf tool.
+    pub fn into_bytes(self) -> Vec<u8> {
+        v1::JobSpec {
+            script: self.script,
+            argv: self.argv,
+            workdir: self.workdir,
+            environment: self.environment.into_iter().collect(),
+            stdout: self.stdout,
+            stderr: self.stderr,
+            submit_host: self.submit_host,
+            comment: self.comment,
+            ..Default::default()
+        }
+        .encode_to_vec()
     }
 
-    pub fn decode(bytes: &[u8]) -> Result<Self, serde_json::Error> {
-        serde_json::from_slice(bytes)
+    pub fn decode(bytes: &[u8]) -> Result<Self, prost::DecodeError> {
+        let s = v1::JobSpec::decode(bytes)?;
+        Ok(Self {
+            script: s.script,
+            argv: s.argv,
+            workdir: s.workdir,
+            environment: s.environment.into_iter().collect(),
+            stdout: s.stdout,
+            stderr: s.stderr,
+            submit_host: s.submit_host,
+            comment: s.comment,
+        })
     }
 }
 
@@ -401,6 +424,6 @@ mod tests {
     #[test]
     fn payload_round_trips() {
         let p = payload();
-        assert_eq!(Payload::decode(&p.encode()).unwrap(), p);
+        assert_eq!(Payload::decode(&p.clone().into_bytes()).unwrap(), p);
     }
 }

@@ -1009,11 +1009,21 @@ impl Actor {
         for n in &names {
             let r = match state.as_str() {
                 "DRAIN" => self.st.drain(n, &reason),
-                "DOWN" => self.st.node_lost(n, &reason, now).map(|effects| {
-                    self.apply_effects(effects);
-                    self.workers.lost(n);
-                }),
-                _ => self.st.resume(n),
+                // The worker stays attached; the node stays DOWN until resumed.
+                "DOWN" => self
+                    .st
+                    .node_lost(n, &reason, now)
+                    .map(|effects| self.apply_effects(effects)),
+                _ => {
+                    let down = self.st.node_by_name(n).is_some_and(|x| x.health == Health::Down);
+                    let r = self.st.resume(n);
+                    if down && r.is_ok() {
+                        // A DOWN node comes back when its worker registers: end the
+                        // current stream so a live worker re-registers at once.
+                        self.workers.lost(n);
+                    }
+                    r
+                }
             };
             r.map_err(|e| Status::invalid_argument(e.to_string()))?;
         }

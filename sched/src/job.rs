@@ -416,7 +416,7 @@ pub enum Reason {
     QOSMaxJobsPerUserLimit,
     QOSMaxGRESPerUser,
     QOSMaxWallDurationPerJobLimit,
-    QOSJobLimit,
+    QOSMaxJobsPerAccountLimit,
     AssocGrpGRES,
     AssocGrpJobsLimit,
     AssocMaxJobsLimit,
@@ -448,7 +448,7 @@ impl Reason {
             Reason::QOSMaxJobsPerUserLimit => "QOSMaxJobsPerUserLimit",
             Reason::QOSMaxGRESPerUser => "QOSMaxGRESPerUser",
             Reason::QOSMaxWallDurationPerJobLimit => "QOSMaxWallDurationPerJobLimit",
-            Reason::QOSJobLimit => "QOSJobLimit",
+            Reason::QOSMaxJobsPerAccountLimit => "QOSMaxJobsPerAccountLimit",
             Reason::AssocGrpGRES => "AssocGrpGRES",
             Reason::AssocGrpJobsLimit => "AssocGrpJobsLimit",
             Reason::AssocMaxJobsLimit => "AssocMaxJobsLimit",
@@ -567,6 +567,8 @@ pub struct Job {
     /// Resolved limit in seconds (spec or partition default); `None` = no limit.
     pub time_limit: Option<u64>,
     pub shape: Shape,
+    /// The nodes of the current run; for a finished job, of its last run. Only RUNNING jobs
+    /// hold their allocation on the nodes.
     pub alloc: Option<Box<Allocation>>,
     pub exit_code: i32,
     pub signal: i32,

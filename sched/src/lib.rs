@@ -37,8 +37,12 @@
 //! # Invariants
 //!
 //! - Event methods validate before changing anything; an `Err` leaves `State` untouched.
-//! - Every job mutation goes through `State::with_job`, which keeps the pending/running
-//!   indexes and submit counters right and records the job in `Changes`.
+//! - Every change to a field an index depends on (state, allocation, array indices, user,
+//!   account, QOS) goes through `State::with_job`, which keeps the pending/running indexes and
+//!   submit counters right and records the job in `Changes`. The pass sets `reason` and
+//!   `eligible_time` in place (recorded only when they change) and `priority` in place without
+//!   recording it: it is recomputed every pass, so persisting it would rewrite every pending
+//!   job on every pass.
 //! - A node's `alloc`, `gpus_in_use` and `jobs` are exactly the sum of the allocations of the
 //!   RUNNING jobs that name it; `restore` recomputes them from the jobs.
 //! - An array is one record (its meta) until tasks start; each started task is its own job

@@ -1048,6 +1048,13 @@ impl State {
         let mut targets: Vec<JobId> = Vec::new();
         match (&job.array, &sel.tasks) {
             (Some(a), None) => {
+                if job.state.is_terminal() {
+                    return Err(JobError::InvalidState {
+                        job: job.id,
+                        state: job.state,
+                        op: "cancel",
+                    });
+                }
                 pending_indices = Some(a.pending.clone());
                 targets.extend(a.tasks.iter().map(|(_, j)| *j));
             }
@@ -1087,8 +1094,12 @@ impl State {
             let n = idx.len();
             self.with_job(meta_id, |m| {
                 if let Some(a) = m.array.as_mut() {
-                    for i in idx.iter() {
-                        a.pending.remove(i);
+                    if idx == a.pending {
+                        a.pending = IndexSet::new();
+                    } else {
+                        for i in idx.iter() {
+                            a.pending.remove(i);
+                        }
                     }
                     a.not_ok += n;
                     a.cancelled += n;
@@ -1158,6 +1169,8 @@ impl State {
             j.hold = hold;
             j.reason = reason;
             j.priority = 0;
+            // Age counts from when the job is eligible again, as after a release in Slurm.
+            j.eligible_time = None;
         });
         Ok(())
     }
@@ -1676,10 +1689,11 @@ impl State {
         signal: i32,
     ) {
         let Some(array) = self.with_job(id, |j| {
+            // The allocation stays on the record (not on the nodes) so finished jobs still
+            // show their node list and GPUs; only RUNNING jobs count against nodes.
             j.state = state;
             j.reason = reason;
             j.end_time = Some(now);
-            j.alloc = None;
             j.kill = None;
             j.exit_code = exit_code;
             j.signal = signal;

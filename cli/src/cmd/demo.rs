@@ -70,6 +70,7 @@ pub async fn run(args: Args) -> Exit {
     let up = super::up::Args {
         nodes: args.nodes,
         gpus_per_node: args.gpus_per_node,
+        detect_gpus: false,
         cpus_per_node: Some(8),
         mem_per_node: Some("16G".into()),
         gpu_type: None,

@@ -160,7 +160,7 @@ pub async fn run(args: Args) -> Exit {
         }
         Box::new(h)
     };
-    print!("{}", output.records(&rows)?);
+    crate::emit(&output.records(&rows)?)?;
     Ok(0)
 }
 

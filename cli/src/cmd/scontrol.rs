@@ -211,14 +211,14 @@ pub async fn run(args: Args) -> Exit {
     // Host lists need no cluster.
     match &req {
         Request::Hostnames(list) => {
-            for h in tandem_sched::hostlist::expand(list)? {
-                println!("{h}");
-            }
+            let mut text = tandem_sched::hostlist::expand(list)?.join("\n");
+            text.push('\n');
+            crate::emit(&text)?;
             return Ok(0);
         }
         Request::Hostlist(list) => {
             let names = tandem_sched::hostlist::expand(list)?;
-            println!("{}", tandem_sched::hostlist::compress(&names));
+            crate::emit(&format!("{}\n", tandem_sched::hostlist::compress(&names)))?;
             return Ok(0);
         }
         _ => {}
@@ -254,7 +254,7 @@ pub async fn run(args: Args) -> Exit {
                 .iter()
                 .map(|j| JobView::from_job(j, resp.now))
                 .collect();
-            print!("{}", output.job_details(&views));
+            crate::emit(&output.job_details(&views))?;
         }
         Request::ShowNodes(name) => {
             let resp = client
@@ -271,7 +271,7 @@ pub async fn run(args: Args) -> Exit {
                 bail!("Node {n} not found");
             }
             let views: Vec<NodeView> = resp.nodes.iter().map(NodeView::from_node).collect();
-            print!("{}", output.node_details(&views));
+            crate::emit(&output.node_details(&views))?;
         }
         Request::ShowPartitions(name) => {
             let resp = client
@@ -290,7 +290,7 @@ pub async fn run(args: Args) -> Exit {
             {
                 bail!("Partition {n} not found");
             }
-            print!("{}", output.partition_details(&views));
+            crate::emit(&output.partition_details(&views))?;
         }
         Request::Hold(ids) => job_action(&mut client, &ids, Action::Hold(true)).await?,
         Request::Release(ids) => job_action(&mut client, &ids, Action::Release(true)).await?,
@@ -328,8 +328,7 @@ async fn job_action(client: &mut Client, ids: &[String], action: Action) -> anyh
                     action: Some(action.clone()),
                 })
                 .await
-                .rpc()
-                .with_context(|| format!("job {id}"))?;
+                .rpc()?;
         }
     }
     Ok(())

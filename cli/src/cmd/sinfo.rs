@@ -91,7 +91,7 @@ pub async fn run(args: Args) -> Exit {
         &wanted_states,
         args.node_oriented,
     );
-    print!("{}", output.sinfo(&rows)?);
+    crate::emit(&output.sinfo(&rows)?)?;
     Ok(0)
 }
 

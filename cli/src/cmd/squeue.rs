@@ -90,7 +90,7 @@ pub async fn run(args: Args) -> Exit {
         .map(|j| JobView::from_job(j, resp.now))
         .collect();
     sort(&mut views, args.sort.as_deref())?;
-    print!("{}", output.jobs(&views)?);
+    crate::emit(&output.jobs(&views)?)?;
     Ok(0)
 }
 
@@ -138,10 +138,10 @@ fn sort(jobs: &mut [JobView], keys: Option<&str>) -> anyhow::Result<()> {
         for (desc, c) in &parsed {
             let ord = match c {
                 'i' => id_key(a).cmp(&id_key(b)),
-                'P' => a.partition.cmp(&b.partition),
+                'P' => a.partition.cmp(b.partition),
                 't' | 'T' => a.state.cmp(b.state),
-                'u' => a.user.cmp(&b.user),
-                'j' => a.name.cmp(&b.name),
+                'u' => a.user.cmp(b.user),
+                'j' => a.name.cmp(b.name),
                 'Q' => a.priority.cmp(&b.priority),
                 'M' => a.elapsed_s.cmp(&b.elapsed_s),
                 'S' => a.start_time.cmp(&b.start_time),

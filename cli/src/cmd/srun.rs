@@ -48,8 +48,17 @@ pub async fn run(args: Args) -> Exit {
     }
 }
 
-/// Outside an allocation: a job whose batch script waits, holding the allocation, while the
-/// step runs; cancelled when the step ends.
+/// The batch script of an allocation made by srun: it holds the nodes until srun signals
+/// it, then ends COMPLETED (USR1: the step succeeded) or FAILED (USR2: it did not), so sacct
+/// tells the two apart as Slurm's does.
+const HOLDER_SCRIPT: &str = "#!/bin/sh\n\
+# Holds the allocation for srun's step; srun signals the end.\n\
+trap 'kill $! 2>/dev/null; exit 0' USR1\n\
+trap 'kill $! 2>/dev/null; exit 1' USR2\n\
+while :; do sleep 3600 & wait $!; done\n";
+
+/// Outside an allocation: a job whose batch script holds the allocation while the step
+/// runs, ended through a signal when the step is over.
 async fn run_with_allocation(client: &mut Client, args: &Args) -> Exit {
     let ctx = crate::cmd::sbatch::submit_context()?;
     let name = args
@@ -57,36 +66,80 @@ async fn run_with_allocation(client: &mut Client, args: &Args) -> Exit {
         .first()
         .map(|c| c.rsplit('/').next().unwrap_or(c).to_string())
         .unwrap_or_else(|| "srun".to_string());
-    // The holder script sleeps until the step is over; srun cancels it then.
-    let script = "#!/bin/sh\nwhile :; do sleep 3600; done\n".to_string();
-    let spec = args.opts.to_spec(script, Vec::new(), &name, &ctx)?;
+    let spec = args
+        .opts
+        .to_spec(HOLDER_SCRIPT.to_string(), Vec::new(), &name, &ctx)?;
     let resp = client
         .jobs
         .submit(SubmitRequest { spec: Some(spec) })
         .await
         .rpc()?;
     let job_id = resp.job_id;
-    eprintln!("srun: job {job_id} queued and waiting for resources");
     let result = async {
-        wait_running(client, job_id).await?;
-        eprintln!("srun: job {job_id} has been allocated resources");
+        if wait_running(client, job_id).await? {
+            eprintln!("srun: job {job_id} has been allocated resources");
+        }
         run_step(client, job_id, args).await
     }
     .await;
-    let _ = client
-        .jobs
-        .cancel(CancelRequest {
-            jobs: vec![JobRef {
-                job_id,
-                array_tasks: String::new(),
-            }],
-            ..CancelRequest::default()
-        })
-        .await;
+    release_allocation(client, job_id, matches!(result, Ok(0))).await;
     result
 }
 
-async fn wait_running(client: &mut Client, job_id: u64) -> anyhow::Result<()> {
+/// Ends the holder job: a signal to its script, then a plain cancel if it lingers.
+async fn release_allocation(client: &mut Client, job_id: u64, success: bool) {
+    let job = || JobRef {
+        job_id,
+        array_tasks: String::new(),
+    };
+    let signal = if success {
+        nix::sys::signal::Signal::SIGUSR1
+    } else {
+        nix::sys::signal::Signal::SIGUSR2
+    };
+    let _ = client
+        .jobs
+        .cancel(CancelRequest {
+            jobs: vec![job()],
+            signal: signal as i32,
+            batch_only: true,
+            ..CancelRequest::default()
+        })
+        .await;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    while tokio::time::Instant::now() < deadline {
+        let done = client
+            .jobs
+            .list_jobs(ListJobsRequest {
+                jobs: vec![job()],
+                include_finished: true,
+                ..ListJobsRequest::default()
+            })
+            .await
+            .map(|r| {
+                r.into_inner()
+                    .jobs
+                    .first()
+                    .is_none_or(|j| !matches!(j.state(), JobState::Pending | JobState::Running))
+            })
+            .unwrap_or(false);
+        if done {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let _ = client
+        .jobs
+        .cancel(CancelRequest {
+            jobs: vec![job()],
+            ..CancelRequest::default()
+        })
+        .await;
+}
+
+/// Waits until the job runs; true if it had to wait (so srun says when it got its nodes).
+async fn wait_running(client: &mut Client, job_id: u64) -> anyhow::Result<bool> {
+    let mut said = false;
     loop {
         let resp = client
             .jobs
@@ -104,8 +157,14 @@ async fn wait_running(client: &mut Client, job_id: u64) -> anyhow::Result<()> {
             bail!("job {job_id} vanished");
         };
         match job.state() {
-            JobState::Running => return Ok(()),
-            JobState::Pending => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+            JobState::Running => return Ok(said),
+            JobState::Pending => {
+                if !said {
+                    eprintln!("srun: job {job_id} queued and waiting for resources");
+                    said = true;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await
+            }
             other => bail!(
                 "job {job_id} ended before it started: {}",
                 crate::format::view::state_name(other)

@@ -35,6 +35,9 @@ pub struct Args {
     /// GPUs each node declares (the machine's real GPUs are not needed).
     #[arg(long, default_value_t = 8)]
     pub gpus_per_node: u32,
+    /// Let each worker find the machine's GPUs by NVML instead of declaring --gpus-per-node.
+    #[arg(long, conflicts_with = "gpus_per_node")]
+    pub detect_gpus: bool,
     /// CPUs each node offers. Default: the CPUs of this machine.
     #[arg(long)]
     pub cpus_per_node: Option<u32>,
@@ -95,9 +98,14 @@ pub struct Started {
 
 pub async fn run(args: Args) -> Exit {
     let started = start(&args).await?;
+    let gpus = if args.detect_gpus {
+        "GPUs as detected".to_string()
+    } else {
+        format!("{} GPUs each", args.gpus_per_node)
+    };
     println!(
-        "tandem: cluster up: controller {} with {} nodes ({} GPUs each)",
-        started.controller, args.nodes, args.gpus_per_node
+        "tandem: cluster up: controller {} with {} nodes ({gpus})",
+        started.controller, args.nodes
     );
     println!(
         "tandem: clients find it through {}{}",

@@ -5,7 +5,7 @@
 
 use thiserror::Error;
 
-use super::table::{Align, fit};
+use super::table::{Align, fit_into};
 use super::view::{JobView, NodeView, PartitionView, timestamp};
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -35,11 +35,10 @@ pub struct Format<F> {
     pub trunc_mark: bool,
 }
 
-/// Something a column can show.
-pub trait Field: Copy {
-    type Row;
+/// Something a column can show about a row of type `R`.
+pub trait Field<R>: Copy {
     fn header(self) -> &'static str;
-    fn render(self, row: &Self::Row, ctx: &RenderCtx) -> String;
+    fn render(self, row: &R, ctx: &RenderCtx) -> String;
 }
 
 /// What rendering needs besides the row.
@@ -48,23 +47,32 @@ pub struct RenderCtx {
     pub utc_offset_s: i32,
 }
 
-impl<F: Field> Format<F> {
-    pub fn header(&self) -> String {
+impl<F: Copy> Format<F> {
+    pub fn header<R>(&self) -> String
+    where
+        F: Field<R>,
+    {
         self.line(|f| f.header().to_string())
     }
 
-    pub fn row(&self, row: &F::Row, ctx: &RenderCtx) -> String {
+    pub fn row<R>(&self, row: &R, ctx: &RenderCtx) -> String
+    where
+        F: Field<R>,
+    {
         self.line(|f| f.render(row, ctx))
     }
 
     /// sacct's dashed line under the header.
-    pub fn rule(&self) -> String {
+    pub fn rule<R>(&self) -> String
+    where
+        F: Field<R>,
+    {
         let mut out = String::new();
         for p in &self.pieces {
             match p {
                 Piece::Text(t) => out.push_str(t),
                 Piece::Field { width, field, .. } => {
-                    let w = width.unwrap_or_else(|| field.header().len());
+                    let w = width.unwrap_or_else(|| Field::<R>::header(*field).len());
                     out.push_str(&"-".repeat(w));
                 }
             }
@@ -73,13 +81,16 @@ impl<F: Field> Format<F> {
     }
 
     /// Fields joined by `sep` without padding (`sacct -P`, `squeue` JSON-less machine use).
-    pub fn delimited(&self, row: Option<&F::Row>, ctx: &RenderCtx, sep: &str) -> String {
+    pub fn delimited<R>(&self, row: Option<&R>, ctx: &RenderCtx, sep: &str) -> String
+    where
+        F: Field<R>,
+    {
         self.pieces
             .iter()
             .filter_map(|p| match p {
                 Piece::Field { field, .. } => Some(match row {
                     Some(r) => field.render(r, ctx),
-                    None => field.header().to_string(),
+                    None => Field::<R>::header(*field).to_string(),
                 }),
                 Piece::Text(_) => None,
             })
@@ -88,7 +99,7 @@ impl<F: Field> Format<F> {
     }
 
     fn line(&self, mut text: impl FnMut(F) -> String) -> String {
-        let mut out = String::new();
+        let mut out = String::with_capacity(128);
         for p in &self.pieces {
             match p {
                 Piece::Text(t) => out.push_str(t),
@@ -96,10 +107,11 @@ impl<F: Field> Format<F> {
                     field,
                     width,
                     align,
-                } => out.push_str(&fit(&text(*field), *width, *align, self.trunc_mark)),
+                } => fit_into(&mut out, &text(*field), *width, *align, self.trunc_mark),
             }
         }
-        out.trim_end().to_string()
+        out.truncate(out.trim_end().len());
+        out
     }
 }
 
@@ -343,9 +355,7 @@ impl JobField {
     }
 }
 
-impl Field for JobField {
-    type Row = JobView;
-
+impl Field<JobView<'_>> for JobField {
     fn header(self) -> &'static str {
         use JobField::*;
         match self {
@@ -397,9 +407,9 @@ impl Field for JobField {
             JobIdRaw => j.job_id_raw.to_string(),
             ArrayJobId => j.array_job_id.unwrap_or(j.job_id_raw).to_string(),
             ArrayTaskId => j.array_task_id.clone().unwrap_or_else(|| "N/A".to_string()),
-            Partition => j.partition.clone(),
-            Name => j.name.clone(),
-            User => j.user.clone(),
+            Partition => j.partition.to_string(),
+            Name => j.name.to_string(),
+            User => j.user.to_string(),
             Uid => j.uid.to_string(),
             StateCompact => j.state_compact.to_string(),
             State => j.state.to_string(),
@@ -408,10 +418,10 @@ impl Field for JobField {
             TimeLeft => j.time_left(),
             Nodes => j.nodes.to_string(),
             ReasonOrNodes => j.reason_or_nodes(),
-            NodeList => j.nodelist.clone(),
-            Reason => j.reason.clone(),
+            NodeList => j.nodelist.to_string(),
+            Reason => j.reason.to_string(),
             Cpus => j.cpus.to_string(),
-            TresPerNode => match (j.gpus, j.gpu_type.as_str(), j.nodes.max(1)) {
+            TresPerNode => match (j.gpus, j.gpu_type, j.nodes.max(1)) {
                 (0, _, _) => "N/A".to_string(),
                 (g, "", n) => format!("gres/gpu:{}", g / n),
                 (g, t, n) => format!("gres/gpu:{t}:{}", g / n),
@@ -426,14 +436,14 @@ impl Field for JobField {
                 None => "N/A".to_string(),
                 t => timestamp(t, ctx.utc_offset_s),
             },
-            Account => or_na(&j.account),
-            Qos => or_na(&j.qos),
-            WorkDir => j.workdir.clone(),
-            Command => j.command.clone(),
-            Dependency => or_na(&j.dependency),
+            Account => or_na(j.account),
+            Qos => or_na(j.qos),
+            WorkDir => j.workdir.to_string(),
+            Command => j.command.to_string(),
+            Dependency => or_na(j.dependency),
             MinMemory => tandem_sched::tres::format_mem_mb(j.mem_mb),
-            Comment => or_na(&j.comment),
-            Features => or_na(&j.constraint),
+            Comment => or_na(j.comment),
+            Features => or_na(j.constraint),
         }
     }
 }
@@ -522,9 +532,7 @@ impl SinfoField {
     }
 }
 
-impl Field for SinfoField {
-    type Row = SinfoRow;
-
+impl Field<SinfoRow> for SinfoField {
     fn header(self) -> &'static str {
         use SinfoField::*;
         match self {
@@ -707,9 +715,7 @@ impl AcctField {
     }
 }
 
-impl Field for AcctField {
-    type Row = JobView;
-
+impl Field<JobView<'_>> for AcctField {
     fn header(self) -> &'static str {
         use AcctField::*;
         match self {
@@ -749,19 +755,19 @@ impl Field for AcctField {
         use AcctField::*;
         let step = j.step_id.is_some();
         // Slurm leaves job-level fields blank on step rows.
-        let job_only = |s: String| if step { String::new() } else { s };
+        let job_only = |s: &dyn Fn() -> String| if step { String::new() } else { s() };
         match self {
             JobId => j.job_id.clone(),
-            JobIdRaw => match &j.step_id {
+            JobIdRaw => match j.step_id {
                 Some(s) => format!("{}.{s}", j.job_id_raw),
                 None => j.job_id_raw.to_string(),
             },
-            JobName => j.name.clone(),
-            Partition => job_only(j.partition.clone()),
-            Account => j.account.clone(),
+            JobName => j.name.to_string(),
+            Partition => job_only(&|| j.partition.to_string()),
+            Account => j.account.to_string(),
             AllocCpus => j.cpus.to_string(),
             AllocNodes => j.nodes.to_string(),
-            AllocTres => j.tres.clone(),
+            AllocTres => j.tres.to_string(),
             State => {
                 if j.state == "CANCELLED" && !step {
                     "CANCELLED".to_string()
@@ -769,7 +775,7 @@ impl Field for AcctField {
                     j.state.to_string()
                 }
             }
-            ExitCode => j.exit_code.clone(),
+            ExitCode => j.exit_code.to_string(),
             Elapsed => tandem_sched::time::format_elapsed(j.elapsed_s),
             ElapsedRaw => j.elapsed_s.to_string(),
             Start => timestamp(j.start_time, ctx.utc_offset_s),
@@ -780,15 +786,15 @@ impl Field for AcctField {
                 if j.nodelist.is_empty() {
                     "None assigned".to_string()
                 } else {
-                    j.nodelist.clone()
+                    j.nodelist.to_string()
                 }
             }
-            User => job_only(j.user.clone()),
-            Uid => job_only(j.uid.to_string()),
-            Timelimit => job_only(j.time_limit()),
-            Qos => job_only(j.qos.clone()),
-            WorkDir => job_only(j.workdir.clone()),
-            Comment => job_only(j.comment.clone()),
+            User => job_only(&|| j.user.to_string()),
+            Uid => job_only(&|| j.uid.to_string()),
+            Timelimit => job_only(&|| j.time_limit()),
+            Qos => job_only(&|| j.qos.to_string()),
+            WorkDir => job_only(&|| j.workdir.to_string()),
+            Comment => job_only(&|| j.comment.to_string()),
             NTasks => {
                 if step {
                     j.tasks.to_string()
@@ -796,11 +802,11 @@ impl Field for AcctField {
                     String::new()
                 }
             }
-            ReqMem => job_only(tandem_sched::tres::format_mem_mb(j.mem_mb)),
-            Reason => job_only(j.reason.clone()),
-            Priority => job_only(j.priority.to_string()),
-            Constraints => job_only(j.constraint.clone()),
-            Restarts => job_only(j.restarts.to_string()),
+            ReqMem => job_only(&|| tandem_sched::tres::format_mem_mb(j.mem_mb)),
+            Reason => job_only(&|| j.reason.to_string()),
+            Priority => job_only(&|| j.priority.to_string()),
+            Constraints => job_only(&|| j.constraint.to_string()),
+            Restarts => job_only(&|| j.restarts.to_string()),
         }
     }
 }
@@ -822,9 +828,10 @@ mod tests {
     use crate::format::view::JobView;
     use tandem_proto::v1::{JobInfo, JobState};
 
-    fn view(id: u64, state: JobState, reason: &str) -> JobView {
+    /// Views borrow their record; tests leak it to get one that lives long enough.
+    fn view(id: u64, state: JobState, reason: &str) -> JobView<'static> {
         JobView::from_job(
-            &JobInfo {
+            Box::leak(Box::new(JobInfo {
                 job_id: id,
                 array_task_id: -1,
                 name: "a-very-long-job-name".into(),
@@ -836,7 +843,7 @@ mod tests {
                 nodelist: "node-[1-2]".into(),
                 start_time: 100,
                 ..JobInfo::default()
-            },
+            })),
             161,
         )
     }

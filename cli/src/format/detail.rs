@@ -36,8 +36,8 @@ fn job(j: &JobView, ctx: &RenderCtx) -> String {
         first.push(("ArrayJobId", a.to_string()));
         first.push(("ArrayTaskId", j.array_task_id.clone().unwrap_or_default()));
     }
-    first.push(("JobName", j.name.clone()));
-    let gres = match (j.gpus, j.gpu_type.as_str()) {
+    first.push(("JobName", j.name.to_string()));
+    let gres = match (j.gpus, j.gpu_type) {
         (0, _) => "(null)".to_string(),
         (g, "") => format!("gres/gpu:{g}"),
         (g, t) => format!("gres/gpu:{t}:{g}"),
@@ -46,19 +46,19 @@ fn job(j: &JobView, ctx: &RenderCtx) -> String {
         first,
         vec![
             ("UserId", format!("{}({})", j.user, j.uid)),
-            ("Account", null(&j.account).to_string()),
-            ("QOS", null(&j.qos).to_string()),
+            ("Account", null(j.account).to_string()),
+            ("QOS", null(j.qos).to_string()),
         ],
         vec![
             ("Priority", j.priority.to_string()),
             ("JobState", j.state.to_string()),
-            ("Reason", j.reason.clone()),
-            ("Dependency", null(&j.dependency).to_string()),
+            ("Reason", j.reason.to_string()),
+            ("Dependency", null(j.dependency).to_string()),
         ],
         vec![
             ("Requeue", u8::from(j.requeue).to_string()),
             ("Restarts", j.restarts.to_string()),
-            ("ExitCode", j.exit_code.clone()),
+            ("ExitCode", j.exit_code.to_string()),
         ],
         vec![
             ("RunTime", tandem_sched::time::format_elapsed(j.elapsed_s)),
@@ -70,31 +70,31 @@ fn job(j: &JobView, ctx: &RenderCtx) -> String {
         ],
         vec![("StartTime", ts(j.start_time)), ("EndTime", ts(j.end_time))],
         vec![
-            ("Partition", j.partition.clone()),
-            ("AllocNode", null(&j.submit_host).to_string()),
+            ("Partition", j.partition.to_string()),
+            ("AllocNode", null(j.submit_host).to_string()),
         ],
-        vec![("NodeList", null(&j.nodelist).to_string())],
+        vec![("NodeList", null(j.nodelist).to_string())],
         vec![
             ("NumNodes", j.nodes.to_string()),
             ("NumCPUs", j.cpus.to_string()),
             ("NumTasks", j.tasks.to_string()),
             ("CPUs/Task", j.cpus_per_task.max(1).to_string()),
         ],
-        vec![("TRES", j.tres.clone())],
+        vec![("TRES", j.tres.to_string())],
         vec![
             ("MinMemoryNode", format_mem_mb(j.mem_mb)),
-            ("Features", null(&j.constraint).to_string()),
+            ("Features", null(j.constraint).to_string()),
             (
                 "OverSubscribe",
                 if j.exclusive { "NO" } else { "OK" }.to_string(),
             ),
         ],
         vec![("TresPerNode", gres)],
-        vec![("Command", null(&j.command).to_string())],
-        vec![("WorkDir", j.workdir.clone())],
-        vec![("Comment", null(&j.comment).to_string())],
-        vec![("StdErr", null(&j.stderr).to_string())],
-        vec![("StdOut", null(&j.stdout).to_string())],
+        vec![("Command", null(j.command).to_string())],
+        vec![("WorkDir", j.workdir.to_string())],
+        vec![("Comment", null(j.comment).to_string())],
+        vec![("StdErr", null(j.stderr).to_string())],
+        vec![("StdOut", null(j.stdout).to_string())],
     ])
 }
 
@@ -203,19 +203,17 @@ mod tests {
 
     #[test]
     fn job_block_layout() {
-        let j = JobView::from_job(
-            &JobInfo {
-                job_id: 3,
-                array_task_id: -1,
-                name: "train".into(),
-                user: "alice".into(),
-                uid: 1000,
-                state: JobState::Running as i32,
-                nodelist: "node-[1-2]".into(),
-                ..JobInfo::default()
-            },
-            0,
-        );
+        let info = JobInfo {
+            job_id: 3,
+            array_task_id: -1,
+            name: "train".into(),
+            user: "alice".into(),
+            uid: 1000,
+            state: JobState::Running as i32,
+            nodelist: "node-[1-2]".into(),
+            ..JobInfo::default()
+        };
+        let j = JobView::from_job(&info, 0);
         let text = jobs(&[j], &RenderCtx::default());
         let mut lines = text.lines();
         assert_eq!(lines.next(), Some("JobId=3 JobName=train"));

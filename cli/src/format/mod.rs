@@ -68,12 +68,12 @@ impl Human {
         }
     }
 
-    fn table<F: columns::Field>(&self, f: &Format<F>, rows: &[F::Row], rule: bool) -> String {
+    fn table<R, F: columns::Field<R>>(&self, f: &Format<F>, rows: &[R], rule: bool) -> String {
         let mut out = String::new();
         if let Some(trailing) = self.delimited {
             let end = if trailing { "|" } else { "" };
             if self.header {
-                out.push_str(&f.delimited(None, &self.ctx, "|"));
+                out.push_str(&f.delimited::<R>(None, &self.ctx, "|"));
                 out.push_str(end);
                 out.push('\n');
             }
@@ -85,10 +85,10 @@ impl Human {
             return out;
         }
         if self.header {
-            out.push_str(&f.header());
+            out.push_str(&f.header::<R>());
             out.push('\n');
             if rule {
-                out.push_str(&f.rule());
+                out.push_str(&f.rule::<R>());
                 out.push('\n');
             }
         }
@@ -194,18 +194,16 @@ mod tests {
 
     #[test]
     fn human_and_json_show_the_same_values() {
-        let j = JobView::from_job(
-            &JobInfo {
-                job_id: 5,
-                array_job_id: 5,
-                array_pending: "3-9".into(),
-                name: "sweep".into(),
-                state: JobState::Pending as i32,
-                reason: "Priority".into(),
-                ..JobInfo::default()
-            },
-            0,
-        );
+        let info = JobInfo {
+            job_id: 5,
+            array_job_id: 5,
+            array_pending: "3-9".into(),
+            name: "sweep".into(),
+            state: JobState::Pending as i32,
+            reason: "Priority".into(),
+            ..JobInfo::default()
+        };
+        let j = JobView::from_job(&info, 0);
         let human = Human::new(Some(Columns::Percent("%i %T %r".into())), false);
         assert_eq!(
             human.jobs(std::slice::from_ref(&j)).unwrap(),
@@ -219,16 +217,14 @@ mod tests {
 
     #[test]
     fn parsable_output() {
-        let j = JobView::from_job(
-            &JobInfo {
-                job_id: 5,
-                array_task_id: -1,
-                name: "x".into(),
-                state: JobState::Completed as i32,
-                ..JobInfo::default()
-            },
-            0,
-        );
+        let info = JobInfo {
+            job_id: 5,
+            array_task_id: -1,
+            name: "x".into(),
+            state: JobState::Completed as i32,
+            ..JobInfo::default()
+        };
+        let j = JobView::from_job(&info, 0);
         let mut h = Human::new(Some(Columns::Named("JobID,State,ExitCode".into())), true);
         h.delimited = Some(false);
         assert_eq!(

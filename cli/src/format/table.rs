@@ -29,6 +29,38 @@ pub fn fit(text: &str, width: Option<usize>, align: Align, trunc_mark: bool) -> 
     }
 }
 
+/// [`fit`] appending to `out`, without a temporary string.
+pub fn fit_into(
+    out: &mut String,
+    text: &str,
+    width: Option<usize>,
+    align: Align,
+    trunc_mark: bool,
+) {
+    let Some(width) = width else {
+        out.push_str(text);
+        return;
+    };
+    // Most cells are ASCII: byte length is the character count then.
+    let len = if text.is_ascii() {
+        text.len()
+    } else {
+        text.chars().count()
+    };
+    if len > width {
+        out.push_str(&fit(text, Some(width), align, trunc_mark));
+        return;
+    }
+    let pad = width - len;
+    if align == Align::Right {
+        out.extend(std::iter::repeat_n(' ', pad));
+    }
+    out.push_str(text);
+    if align == Align::Left {
+        out.extend(std::iter::repeat_n(' ', pad));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -41,5 +73,16 @@ mod tests {
         assert_eq!(fit("abcdef", Some(4), Align::Left, true), "abc+");
         assert_eq!(fit("abc", None, Align::Right, false), "abc");
         assert_eq!(fit("", Some(2), Align::Left, false), "  ");
+        for (text, width, align, mark) in [
+            ("abc", Some(5), Align::Right, false),
+            ("abc", Some(5), Align::Left, false),
+            ("abcdef", Some(4), Align::Left, true),
+            ("héllo", Some(6), Align::Right, false),
+            ("x", None, Align::Left, false),
+        ] {
+            let mut out = String::from(">");
+            fit_into(&mut out, text, width, align, mark);
+            assert_eq!(out, format!(">{}", fit(text, width, align, mark)));
+        }
     }
 }

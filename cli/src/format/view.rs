@@ -6,9 +6,10 @@ use serde::Serialize;
 use tandem_proto::v1::{JobInfo, JobState, NodeInfo, PartitionInfo, StepInfo};
 use tandem_sched::time::{format_duration, format_timestamp};
 
-/// A job, an array task, a folded pending array record, or a step (sacct).
+/// A job, an array task, a folded pending array record, or a step (sacct). Borrows its
+/// strings from the wire record: squeue over 100,000 jobs should not copy each name twice.
 #[derive(Debug, Clone, Serialize)]
-pub struct JobView {
+pub struct JobView<'a> {
     /// `12`, `12_3`, `12_[6-99]`, or `12.batch` / `12.0` for steps.
     pub job_id: String,
     /// The numeric id of the job record.
@@ -16,18 +17,18 @@ pub struct JobView {
     pub array_job_id: Option<u64>,
     /// Task index, or the folded pending indices.
     pub array_task_id: Option<String>,
-    pub step_id: Option<String>,
-    pub name: String,
-    pub user: String,
+    pub step_id: Option<&'a str>,
+    pub name: &'a str,
+    pub user: &'a str,
     pub uid: u32,
-    pub account: String,
-    pub partition: String,
-    pub qos: String,
+    pub account: &'a str,
+    pub partition: &'a str,
+    pub qos: &'a str,
     /// Slurm's full state name (`RUNNING`).
     pub state: &'static str,
     /// Slurm's compact state code (`R`).
     pub state_compact: &'static str,
-    pub reason: String,
+    pub reason: &'a str,
     pub priority: u64,
     pub submit_time: Option<i64>,
     pub eligible_time: Option<i64>,
@@ -38,28 +39,28 @@ pub struct JobView {
     /// `None` = UNLIMITED.
     pub time_limit_s: Option<u64>,
     pub nodes: u32,
-    pub nodelist: String,
+    pub nodelist: &'a str,
     pub cpus: u32,
     pub tasks: u32,
     pub cpus_per_task: u32,
     pub mem_mb: u64,
     pub gpus: u32,
-    pub gpu_type: String,
+    pub gpu_type: &'a str,
     /// `cpu=4,mem=1G,node=1,gres/gpu=2` (sacct's AllocTRES).
-    pub tres: String,
+    pub tres: AllocTres,
     /// `exit:signal`.
-    pub exit_code: String,
-    pub workdir: String,
-    pub stdout: String,
-    pub stderr: String,
-    pub command: String,
-    pub dependency: String,
-    pub comment: String,
-    pub constraint: String,
+    pub exit_code: ExitCode,
+    pub workdir: &'a str,
+    pub stdout: &'a str,
+    pub stderr: &'a str,
+    pub command: &'a str,
+    pub dependency: &'a str,
+    pub comment: &'a str,
+    pub constraint: &'a str,
     pub exclusive: bool,
     pub requeue: bool,
     pub restarts: u32,
-    pub submit_host: String,
+    pub submit_host: &'a str,
 }
 
 /// Slurm's name for a state: the proto enum names are Slurm's with a prefix.
@@ -126,26 +127,61 @@ fn opt_time(t: i64) -> Option<i64> {
     (t > 0).then_some(t)
 }
 
-/// `cpu=..,mem=..,node=..,gres/gpu=..` as sacct prints AllocTRES.
-fn tres_string(cpus: u32, mem_mb: u64, nodes: u32, gpus: u32) -> String {
-    let mut s = format!(
-        "cpu={cpus},mem={},node={nodes}",
-        tandem_sched::tres::format_mem_mb(mem_mb)
-    );
-    if gpus > 0 {
-        s.push_str(&format!(",gres/gpu={gpus}"));
+/// What a job or step holds, printed as sacct's AllocTRES (`cpu=4,mem=2G,node=1,gres/gpu=2`).
+/// Formatted only when shown: squeue over many jobs never needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocTres {
+    pub cpus: u32,
+    pub mem_mb: u64,
+    pub nodes: u32,
+    pub gpus: u32,
+}
+
+impl std::fmt::Display for AllocTres {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "cpu={},mem={},node={}",
+            self.cpus,
+            tandem_sched::tres::format_mem_mb(self.mem_mb),
+            self.nodes
+        )?;
+        if self.gpus > 0 {
+            write!(f, ",gres/gpu={}", self.gpus)?;
+        }
+        Ok(())
     }
-    s
 }
 
-fn exit_code(code: i32, signal: i32) -> String {
-    format!("{code}:{signal}")
+/// `exit:signal`, as Slurm prints ExitCode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExitCode {
+    pub code: i32,
+    pub signal: i32,
 }
 
-impl JobView {
-    pub fn from_job(j: &JobInfo, now: i64) -> JobView {
+impl std::fmt::Display for ExitCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.code, self.signal)
+    }
+}
+
+/// Both travel in JSON as the strings the tables show.
+macro_rules! serialize_as_display {
+    ($($t:ty),*) => {$(
+        impl Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+    )*};
+}
+serialize_as_display!(AllocTres, ExitCode);
+
+impl<'a> JobView<'a> {
+    pub fn from_job(j: &'a JobInfo, now: i64) -> JobView<'a> {
         let state = j.state();
-        let tres = j.tres.clone().unwrap_or_default();
+        let tres = j.tres.as_ref();
         let (job_id, array_job_id, array_task_id) = if !j.array_pending.is_empty() {
             let base = if j.array_job_id > 0 {
                 j.array_job_id
@@ -177,18 +213,18 @@ impl JobView {
             array_job_id,
             array_task_id,
             step_id: None,
-            name: j.name.clone(),
-            user: j.user.clone(),
+            name: &j.name,
+            user: &j.user,
             uid: j.uid,
-            account: j.account.clone(),
-            partition: j.partition.clone(),
-            qos: j.qos.clone(),
+            account: &j.account,
+            partition: &j.partition,
+            qos: &j.qos,
             state: state_name(state),
             state_compact: state_compact(state),
             reason: if j.reason.is_empty() {
-                "None".to_string()
+                "None"
             } else {
-                j.reason.clone()
+                &j.reason
             },
             priority: j.priority,
             submit_time: opt_time(j.submit_time),
@@ -198,31 +234,39 @@ impl JobView {
             elapsed_s,
             time_limit_s: (j.time_limit_s > 0).then_some(j.time_limit_s),
             nodes: j.num_nodes,
-            nodelist: j.nodelist.clone(),
+            nodelist: &j.nodelist,
             cpus: j.num_cpus,
             tasks: j.num_tasks,
             cpus_per_task: j.cpus_per_task,
-            mem_mb: tres.mem_mb,
-            gpus: tres.gpus,
-            gpu_type: tres.gpu_type.clone(),
-            tres: tres_string(j.num_cpus, tres.mem_mb, j.num_nodes, tres.gpus),
-            exit_code: exit_code(j.exit_code, j.exit_signal),
-            workdir: j.workdir.clone(),
-            stdout: j.stdout.clone(),
-            stderr: j.stderr.clone(),
-            command: j.command.clone(),
-            dependency: j.dependency.clone(),
-            comment: j.comment.clone(),
-            constraint: j.constraint.clone(),
+            mem_mb: tres.map_or(0, |t| t.mem_mb),
+            gpus: tres.map_or(0, |t| t.gpus),
+            gpu_type: tres.map_or("", |t| t.gpu_type.as_str()),
+            tres: AllocTres {
+                cpus: j.num_cpus,
+                mem_mb: tres.map_or(0, |t| t.mem_mb),
+                nodes: j.num_nodes,
+                gpus: tres.map_or(0, |t| t.gpus),
+            },
+            exit_code: ExitCode {
+                code: j.exit_code,
+                signal: j.exit_signal,
+            },
+            workdir: &j.workdir,
+            stdout: &j.stdout,
+            stderr: &j.stderr,
+            command: &j.command,
+            dependency: &j.dependency,
+            comment: &j.comment,
+            constraint: &j.constraint,
             exclusive: j.exclusive,
             requeue: j.requeue,
             restarts: j.restarts,
-            submit_host: j.submit_host.clone(),
+            submit_host: &j.submit_host,
         }
     }
 
     /// A step row for sacct: it inherits the job's identity and reports its own use.
-    pub fn from_step(job: &JobView, s: &StepInfo, now: i64) -> JobView {
+    pub fn from_step(job: &JobView<'a>, s: &'a StepInfo, now: i64) -> JobView<'a> {
         let tres = s.tres.clone().unwrap_or_default();
         let elapsed_s = match (opt_time(s.start_time), opt_time(s.end_time)) {
             (Some(a), Some(b)) => (b - a).max(0) as u64,
@@ -236,11 +280,11 @@ impl JobView {
         };
         JobView {
             job_id: format!("{}.{}", job.job_id, s.step_id),
-            step_id: Some(s.step_id.clone()),
+            step_id: Some(&s.step_id),
             name: if s.name.is_empty() {
-                s.step_id.clone()
+                &s.step_id
             } else {
-                s.name.clone()
+                &s.name
             },
             state: state_name(s.state()),
             state_compact: state_compact(s.state()),
@@ -248,13 +292,21 @@ impl JobView {
             end_time: opt_time(s.end_time),
             elapsed_s,
             nodes,
-            nodelist: s.nodelist.clone(),
+            nodelist: &s.nodelist,
             cpus: tres.cpus,
             tasks: s.ntasks,
             mem_mb: tres.mem_mb,
             gpus: tres.gpus,
-            tres: tres_string(tres.cpus, tres.mem_mb, nodes, tres.gpus),
-            exit_code: exit_code(s.exit_code, s.signal),
+            tres: AllocTres {
+                cpus: tres.cpus,
+                mem_mb: tres.mem_mb,
+                nodes,
+                gpus: tres.gpus,
+            },
+            exit_code: ExitCode {
+                code: s.exit_code,
+                signal: s.signal,
+            },
             ..job.clone()
         }
     }
@@ -268,7 +320,7 @@ impl JobView {
         if self.is_pending() || self.nodelist.is_empty() {
             format!("({})", self.reason)
         } else {
-            self.nodelist.clone()
+            self.nodelist.to_string()
         }
     }
 
@@ -470,7 +522,8 @@ mod tests {
 
     #[test]
     fn ids_of_plain_jobs_array_tasks_and_folded_arrays() {
-        let plain = JobView::from_job(&job(7, JobState::Running), 0);
+        let info = job(7, JobState::Running);
+        let plain = JobView::from_job(&info, 0);
         assert_eq!(plain.job_id, "7");
         let task = JobInfo {
             array_job_id: 12,
@@ -500,7 +553,7 @@ mod tests {
             ("1:05".into(), "1:00:00".into(), "58:55".into())
         );
         assert_eq!(v.reason_or_nodes(), "node-1");
-        assert_eq!(v.tres, "cpu=4,mem=2G,node=1,gres/gpu=2");
+        assert_eq!(v.tres.to_string(), "cpu=4,mem=2G,node=1,gres/gpu=2");
         let pending = JobInfo {
             reason: "Resources".into(),
             ..job(2, JobState::Pending)

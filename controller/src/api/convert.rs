@@ -62,7 +62,7 @@ fn hosts(field: &str, expr: &str) -> Result<Vec<String>, Status> {
 /// Validates a submission and splits it into the scheduling spec and the stored payload.
 /// The job's user is the caller's verified identity, whatever the request says.
 pub fn submit_from_proto(
-    spec: &v1::JobSpec,
+    spec: v1::JobSpec,
     who: &Identity,
     max_array_size: u32,
 ) -> Result<(JobSpec, Payload), Status> {
@@ -172,13 +172,13 @@ pub fn submit_from_proto(
         return Err(bad("begin", "negative time"));
     }
     let sched = JobSpec {
-        name: spec.name.clone(),
+        name: spec.name,
         user: who.user.clone(),
         uid: who.uid,
         gid: who.gid,
-        account: spec.account.clone(),
-        partition: spec.partition.clone(),
-        qos: spec.qos.clone(),
+        account: spec.account,
+        partition: spec.partition,
+        qos: spec.qos,
         time_limit: (spec.time_limit_s > 0).then_some(spec.time_limit_s),
         nodes_min: spec.nodes_min,
         nodes_max: spec.nodes_max,
@@ -213,19 +213,16 @@ pub fn submit_from_proto(
     sched
         .validate()
         .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    // The spec is ours now: move its payload instead of copying it.
     let payload = Payload {
-        script: spec.script.clone(),
-        argv: spec.argv.clone(),
-        workdir: spec.workdir.clone(),
-        environment: spec
-            .environment
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-        stdout: spec.stdout.clone(),
-        stderr: spec.stderr.clone(),
-        submit_host: spec.submit_host.clone(),
-        comment: spec.comment.clone(),
+        script: spec.script,
+        argv: spec.argv,
+        workdir: spec.workdir,
+        environment: spec.environment.into_iter().collect(),
+        stdout: spec.stdout,
+        stderr: spec.stderr,
+        submit_host: spec.submit_host,
+        comment: spec.comment,
     };
     Ok((sched, payload))
 }
@@ -525,7 +522,7 @@ mod tests {
         s.array = "0-9%2".into();
         s.dependency = "afterok:1".into();
         s.nodelist = "n[1-2]".into();
-        let (j, p) = submit_from_proto(&s, &alice(), 1001).unwrap();
+        let (j, p) = submit_from_proto(s.clone(), &alice(), 1001).unwrap();
         assert_eq!((j.user.as_str(), j.uid), ("alice", 1000));
         assert_eq!(j.time_limit, Some(60));
         assert_eq!(j.gpus_per_node, 2);
@@ -587,7 +584,7 @@ mod tests {
         for (mutate, want) in cases {
             let mut s = spec();
             mutate(&mut s);
-            let err = submit_from_proto(&s, &alice(), 10).unwrap_err();
+            let err = submit_from_proto(s, &alice(), 10).unwrap_err();
             assert_eq!(err.code(), tonic::Code::InvalidArgument);
             assert!(err.message().contains(want), "{want}: {}", err.message());
             assert!(!err.message().contains('\n'), "one line: {}", err.message());

@@ -89,10 +89,11 @@ impl Jobs for JobsService {
             .into_inner()
             .spec
             .ok_or_else(|| Status::invalid_argument("spec: missing"))?;
-        let (sched_spec, payload) = convert::submit_from_proto(&spec, &who, self.max_array_size)?;
+        // Keys are per user: two users may pick the same key.
         let idempotency_key = (!spec.idempotency_key.is_empty())
             .then(|| format!("{}:{}", who.uid, spec.idempotency_key));
-        let payload = payload.encode();
+        let (sched_spec, payload) = convert::submit_from_proto(spec, &who, self.max_array_size)?;
+        let payload = payload.into_bytes();
         let resp = self
             .handle
             .call(|reply| Command::Submit {

@@ -12,7 +12,8 @@
 //! flight, and those changes form the next transaction. A caller hears back only from an
 //! effect, that is only after its writes are durable.
 
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -37,6 +38,8 @@ struct Queued {
 #[derive(Clone)]
 pub struct Committer {
     tx: mpsc::Sender<Queued>,
+    /// Transactions committed so far (for metrics and to show grouping in tests).
+    transactions: Arc<AtomicU64>,
 }
 
 impl Committer {
@@ -44,10 +47,12 @@ impl Committer {
     /// the queue) or after a failed commit.
     pub fn spawn(store: Store) -> std::io::Result<(Self, JoinHandle<Result<(), StoreError>>)> {
         let (tx, rx) = mpsc::channel();
+        let transactions = Arc::new(AtomicU64::new(0));
+        let counter = transactions.clone();
         let handle = std::thread::Builder::new()
             .name("tandem-commit".into())
-            .spawn(move || commit_loop(store, rx))?;
-        Ok((Self { tx }, handle))
+            .spawn(move || commit_loop(store, rx, &counter))?;
+        Ok((Self { tx, transactions }, handle))
     }
 
     /// Queues a batch; its effects run after it is durable. An empty batch still runs its
@@ -57,9 +62,17 @@ impl Committer {
             .send(Queued { batch, effects })
             .map_err(|_| StoreError::Closed)
     }
+
+    pub fn transactions(&self) -> u64 {
+        self.transactions.load(Ordering::Relaxed)
+    }
 }
 
-fn commit_loop(mut store: Store, rx: mpsc::Receiver<Queued>) -> Result<(), StoreError> {
+fn commit_loop(
+    mut store: Store,
+    rx: mpsc::Receiver<Queued>,
+    transactions: &AtomicU64,
+) -> Result<(), StoreError> {
     let mut group: Vec<Queued> = Vec::new();
     while let Ok(first) = rx.recv() {
         group.push(first);
@@ -79,6 +92,7 @@ fn commit_loop(mut store: Store, rx: mpsc::Receiver<Queued>) -> Result<(), Store
         let result = if writes.is_empty() {
             Ok(())
         } else {
+            transactions.fetch_add(1, Ordering::Relaxed);
             store.commit(&writes)
         };
         let commit_us = started.elapsed().as_micros() as u64;
@@ -109,7 +123,51 @@ fn commit_loop(mut store: Store, rx: mpsc::Receiver<Queued>) -> Result<(), Store
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::{Arc, Mutex};
+    use std::sync::Mutex;
+
+    #[test]
+    fn concurrent_batches_share_transactions_and_all_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let (c, handle) = Committer::spawn(Store::open(dir.path()).unwrap()).unwrap();
+        // Hold the committer in its first effect so that what the threads queue meanwhile
+        // must go out together.
+        let (gate_tx, gate_rx) = mpsc::channel::<()>();
+        c.submit(
+            Batch::default(),
+            vec![Box::new(move |_: &Store, _: Result<(), &StoreError>| {
+                let _ = gate_rx.recv();
+            })],
+        )
+        .unwrap();
+        let threads: Vec<_> = (0..8u64)
+            .map(|t| {
+                let c = c.clone();
+                std::thread::spawn(move || {
+                    for i in 0..100u64 {
+                        let id = t * 1000 + i + 1;
+                        let b = Batch {
+                            jobs: vec![(id, vec![1])],
+                            payloads: vec![(id, vec![2])],
+                            ..Batch::default()
+                        };
+                        c.submit(b, Vec::new()).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        gate_tx.send(()).unwrap();
+        let counter = c.transactions.clone();
+        drop(c);
+        handle.join().unwrap().unwrap();
+        let tx_count = counter.load(Ordering::Relaxed);
+        // 800 batches in far fewer transactions (one, as they were all queued).
+        assert!(tx_count <= 2, "{tx_count} transactions for 800 batches");
+        let loaded = Store::open(dir.path()).unwrap().load().unwrap();
+        assert_eq!(loaded.jobs.len(), 800);
+    }
 
     #[test]
     fn effects_run_after_commit_in_order() {

@@ -29,7 +29,11 @@ use super::table;
 use super::watch::{self, WatchParams};
 
 pub fn router(ctx: Arc<Ctx>) -> Router {
-    Router::new().fallback(handle).with_state(ctx)
+    // The real server's request body limit is 3 MiB.
+    Router::new()
+        .fallback(handle)
+        .layer(axum::extract::DefaultBodyLimit::max(3 * 1024 * 1024))
+        .with_state(ctx)
 }
 
 async fn handle(
@@ -234,8 +238,17 @@ async fn route(
     };
     match (method.clone(), name, sub) {
         // === collection ===
-        (Method::GET, None, _) if watch_flag => {
-            let p = list_params()?;
+        // A watch of the collection, or of one object (legacy `/watch/.../{name}` paths).
+        (Method::GET, _, None) if watch_flag => {
+            let mut p = list_params()?;
+            if let Some(n) = name {
+                p.fields = FieldSelector::parse(
+                    &format!("metadata.name={n}"),
+                    &rt.group,
+                    &rt.plural,
+                    rt.custom.is_some(),
+                )?;
+            }
             let timeout = q
                 .get("timeoutSeconds")
                 .and_then(|t| t.parse().ok())

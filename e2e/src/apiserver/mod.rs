@@ -14,6 +14,9 @@
 //!                     ├─ subresource.rs (status, scale, binding,         │
 //!                     │   eviction, log -> kubelet)                gc.rs (owner refs,
 //!                     └─ discovery.rs, table.rs                   finalizers, namespaces)
+//!
+//!  workloads.rs (Deployment/ReplicaSet/StatefulSet/Job controllers): woken by store
+//!  changes, plans from a snapshot, writes pods through ops.rs like any other client.
 //! ```
 //!
 //! # Layout
@@ -31,7 +34,8 @@
 //! - `discovery`, `openapi`, `table`, `http`, `error`, `meta`, `resource`: the rest of the API surface.
 //!
 //! # Invariants
-//! - Every change goes through `Store::with`, which wakes watches and the collector.
+//! - Every change goes through `Store::with`, which wakes watches, the collector and the
+//!   workload controllers; those two settle (a pass with nothing to do writes nothing).
 //! - No lock is held across an await: webhooks run before the commit, and the commit
 //!   re-checks the object's version (retrying when the client gave none).
 
@@ -298,8 +302,13 @@ pub fn kubeconfig_yaml(url: &str) -> String {
 }
 
 pub fn write_kubeconfig(url: &str, path: &Path) -> Result<(), Error> {
-    std::fs::write(path, kubeconfig_yaml(url)).map_err(|source| Error::Kubeconfig {
+    // Written aside and renamed, so a reader polling for the file never sees half of it.
+    let err = |source| Error::Kubeconfig {
         path: path.display().to_string(),
         source,
-    })
+    };
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    std::fs::write(&tmp, kubeconfig_yaml(url)).map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(err)
 }

@@ -131,6 +131,12 @@ fn attrs<'a>(t: &'a Target, op: &'static str, name: &'a str, dry_run: bool) -> A
 pub async fn create(ctx: &Ctx, t: &Target, mut body: Value, opts: &WriteOpts) -> ApiResult<Value> {
     check_type(&t.rt, &body)?;
     check_namespace(t, &mut body)?;
+    if meta::resource_version(&body).is_some() {
+        // What the real storage layer says (as a 500, like the real server).
+        return Err(ApiError::internal(
+            "Internal error occurred: resourceVersion should not be set on objects to be created",
+        ));
+    }
     if meta::name(&body).is_empty()
         && let Some(g) = meta::meta_str(&body, "generateName").filter(|g| !g.is_empty())
     {

@@ -140,6 +140,65 @@ pub async fn write_scale(
     scale_of(t, &stored)
 }
 
+fn is_ready(p: &Value) -> bool {
+    p["status"]["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
+}
+
+/// `minAvailable`/`maxUnavailable` as a count of `total` (percentages round up).
+fn budget_count(v: &Value, total: usize) -> Option<usize> {
+    match v {
+        Value::Number(n) => n.as_u64().and_then(|n| usize::try_from(n).ok()),
+        Value::String(s) => {
+            let pct: usize = s.strip_suffix('%')?.parse().ok()?;
+            Some((pct * total).div_ceil(100))
+        }
+        _ => None,
+    }
+}
+
+/// The name of a budget that forbids evicting this (Ready) pod now.
+fn blocking_budget(st: &super::store::State, pod: &Value) -> Option<String> {
+    if !is_ready(pod) {
+        return None;
+    }
+    let ns = meta::namespace(pod);
+    let pdbs = st.types.get("poddisruptionbudgets.policy")?;
+    for pdb in pdbs.objects.values().filter(|b| meta::namespace(b) == ns) {
+        let Ok(sel) = super::selector::LabelSelector::from_object(&pdb["spec"]["selector"]) else {
+            continue;
+        };
+        if pdb["spec"]["selector"].is_null() || !sel.matches(pod) {
+            continue;
+        }
+        let pods: Vec<&Value> = st
+            .types
+            .get("pods")
+            .map(|t| {
+                t.objects
+                    .values()
+                    .filter(|p| meta::namespace(p) == ns && sel.matches(p) && !meta::is_deleting(p))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let total = pods.len();
+        let healthy = pods.iter().filter(|p| is_ready(p)).count();
+        let allowed = if let Some(min) = budget_count(&pdb["spec"]["minAvailable"], total) {
+            healthy.saturating_sub(min)
+        } else if let Some(max) = budget_count(&pdb["spec"]["maxUnavailable"], total) {
+            max.saturating_sub(total - healthy)
+        } else {
+            continue;
+        };
+        if allowed == 0 {
+            return Some(meta::name(pdb).to_owned());
+        }
+    }
+    None
+}
+
 fn set_pointer(v: &mut Value, pointer: &str, new: Value) {
     let mut cur = v;
     for seg in pointer.split('/').filter(|s| !s.is_empty()) {
@@ -202,9 +261,25 @@ pub async fn bind(ctx: &Ctx, t: &Target, body: &Value) -> ApiResult<Value> {
     )
 }
 
-/// POST pods/{name}/eviction: deletes the pod with the eviction's delete options.
-/// PodDisruptionBudgets are stored but not evaluated (every eviction is allowed).
+/// POST pods/{name}/eviction: deletes the pod with the eviction's delete options, unless a
+/// PodDisruptionBudget of its namespace selects it and allows no disruption now (429, as
+/// the real server answers). The budget is computed on the spot from the pods' Ready
+/// conditions (a real server reads the disruption controller's `status.disruptionsAllowed`);
+/// a pod that is not Ready may always be evicted.
 pub async fn evict(ctx: &Ctx, t: &Target, body: &Value) -> ApiResult<Value> {
+    {
+        let st = ctx.store.lock();
+        let pod = st.get(&t.rt, &t.ns, &t.name)?;
+        if let Some(pdb) = blocking_budget(&st, &pod) {
+            return Err(ApiError::new(
+                429,
+                "TooManyRequests",
+                format!(
+                    "Cannot evict pod as it would violate the pod's disruption budget. The disruption budget {pdb} needs more healthy pods."
+                ),
+            ));
+        }
+    }
     let mut opts = DeleteOpts::default();
     opts.merge_body(&body["deleteOptions"]);
     let main = Target {

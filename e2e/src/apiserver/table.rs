@@ -30,11 +30,51 @@ fn cell(v: Option<&Value>, type_: &str) -> Value {
     }
 }
 
+/// The computed pod columns `kubectl get pods` shows (`1/2`, `Terminating`, restarts).
+fn pod_cell(pod: &Value, what: &str) -> Value {
+    let statuses: Vec<&Value> = pod["status"]["containerStatuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .collect();
+    match what {
+        "ready" => {
+            let total = pod["spec"]["containers"].as_array().map_or(0, Vec::len);
+            let ready = statuses.iter().filter(|s| s["ready"] == true).count();
+            json!(format!("{ready}/{total}"))
+        }
+        "restarts" => json!(
+            statuses
+                .iter()
+                .map(|s| s["restartCount"].as_i64().unwrap_or(0))
+                .sum::<i64>()
+        ),
+        _ => {
+            if !pod["metadata"]["deletionTimestamp"].is_null() {
+                return json!("Terminating");
+            }
+            let waiting = statuses
+                .iter()
+                .find_map(|s| s["state"]["waiting"]["reason"].as_str());
+            let terminated = statuses
+                .iter()
+                .find_map(|s| s["state"]["terminated"]["reason"].as_str());
+            let phase = pod["status"]["reason"]
+                .as_str()
+                .or(pod["status"]["phase"].as_str())
+                .unwrap_or("Unknown");
+            json!(waiting.or(terminated).unwrap_or(phase))
+        }
+    }
+}
+
 /// Built-in extra columns: (header, type, pointer).
 fn builtin_columns(rt: &ResourceType) -> Vec<(&'static str, &'static str, &'static str)> {
     match (rt.group.as_str(), rt.plural.as_str()) {
         ("", "pods") => vec![
-            ("Status", "string", "/status/phase"),
+            ("Ready", "string", "#ready"),
+            ("Status", "string", "#status"),
+            ("Restarts", "integer", "#restarts"),
             ("Node", "string", "/spec/nodeName"),
         ],
         ("", "namespaces") => vec![("Status", "string", "/status/phase")],
@@ -79,7 +119,10 @@ pub fn to_table(rt: &ResourceType, version: &str, v: &Value) -> Value {
         .iter()
         .map(|o| {
             let mut cells = vec![o["metadata"]["name"].clone()];
-            cells.extend(custom.iter().map(|(_, t, p)| cell(at(o, p), t)));
+            cells.extend(custom.iter().map(|(_, t, p)| match p.strip_prefix('#') {
+                Some(computed) => pod_cell(o, computed),
+                None => cell(at(o, p), t),
+            }));
             if !has_age {
                 cells.push(json!(age(o["metadata"]["creationTimestamp"].as_str())));
             }

@@ -26,6 +26,8 @@ pub struct EnvContext<'a> {
     pub host_ip: &'a str,
     pub config_maps: &'a ObjectData,
     pub secrets: &'a ObjectData,
+    /// Service link variables ([`service_env`]); the container's own env wins over them.
+    pub service_env: &'a [(String, String)],
 }
 
 /// Why a container's environment cannot be built; the kubelet shows it as the waiting
@@ -104,14 +106,87 @@ pub fn container_env(
                 None => continue, // optional reference that is absent: the variable is unset
             },
             (Some(v), None) => {
-                let lookup = |n: &str| env.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
+                let lookup = |n: &str| {
+                    env.iter()
+                        .chain(ctx.service_env)
+                        .find(|(k, _)| k == n)
+                        .map(|(_, v)| v.as_str())
+                };
                 expand(v, lookup)
             }
             (None, None) => String::new(),
         };
         set(&mut env, var.name.clone(), value);
     }
+    for (name, value) in ctx.service_env {
+        if !env.iter().any(|(k, _)| k == name) {
+            env.push((name.clone(), value.clone()));
+        }
+    }
     Ok(env)
+}
+
+/// The service link variables a kubelet gives every container of a namespace's pods
+/// (`FOO_SERVICE_HOST`, `FOO_SERVICE_PORT`, `FOO_PORT_80_TCP_ADDR`, ...), for Services
+/// with a cluster IP.
+///
+/// Deliberate difference: the address is `127.0.0.1` and the port the Service's numeric
+/// `targetPort` (else its port), because every pod here listens on the host's loopback and
+/// cluster IPs route nowhere. Code that finds a Service through these variables therefore
+/// works both here and on a real cluster.
+pub fn service_env(services: &[k8s_openapi::api::core::v1::Service]) -> Vec<(String, String)> {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let mut out = Vec::new();
+    let mut services: Vec<_> = services.iter().collect();
+    services.sort_by_key(|s| s.metadata.name.clone());
+    for svc in services {
+        let Some(spec) = &svc.spec else { continue };
+        match spec.cluster_ip.as_deref() {
+            None | Some("") | Some("None") => continue,
+            Some(_) => {}
+        }
+        let ports = spec.ports.as_deref().unwrap_or_default();
+        let Some(first) = ports.first() else { continue };
+        let name = svc
+            .metadata
+            .name
+            .as_deref()
+            .unwrap_or_default()
+            .to_uppercase()
+            .replace('-', "_");
+        let host = "127.0.0.1";
+        let reach = |p: &k8s_openapi::api::core::v1::ServicePort| match &p.target_port {
+            Some(IntOrString::Int(n)) => *n,
+            _ => p.port,
+        };
+        out.push((format!("{name}_SERVICE_HOST"), host.to_owned()));
+        out.push((format!("{name}_SERVICE_PORT"), reach(first).to_string()));
+        for p in ports {
+            if let Some(port_name) = p.name.as_deref().filter(|n| !n.is_empty()) {
+                let key = port_name.to_uppercase().replace('-', "_");
+                out.push((format!("{name}_SERVICE_PORT_{key}"), reach(p).to_string()));
+            }
+        }
+        let proto = |p: &k8s_openapi::api::core::v1::ServicePort| {
+            p.protocol.as_deref().unwrap_or("TCP").to_owned()
+        };
+        out.push((
+            format!("{name}_PORT"),
+            format!("{}://{host}:{}", proto(first).to_lowercase(), reach(first)),
+        ));
+        for p in ports {
+            let (upper, port) = (proto(p).to_uppercase(), reach(p));
+            let prefix = format!("{name}_PORT_{}_{upper}", p.port);
+            out.push((
+                prefix.clone(),
+                format!("{}://{host}:{port}", upper.to_lowercase()),
+            ));
+            out.push((format!("{prefix}_PROTO"), upper.to_lowercase()));
+            out.push((format!("{prefix}_PORT"), port.to_string()));
+            out.push((format!("{prefix}_ADDR"), host.to_owned()));
+        }
+    }
+    out
 }
 
 fn resolve_source(
@@ -326,6 +401,7 @@ mod tests {
             host_ip: "127.0.0.1",
             config_maps: &maps,
             secrets: &secrets,
+            service_env: &[],
         };
         container_env(&ctx, &container(env))
     }
@@ -410,6 +486,33 @@ mod tests {
             json!([{"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k", "optional": true}}}]),
         );
         assert_eq!(optional.unwrap(), vec![]);
+    }
+
+    #[test]
+    fn service_links_point_at_loopback_and_the_target_port() {
+        let svc = |v: serde_json::Value| -> k8s_openapi::api::core::v1::Service {
+            serde_json::from_value(v).unwrap()
+        };
+        let services = [
+            svc(
+                json!({"metadata": {"name": "tandem-ctl"}, "spec": {"clusterIP": "10.96.0.7",
+                "ports": [{"name": "grpc", "port": 80, "targetPort": 6817, "protocol": "TCP"}]}}),
+            ),
+            svc(
+                json!({"metadata": {"name": "headless"}, "spec": {"clusterIP": "None", "ports": [{"port": 1}]}}),
+            ),
+        ];
+        let env = service_env(&services);
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("TANDEM_CTL_SERVICE_HOST"), Some("127.0.0.1"));
+        assert_eq!(get("TANDEM_CTL_SERVICE_PORT"), Some("6817"));
+        assert_eq!(get("TANDEM_CTL_SERVICE_PORT_GRPC"), Some("6817"));
+        assert_eq!(get("TANDEM_CTL_PORT"), Some("tcp://127.0.0.1:6817"));
+        assert_eq!(get("TANDEM_CTL_PORT_80_TCP_ADDR"), Some("127.0.0.1"));
+        assert!(
+            get("HEADLESS_SERVICE_HOST").is_none(),
+            "headless services get no variables"
+        );
     }
 
     #[test]

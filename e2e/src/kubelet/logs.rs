@@ -237,7 +237,7 @@ impl LogStore {
     }
 
     /// Opens the log file of a new container instance and captures `stdout`/`stderr` into
-    /// it until both close.
+    /// it until both close. The returned task ends when the output is all written.
     pub async fn capture(
         &self,
         ns: &str,
@@ -245,7 +245,7 @@ impl LogStore {
         container: &str,
         stdout: impl AsyncRead + Unpin + Send + 'static,
         stderr: impl AsyncRead + Unpin + Send + 'static,
-    ) -> std::io::Result<()> {
+    ) -> std::io::Result<tokio::task::JoinHandle<()>> {
         let (path, tx) = {
             let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
             let Some(p) = pods.get_mut(&(ns.to_owned(), pod.to_owned())) else {
@@ -269,13 +269,12 @@ impl LogStore {
         let sink = Arc::new(tokio::sync::Mutex::new((file, tx)));
         let out = tokio::spawn(copy_stream(stdout, "stdout", sink.clone()));
         let err = tokio::spawn(copy_stream(stderr, "stderr", sink.clone()));
-        tokio::spawn(async move {
+        Ok(tokio::spawn(async move {
             let _ = out.await;
             let _ = err.await;
             let guard = sink.lock().await;
             guard.1.send_modify(|p| p.done = true);
-        });
-        Ok(())
+        }))
     }
 
     fn instance(
@@ -602,30 +601,20 @@ mod tests {
         let store = Arc::new(LogStore::new(dir.path()));
         store.register_pod("ns", "p", "u", vec!["c".into()]);
         for text in ["first\n", "second\nno newline"] {
-            store
+            let task = store
                 .capture("ns", "p", "c", text.as_bytes(), &b""[..])
                 .await
                 .unwrap();
+            task.await.unwrap();
         }
-        // Captures run in the background; wait until both instances are done.
-        for _ in 0..100 {
-            let done = store
+        assert!(
+            store
                 .instance("ns", "p", None, false)
                 .unwrap()
                 .progress
                 .borrow()
                 .done
-                && store
-                    .instance("ns", "p", None, true)
-                    .unwrap()
-                    .progress
-                    .borrow()
-                    .done;
-            if done {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+        );
         let read = |previous| {
             let store = store.clone();
             async move {

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Event, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, Event, Pod, Secret, Service};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use nix::sys::signal::Signal;
 use serde_json::json;
 use tokio::sync::watch;
@@ -26,6 +26,7 @@ use super::admit::{self, NodeAllocatable, Rejection, Resources};
 use super::env::{self, EnvContext, ObjectData};
 use super::image::{ImageTable, LaunchError};
 use super::logs::LogStore;
+use super::probe::Readiness;
 use super::process::{self, ProcessGroups, Target, signal_group};
 use super::status::{self, ContainerRecord, PodRuntime, State, Termination};
 
@@ -125,6 +126,8 @@ struct Slot {
     ran: bool,
     /// Done for good: terminated and not to be restarted.
     settled: bool,
+    /// The running instance's readiness probe.
+    readiness: Option<Readiness>,
 }
 
 impl Slot {
@@ -144,6 +147,7 @@ impl Slot {
             failures: 0,
             ran: false,
             settled: false,
+            readiness: None,
         }
     }
 
@@ -175,6 +179,10 @@ struct Worker {
     finished: bool,
     exits: FuturesUnordered<Exit>,
     dirty: bool,
+    /// When `activeDeadlineSeconds` runs out, counted from when this kubelet took the pod.
+    deadline: Option<Instant>,
+    /// Pod-level reason and message (`DeadlineExceeded`).
+    reason: Option<(String, String)>,
 }
 
 /// Runs one pod until it is gone from the API. `updates` starts with the pod.
@@ -224,6 +232,10 @@ pub async fn run(ctx: Arc<NodeCtx>, updates: watch::Receiver<Option<Pod>>) {
         finished: false,
         exits: FuturesUnordered::new(),
         dirty: true,
+        deadline: spec
+            .active_deadline_seconds
+            .map(|secs| Instant::now() + Duration::from_secs(secs.max(0) as u64)),
+        reason: None,
     };
     let span = tracing::info_span!("pod", pod = %format!("{}/{}", w.ns, w.name));
     w.lifecycle().instrument(span).await;
@@ -261,7 +273,12 @@ impl Worker {
             if self.deleting() {
                 break;
             }
+            if !self.finished && self.deadline.is_some_and(|d| d <= Instant::now()) {
+                self.exceed_deadline().await;
+                continue;
+            }
             if !self.finished {
+                self.run_probes().await;
                 self.start_due().await;
                 if matches!(self.phase(), "Succeeded" | "Failed") {
                     self.finished = true;
@@ -307,7 +324,7 @@ impl Worker {
             host_ip: POD_IP.into(),
             pod_ip: POD_IP.into(),
             terminal: self.terminal,
-            reason: None,
+            reason: self.reason.clone(),
         }
     }
 
@@ -319,12 +336,29 @@ impl Worker {
         if self.finished {
             return None;
         }
-        self.init
-            .iter()
-            .chain(&self.main)
+        let slots = || self.init.iter().chain(&self.main);
+        let retries = slots()
             .filter(|s| s.pid.is_none() && !s.settled)
-            .filter_map(|s| s.retry_at)
-            .min()
+            .filter_map(|s| s.retry_at);
+        let probes = slots()
+            .filter(|s| s.pid.is_some())
+            .filter_map(|s| s.readiness.as_ref().map(|r| r.next));
+        retries.chain(probes).chain(self.deadline).min()
+    }
+
+    /// Runs the readiness probes that are due and records any change of verdict.
+    async fn run_probes(&mut self) {
+        let now = Instant::now();
+        for slot in self.init.iter_mut().chain(self.main.iter_mut()) {
+            let ready = slot.record.ready;
+            let Some(probe) = slot.readiness.as_mut().filter(|r| r.next <= now) else {
+                continue;
+            };
+            if let Some(change) = probe.run(ready).await {
+                slot.record.ready = change;
+                self.dirty = true;
+            }
+        }
     }
 
     // === starting containers ===
@@ -383,6 +417,12 @@ impl Worker {
                         ),
                     )
                 };
+                let (type_, event) = if pulled_before {
+                    ("Normal", "BackOff")
+                } else {
+                    ("Warning", "Failed")
+                };
+                self.emit(type_, event, &message, Some(&container.name));
                 return self.wait(kind, idx, reason, message);
             }
             Err(LaunchError::NoCommand) => {
@@ -396,7 +436,15 @@ impl Worker {
         };
         let env = match self.resolve_env(&container).await {
             Ok(env) => env,
-            Err(message) => return self.wait(kind, idx, "CreateContainerConfigError", message),
+            Err(message) => {
+                self.emit(
+                    "Warning",
+                    "Failed",
+                    &format!("Error: {message}"),
+                    Some(&container.name),
+                );
+                return self.wait(kind, idx, "CreateContainerConfigError", message);
+            }
         };
         let lookup = |n: &str| env.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
         let mut launch = launch;
@@ -425,12 +473,32 @@ impl Worker {
                 slot.record.state = State::Running {
                     started_at: started.started_at,
                 };
+                slot.readiness = Readiness::for_container(&container, &env, cwd.clone());
+                slot.record.ready = slot.readiness.is_none();
                 let exit = started.exit;
                 self.exits.push(Box::pin(async move {
                     (kind, idx, exit.await.unwrap_or(128 + 9))
                 }));
                 self.dirty = true;
                 tracing::debug!(container = %container.name, pid = started.pid, "container started");
+                let (name, image) = (
+                    container.name.as_str(),
+                    container.image.as_deref().unwrap_or_default(),
+                );
+                let present = format!("Container image \"{image}\" already present on machine");
+                self.emit("Normal", "Pulled", &present, Some(name));
+                self.emit(
+                    "Normal",
+                    "Created",
+                    &format!("Created container: {name}"),
+                    Some(name),
+                );
+                self.emit(
+                    "Normal",
+                    "Started",
+                    &format!("Started container {name}"),
+                    Some(name),
+                );
             }
             Err(e) => self.start_failed(
                 kind,
@@ -491,7 +559,19 @@ impl Worker {
                 Err(e) => return Err(format!("reading secret \"{name}\": {e}")),
             }
         }
+        let enable_links =
+            self.pod.spec.as_ref().and_then(|s| s.enable_service_links) != Some(false);
+        let service_env = if enable_links {
+            let services: Api<Service> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+            match services.list(&ListParams::default()).await {
+                Ok(list) => env::service_env(&list.items),
+                Err(e) => return Err(format!("listing services for the service environment: {e}")),
+            }
+        } else {
+            Vec::new()
+        };
         let ctx = EnvContext {
+            service_env: &service_env,
             pod: &self.pod,
             node_allocatable: &self.ctx.allocatable.resources,
             pod_ip: POD_IP,
@@ -509,6 +589,7 @@ impl Worker {
         let reset_after = self.ctx.backoff.max;
         let slot = self.slot(kind, idx);
         slot.pid = None;
+        slot.readiness = None;
         let (ran_for, started_at) = slot
             .started
             .take()
@@ -547,6 +628,9 @@ impl Worker {
                 )),
             };
             slot.record.last = Some(term);
+            let name = slot.spec.name.clone();
+            let message = format!("Back-off restarting failed container {name} in pod {pod_ref}");
+            self.emit("Warning", "BackOff", &message, Some(&name));
         } else {
             slot.settled = true;
             slot.record.state = State::Terminated(term);
@@ -584,6 +668,20 @@ impl Worker {
             return;
         }
         tracing::debug!(grace = ?self.grace(), "killing containers");
+        for slot in self
+            .init
+            .iter()
+            .chain(&self.main)
+            .filter(|s| s.pid.is_some())
+        {
+            let name = &slot.spec.name;
+            self.emit(
+                "Normal",
+                "Killing",
+                &format!("Stopping container {name}"),
+                Some(name),
+            );
+        }
         for pid in &running {
             signal_group(*pid, Signal::SIGTERM);
         }
@@ -607,9 +705,20 @@ impl Worker {
     }
 
     async fn teardown(&mut self) {
+        self.stop_all().await;
+        self.ctx.release(&self.uid);
+        if !self.gone {
+            self.dirty = true;
+            self.publish().await;
+        }
+        self.finalize().await;
+    }
+
+    /// Ends the pod's containers for good: running ones by signal, waiting ones (never ran,
+    /// or waiting for a restart) by the pod's end.
+    async fn stop_all(&mut self) {
         self.terminal = true;
         self.kill_all().await;
-        // Containers that never ran (or wait for a restart) end with the pod.
         let now = Timestamp::now();
         for slot in self.init.iter_mut().chain(self.main.iter_mut()) {
             if let State::Waiting { .. } = slot.record.state {
@@ -626,12 +735,19 @@ impl Worker {
                     }));
             }
         }
+    }
+
+    /// `activeDeadlineSeconds` ran out: stop everything and fail the pod, as a kubelet does.
+    async fn exceed_deadline(&mut self) {
+        tracing::info!("active deadline exceeded");
+        self.reason = Some((
+            "DeadlineExceeded".into(),
+            "Pod was active on the node longer than the specified deadline".into(),
+        ));
+        self.stop_all().await;
+        self.finished = true;
         self.ctx.release(&self.uid);
-        if !self.gone {
-            self.dirty = true;
-            self.publish().await;
-        }
-        self.finalize().await;
+        self.dirty = true;
     }
 
     /// Removes the pod from the API (if still there) and forgets it.
@@ -692,21 +808,51 @@ impl Worker {
         }
     }
 
+    /// Fails a pod admission refused: the event first, then the status, as the kubelet's
+    /// `rejectPod` does (so whoever sees the Failed pod finds the event too).
     async fn reject(&mut self, r: Rejection) {
         tracing::info!(reason = %r.reason, message = %r.message, "pod rejected");
+        if let Some(event) = self.event_object("Warning", &r.reason, &r.message, None) {
+            let events: Api<Event> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+            if let Err(e) = events.create(&PostParams::default(), &event).await {
+                tracing::warn!(error = %e, "recording the rejection event failed");
+            }
+        }
         let qos = status::qos_class(&self.pod);
         let patch = json!({"status": {"phase": "Failed", "reason": r.reason, "message": r.message, "qosClass": qos}});
         self.write_status(patch).await;
-        self.event("Warning", &r.reason, &r.message).await;
     }
 
-    /// Records an Event about the pod, as the kubelet's event recorder does.
-    async fn event(&self, type_: &str, reason: &str, message: &str) {
-        let now = Timestamp::now();
+    /// Records an Event about the pod (or one of its containers), as the kubelet's event
+    /// recorder does. The worker does not wait for it: events are best effort.
+    fn emit(&self, type_: &str, reason: &str, message: &str, container: Option<&str>) {
+        let event = self.event_object(type_, reason, message, container);
         let events: Api<Event> = Api::namespaced(self.ctx.client.clone(), &self.ns);
-        let event: Result<Event, _> = serde_json::from_value(json!({
+        let reason = reason.to_owned();
+        tokio::spawn(async move {
+            let Some(event) = event else { return };
+            if let Err(e) = events.create(&PostParams::default(), &event).await {
+                tracing::debug!(error = %e, %reason, "recording an event failed");
+            }
+        });
+    }
+
+    fn event_object(
+        &self,
+        type_: &str,
+        reason: &str,
+        message: &str,
+        container: Option<&str>,
+    ) -> Option<Event> {
+        let now = Timestamp::now();
+        let mut involved = json!({"apiVersion": "v1", "kind": "Pod", "name": self.name,
+                                  "namespace": self.ns, "uid": self.uid});
+        if let Some(c) = container {
+            involved["fieldPath"] = json!(format!("spec.containers{{{c}}}"));
+        }
+        serde_json::from_value(json!({
             "metadata": {"name": format!("{}.{:x}", self.name, now.as_nanosecond()), "namespace": self.ns},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": self.name, "namespace": self.ns, "uid": self.uid},
+            "involvedObject": involved,
             "reason": reason,
             "message": message,
             "type": type_,
@@ -716,11 +862,8 @@ impl Worker {
             "firstTimestamp": now.to_string(),
             "lastTimestamp": now.to_string(),
             "count": 1,
-        }));
-        let Ok(event) = event else { return };
-        if let Err(e) = events.create(&PostParams::default(), &event).await {
-            tracing::warn!(error = %e, reason, "recording an event failed");
-        }
+        }))
+        .ok()
     }
 }
 

@@ -14,6 +14,9 @@ use tokio::task::JoinHandle;
 use super::image::Launch;
 use super::logs::LogStore;
 
+/// How long an exit report waits for the container's output to be written.
+const LOG_DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Every process group this kubelet started and that may still be alive, so dropping the
 /// kubelet can kill them all: a test that panics must not leave processes behind.
 #[derive(Debug, Clone, Default)]
@@ -115,7 +118,7 @@ pub async fn start(
         signal_group(pid, Signal::SIGKILL);
         return Err(std::io::Error::other("spawned process has no output pipes"));
     };
-    if let Err(e) = logs
+    let captured = match logs
         .capture(
             target.namespace,
             target.pod,
@@ -125,9 +128,12 @@ pub async fn start(
         )
         .await
     {
-        signal_group(pid, Signal::SIGKILL);
-        return Err(e);
-    }
+        Ok(task) => task,
+        Err(e) => {
+            signal_group(pid, Signal::SIGKILL);
+            return Err(e);
+        }
+    };
     let groups = groups.clone();
     let exit = tokio::spawn(async move {
         let status = child.wait().await;
@@ -135,6 +141,10 @@ pub async fn start(
         // as when a PID namespace's init exits.
         signal_group(pid, Signal::SIGKILL);
         groups.remove(pid);
+        // Report the exit only once its output is in the log, as a container runtime
+        // does, so a reader who sees the container terminated sees all it wrote. A process
+        // that escaped the group may hold the pipes open: do not wait for it forever.
+        let _ = tokio::time::timeout(LOG_DRAIN, captured).await;
         match status {
             Ok(s) => exit_code(s),
             Err(_) => 128 + Signal::SIGKILL as i32,

@@ -65,6 +65,8 @@ pub struct ContainerRecord {
     pub last: Option<Termination>,
     pub restarts: i32,
     pub container_id: Option<String>,
+    /// The readiness probe's verdict (true for a container without one) while running.
+    pub ready: bool,
 }
 
 impl ContainerRecord {
@@ -79,11 +81,16 @@ impl ContainerRecord {
             last: None,
             restarts: 0,
             container_id: None,
+            ready: true,
         }
     }
 
     pub fn is_running(&self) -> bool {
         matches!(self.state, State::Running { .. })
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.is_running() && self.ready
     }
 
     pub fn succeeded(&self) -> bool {
@@ -190,7 +197,13 @@ pub fn build(pod: &Pod, rt: &PodRuntime, now: Timestamp) -> PodStatus {
     let policy = spec
         .and_then(|s| s.restart_policy.as_deref())
         .unwrap_or("Always");
-    let phase = phase(policy, rt);
+    // A pod the kubelet ended for a reason of its own (DeadlineExceeded) fails whatever
+    // its containers' exit codes.
+    let phase = if rt.terminal && rt.reason.is_some() {
+        "Failed"
+    } else {
+        phase(policy, rt)
+    };
     let finished = matches!(phase, "Succeeded" | "Failed");
     let previous = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
     let condition = |type_: &str, ok: bool, reason: Option<String>, message: Option<String>| {
@@ -218,7 +231,7 @@ pub fn build(pod: &Pod, rt: &PodRuntime, now: Timestamp) -> PodStatus {
     let unready: Vec<&str> = rt
         .containers
         .iter()
-        .filter(|c| !c.is_running())
+        .filter(|c| !c.is_ready())
         .map(|c| c.name.as_str())
         .collect();
     let list = |names: &[&str]| format!("[{}]", names.join(" "));
@@ -285,7 +298,7 @@ fn statuses(records: &[ContainerRecord], may_be_ready: bool) -> Vec<ContainerSta
             image: c.image.clone(),
             image_id: String::new(),
             container_id: c.container_id.clone(),
-            ready: may_be_ready && c.is_running(),
+            ready: may_be_ready && c.is_ready(),
             started: Some(c.is_running()),
             restart_count: c.restarts,
             state: Some(to_api(&c.state)),
@@ -546,6 +559,19 @@ mod tests {
             .terminated
             .unwrap();
         assert_eq!((term.exit_code, term.reason.as_deref()), (3, Some("Error")));
+    }
+
+    #[test]
+    fn a_pod_ended_by_the_kubelet_fails_even_if_its_containers_exited_zero() {
+        let mut r = rt(vec![exited(0)]);
+        r.terminal = true;
+        r.reason = Some((
+            "DeadlineExceeded".into(),
+            "Pod was active on the node longer than the specified deadline".into(),
+        ));
+        let s = build(&pod(), &r, t(5));
+        assert_eq!(s.phase.as_deref(), Some("Failed"));
+        assert_eq!(s.reason.as_deref(), Some("DeadlineExceeded"));
     }
 
     #[test]

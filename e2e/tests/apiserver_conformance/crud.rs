@@ -313,6 +313,24 @@ async fn missing_namespace_and_object_are_404_with_status_bodies() {
 }
 
 #[tokio::test]
+async fn create_with_a_resource_version_is_refused() {
+    let (_s, client) = start().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client);
+    let mut v = cm("a");
+    v["metadata"]["resourceVersion"] = json!("5");
+    let e = api_err(
+        api.create(&PostParams::default(), &serde_json::from_value(v).unwrap())
+            .await,
+    );
+    assert_eq!(e.code, 500);
+    assert!(
+        e.message.contains("resourceVersion should not be set"),
+        "{}",
+        e.message
+    );
+}
+
+#[tokio::test]
 async fn dry_run_stores_nothing() {
     let (_s, client) = start().await;
     let api: Api<ConfigMap> = Api::default_namespaced(client);
@@ -434,4 +452,36 @@ async fn events_written_through_either_api_show_in_both() {
             .is_empty(),
         "deletes are mirrored too"
     );
+}
+
+#[tokio::test]
+async fn pods_table_has_kubectl_columns() {
+    let (s, client) = start().await;
+    let api: Api<Pod> = Api::default_namespaced(client);
+    create(&api, pod_json("p", json!({}))).await;
+    let accept = [(
+        "accept",
+        "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
+    )];
+    let (code, body) = raw(&s, "GET", "/api/v1/namespaces/default/pods", &accept, None).await;
+    assert_eq!(code, 200);
+    let t: Value = serde_json::from_str(&body).unwrap();
+    let cols: Vec<&str> = t["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(cols, ["Name", "Ready", "Status", "Restarts", "Node", "Age"]);
+    assert_eq!(
+        t["rows"][0]["cells"].as_array().unwrap()[..5],
+        [
+            json!("p"),
+            json!("0/1"),
+            json!("Pending"),
+            json!(0),
+            json!("<none>")
+        ]
+    );
+    assert_eq!(t["rows"][0]["object"]["kind"], "PartialObjectMetadata");
 }

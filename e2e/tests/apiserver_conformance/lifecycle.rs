@@ -296,6 +296,31 @@ async fn eviction_deletes_the_pod() {
 }
 
 #[tokio::test]
+async fn eviction_respects_disruption_budgets() {
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    let (_s, client) = start().await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let pdbs: Api<PodDisruptionBudget> = Api::default_namespaced(client);
+    for n in ["a", "b"] {
+        create(&pods, pod_json(n, json!({"app": "db"}))).await;
+        let ready = json!({"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}});
+        pods.patch_status(n, &PatchParams::default(), &Patch::Merge(ready))
+            .await
+            .unwrap();
+    }
+    create(
+        &pdbs,
+        json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "db"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "db"}}}}),
+    )
+    .await;
+    pods.evict("a", &EvictParams::default()).await.unwrap();
+    let e = api_err(pods.evict("b", &EvictParams::default()).await);
+    assert_eq!((e.code, e.reason.as_str()), (429, "TooManyRequests"));
+    assert!(pods.get_opt("b").await.unwrap().is_some());
+}
+
+#[tokio::test]
 async fn claims_are_bound_at_once() {
     let (_s, client) = start().await;
     let pvcs: Api<PersistentVolumeClaim> = Api::default_namespaced(client);

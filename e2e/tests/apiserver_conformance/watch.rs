@@ -210,6 +210,33 @@ async fn streaming_list_ends_initial_events_with_annotated_bookmark() {
 }
 
 #[tokio::test]
+async fn legacy_watch_path_watches_one_object() {
+    let (s, client) = start().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client);
+    create(&api, cm("a")).await;
+    create(&api, cm("b")).await;
+    let (code, body) = raw(
+        &s,
+        "GET",
+        "/api/v1/watch/namespaces/default/configmaps/b?timeoutSeconds=1",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(code, 200);
+    let names: Vec<String> = body
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["object"]["metadata"]["name"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(names, ["b"]);
+}
+
+#[tokio::test]
 async fn watch_timeout_seconds_ends_the_stream() {
     let (_s, client) = start().await;
     let api: Api<ConfigMap> = Api::default_namespaced(client);

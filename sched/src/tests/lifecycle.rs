@@ -82,6 +82,8 @@ fn a_job_starts_with_concrete_gpus_and_ends_completed() {
         st.node(crate::NodeId(0)).unwrap().gpu_indices_in_use(),
         vec![3, 4]
     );
+    // A finished job still shows where it ran.
+    assert_eq!(st.nodelist(st.job(a).unwrap()), "node-01");
     assert_consistent(&st);
 }
 
@@ -777,4 +779,76 @@ fn a_stale_end_report_from_a_lost_node_does_not_end_the_new_run() {
     st.job_ended_on(&second, a, JobOutcome::default(), 13)
         .unwrap();
     assert_eq!(state_of(&st, a), JobState::Completed);
+}
+
+#[test]
+fn each_running_limit_names_its_slurm_reason() {
+    use crate::account::{AccountConfig, AssocLimits};
+    use crate::qos::QosLimits;
+    // (qos limits, account limits, second job's reason)
+    let cases: Vec<(QosLimits, AssocLimits, Reason)> = vec![
+        (
+            QosLimits {
+                max_gpus_per_user: Some(3),
+                ..Default::default()
+            },
+            AssocLimits::default(),
+            Reason::QOSMaxGRESPerUser,
+        ),
+        (
+            QosLimits {
+                max_jobs_per_account: Some(1),
+                ..Default::default()
+            },
+            AssocLimits::default(),
+            Reason::QOSMaxJobsPerAccountLimit,
+        ),
+        (
+            QosLimits::default(),
+            AssocLimits {
+                grp_jobs: Some(1),
+                ..Default::default()
+            },
+            Reason::AssocGrpJobsLimit,
+        ),
+        (
+            QosLimits::default(),
+            AssocLimits {
+                max_jobs_per_user: Some(1),
+                ..Default::default()
+            },
+            Reason::AssocMaxJobsLimit,
+        ),
+        (
+            QosLimits::default(),
+            AssocLimits {
+                grp_gpus: Some(3),
+                ..Default::default()
+            },
+            Reason::AssocGrpGRES,
+        ),
+    ];
+    for (qos_limits, acct_limits, want) in cases {
+        let mut cfg = ClusterConfig::default();
+        cfg.qos[0].limits = qos_limits;
+        cfg.accounts.push(AccountConfig {
+            limits: acct_limits,
+            ..AccountConfig::new("lab", 1)
+        });
+        let mut st = State::test_cluster_with(cfg, 1, 8, 8000, 8);
+        let a = st
+            .submit(JobSpec::test().account("lab").gpus(2), 0)
+            .unwrap();
+        let b = st
+            .submit(JobSpec::test().account("lab").gpus(2), 0)
+            .unwrap();
+        assert_eq!(started(&st.schedule(0)), vec![a], "{want}");
+        assert_eq!(st.job(b).unwrap().reason, want);
+        end(&mut st, a, 0, 1);
+        assert_eq!(
+            started(&st.schedule(1)),
+            vec![b],
+            "{want}: runs once the first ends"
+        );
+    }
 }

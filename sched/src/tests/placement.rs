@@ -410,3 +410,32 @@ mod reservation_property {
         }
     }
 }
+
+/// Not a benchmark (those live in `benches/`): a quick look at a pass that starts tens of
+/// thousands of jobs on an idle 10,000-node cluster. Run with
+/// `cargo test -p tandem-sched --release -- --ignored --nocapture idle_cluster`.
+#[test]
+#[ignore]
+fn idle_cluster_pass_starts_many_jobs() {
+    let mut st = State::test_cluster(10_000, 64, 1 << 20, 8);
+    for i in 0..100_000u32 {
+        let spec = JobSpec::test()
+            .user(&format!("u{}", i % 200))
+            .gpus(1 + i % 8)
+            .time(Some(600 + u64::from(i % 7) * 600));
+        st.submit(spec, 0).unwrap();
+    }
+    let t = std::time::Instant::now();
+    let plan = st.schedule(1);
+    let first = t.elapsed();
+    let t = std::time::Instant::now();
+    let again = st.schedule(2);
+    println!(
+        "idle pass: {} started, {} reservations in {first:?}; next pass {:?} ({} started)",
+        plan.starts.len(),
+        plan.stats.reservations,
+        t.elapsed(),
+        again.starts.len()
+    );
+    assert_consistent(&st);
+}
