@@ -7,7 +7,7 @@
 //! main.rs          thin: calls main_from_env
 //! lib.rs           argv[0] / subcommand dispatch, one-line errors, exit codes, runtimes
 //! cmd/             one module per command: sbatch squeue scancel sinfo sacct scontrol srun
-//!                  (Slurm's), controller worker (daemons), up down links demo (local cluster)
+//!                  (Slurm's), controller worker (daemons), up down links demo (local cluster), sim (trace replay)
 //! directives.rs    #SBATCH lines out of a script (pure)
 //! opts.rs          JobOpts shared by sbatch, srun and #SBATCH; -> JobSpec (pure)
 //! jobref.rs        "12", "12_3", "12_[3-5]" job references (pure)
@@ -77,6 +77,8 @@ enum Command {
     Links(cmd::links::Args),
     /// Start a local cluster, run the example workload through the CLI, show it, stop.
     Demo(cmd::demo::Args),
+    /// Replay a workload trace through the scheduling core with simulated time.
+    Sim(cmd::sim::Args),
 }
 
 /// Entry point of the binary.
@@ -140,6 +142,7 @@ fn command_name(c: &Command) -> &'static str {
         Command::Down(_) => "tandem down",
         Command::Links(_) => "tandem links",
         Command::Demo(_) => "tandem demo",
+        Command::Sim(_) => "tandem sim",
     }
 }
 
@@ -176,6 +179,7 @@ fn run(name: &str, command: Command) -> ExitCode {
         Command::Up(a) => client_runtime().and_then(|rt| rt.block_on(cmd::up::run(a))),
         Command::Down(a) => cmd::down::run(a),
         Command::Links(a) => cmd::links::run(a),
+        Command::Sim(a) => cmd::sim::run(a),
         Command::Demo(a) => client_runtime().and_then(|rt| rt.block_on(cmd::demo::run(a))),
         Command::Sbatch(a) => client_runtime().and_then(|rt| rt.block_on(cmd::sbatch::run(a))),
         Command::Squeue(a) => client_runtime().and_then(|rt| rt.block_on(cmd::squeue::run(a))),

@@ -113,9 +113,18 @@ fn sigkill_mid_stream_loses_no_acknowledged_job_and_running_jobs_survive() {
         "no submit succeeded before the crash"
     );
 
-    // Every acknowledged job is there, once, under its id. (Ids are deduplicated here: a
-    // record listed twice while it changes state is a listing race, checked separately
-    // below once everything has settled; two *ids* for one name would be a double create.)
+    // The job that ran across the crash finishes with its own exit code.
+    let rec = c.wait_end(survivor, Duration::from_secs(30));
+    assert_eq!(rec["state"], "FAILED", "{rec}");
+    assert_eq!(rec["exit_code"], "7:0", "{rec}");
+    // Every acknowledged job runs to completion (polled one by one: a job missing here
+    // after a minute was lost).
+    for (_, id) in &acked {
+        c.wait_state(*id, "COMPLETED", Duration::from_secs(60));
+    }
+    // At rest, every acknowledged job is there once, under its id, and no submit created
+    // a second job (two ids for one name). This is checked after everything has ended:
+    // a listing taken while jobs change state is not a consistent snapshot.
     let by_name = names_to_ids(&c.all_jobs());
     for (name, id) in &acked {
         assert_eq!(
@@ -134,14 +143,6 @@ fn sigkill_mid_stream_loses_no_acknowledged_job_and_running_jobs_survive() {
         );
     }
 
-    // The job that ran across the crash finishes with its own exit code.
-    let rec = c.wait_end(survivor, Duration::from_secs(30));
-    assert_eq!(rec["state"], "FAILED", "{rec}");
-    assert_eq!(rec["exit_code"], "7:0", "{rec}");
-    // And the acknowledged quick jobs all run to completion.
-    for (_, id) in &acked {
-        c.wait_state(*id, "COMPLETED", Duration::from_secs(60));
-    }
     // At rest, sacct lists every job exactly once.
     let all = c.all_jobs();
     let mut seen: HashMap<u64, Vec<&serde_json::Value>> = HashMap::new();

@@ -64,6 +64,9 @@ pub struct Args {
     /// Time between SIGTERM and SIGKILL at a time limit or cancel (Slurm's KillWait).
     #[arg(long, default_value = "30s", value_parser = parse_duration_arg)]
     pub kill_wait: Duration,
+    /// Serve Prometheus metrics (demand gauges for autoscalers) over HTTP on this address.
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
     /// Period of the safety-net scheduling pass (begin times, time limits); passes are
     /// otherwise triggered by events.
     #[arg(long, default_value = "5s", value_parser = parse_duration_arg)]
@@ -103,6 +106,7 @@ pub struct Config {
     pub node_timeout: Duration,
     pub kill_wait: Duration,
     pub sched_interval: Duration,
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl Config {
@@ -118,6 +122,7 @@ impl Config {
             node_timeout: Duration::from_secs(10),
             kill_wait: Duration::from_secs(30),
             sched_interval: Duration::from_secs(5),
+            metrics_listen: None,
         }
     }
 }
@@ -158,6 +163,7 @@ impl Args {
             node_timeout: self.node_timeout,
             kill_wait: self.kill_wait,
             sched_interval: self.sched_interval,
+            metrics_listen: self.metrics_listen,
         })
     }
 }

@@ -18,7 +18,7 @@
 //! # Layout
 //!
 //! - [`config`]: `Args` (clap) -> validated [`Config`], the TOML cluster file.
-//! - [`server`]: [`run`], which wires everything and shuts down in order.
+//! - `server`: [`run`], which wires everything and shuts down in order.
 //! - `state`: the actor: commands, flush (persist), pass, timers.
 //! - [`store`]: SQLite schema, group commit, recovery.
 //! - [`api`]: the gRPC services; `convert` (proto <-> core) and `authz` (pure rules).
@@ -66,6 +66,12 @@ pub enum Error {
     #[error("cannot start the {what} thread")]
     Thread {
         what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot listen on {addr}")]
+    Bind {
+        addr: std::net::SocketAddr,
         #[source]
         source: std::io::Error,
     },

@@ -141,6 +141,33 @@ impl Metrics {
     }
 }
 
+/// Serves the registry at any path over plain HTTP/1 (one response per connection), enough
+/// for Prometheus and KEDA's metrics-api scaler without another HTTP stack.
+pub async fn serve(listener: tokio::net::TcpListener, metrics: std::sync::Arc<Metrics>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    loop {
+        let Ok((mut sock, _)) = listener.accept().await else {
+            continue;
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            // The request itself does not matter; read what arrived so the peer sees a
+            // clean close.
+            let mut buf = [0u8; 1024];
+            let _ =
+                tokio::time::timeout(std::time::Duration::from_secs(1), sock.read(&mut buf)).await;
+            let body = metrics.encode();
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = sock.write_all(head.as_bytes()).await;
+            let _ = sock.write_all(body.as_bytes()).await;
+            let _ = sock.shutdown().await;
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,5 +198,23 @@ mod tests {
             m.encode()
                 .contains("tandem_pending_gpus{partition=\"gpu\"} 0")
         );
+    }
+
+    #[tokio::test]
+    async fn http_endpoint_serves_the_registry() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let m = std::sync::Arc::new(Metrics::new());
+        m.submitted(3);
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(serve(l, m));
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
+        assert!(out.contains("tandem_jobs_submitted_total 3"), "{out}");
     }
 }

@@ -60,6 +60,16 @@ pub async fn run(
         source,
     })?;
     let metrics = Arc::new(Metrics::new());
+    let metrics_task = match config.metrics_listen {
+        Some(addr) => {
+            let l = TcpListener::bind(addr)
+                .await
+                .map_err(|source| Error::Bind { addr, source })?;
+            info!(addr = ?l.local_addr().ok(), "serving metrics");
+            Some(tokio::spawn(crate::metrics::serve(l, metrics.clone())))
+        }
+        None => None,
+    };
     let jobs_n = recovered.state.jobs().count();
     let max_array_size = recovered.state.config().sched.max_array_size;
     let (handle, actor_join) = state::spawn(
@@ -131,6 +141,9 @@ pub async fn run(
             let _ = stop_handle.send(Command::Shutdown);
         });
     let served = serve.await;
+    if let Some(t) = metrics_task {
+        t.abort();
+    }
     let _ = handle.send(Command::Shutdown);
     drop(handle);
     let actor = actor_done

@@ -19,10 +19,17 @@
 //!   never runs a job the store does not know as RUNNING.
 //! - The actor never waits for the disk: while one transaction is fsynced it applies the
 //!   next commands, which form the next (group) commit.
-//! - Passes are event driven (submit, end, node change, cancel, update set `pass_wanted`);
-//!   triggers during a pass coalesce into one more pass. A pass starts no sooner than its
-//!   predecessor's duration after it ended, bounding scheduling to half the actor's time
-//!   under a flood of submits while keeping an idle cluster's submit-to-start immediate.
+//! - Passes are event driven (end, node change, cancel, update set `pass_wanted`; a submit
+//!   does when some node has free resources or its QOS may preempt); triggers during a pass
+//!   coalesce into one more pass. A pass starts no sooner than its predecessor's duration
+//!   after it ended, bounding scheduling to half the actor's time under a flood of events
+//!   while keeping an idle cluster's submit-to-start immediate. A slow timer adds a pass for
+//!   time-based eligibility (`--begin`) only.
+//! - Queries answer from memory at once (they may see a change a moment before it is
+//!   durable); queries that read the store first pass a [`Command::Barrier`], so `sacct`
+//!   right after a job ends finds its record.
+//! - The actor stops on [`Command::Shutdown`] or when every [`Handle`] is gone, then
+//!   flushes; the committer drains its queue and exits after it.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -138,13 +145,13 @@ pub enum Command {
         conn: ConnId,
         node: String,
     },
+    /// Answers once everything applied so far is durable (read-your-writes for queries
+    /// that go to the store, like sacct).
+    Barrier {
+        reply: Reply<()>,
+    },
     /// Stop after flushing what is queued.
     Shutdown,
-    /// A launch could not be sent (payload missing or unreadable): end the job FAILED.
-    LaunchFailed {
-        job: JobId,
-        error: String,
-    },
 }
 
 /// The handlers' side of the actor.
@@ -180,22 +187,23 @@ pub struct ActorParts {
     pub steps: HashMap<JobId, Vec<StepRec>>,
 }
 
-/// Starts the actor thread. It ends on [`Command::Shutdown`].
+/// Starts the actor thread. It ends on [`Command::Shutdown`] or when every [`Handle`] is
+/// dropped.
 pub fn spawn(
     st: State,
     parts: ActorParts,
 ) -> std::io::Result<(Handle, std::thread::JoinHandle<()>)> {
     let (tx, rx) = std_mpsc::channel();
-    let handle = Handle { tx: tx.clone() };
-    // The actor holds a sender to itself (for failed launches), so the queue never
-    // disconnects on its own: `Command::Shutdown` stops it.
+    let handle = Handle { tx };
+    let (launch_failed_tx, launch_failed_rx) = std_mpsc::channel();
     let now = Instant::now();
     let actor = Actor {
         st,
         cfg: parts.config,
         key: parts.key,
         committer: parts.committer,
-        self_tx: tx,
+        launch_failed_tx,
+        launch_failed_rx,
         metrics: parts.metrics,
         workers: Workers::new(now),
         steps: parts.steps,
@@ -232,8 +240,11 @@ struct Actor {
     /// Signs step launch tokens.
     key: Arc<ClusterKey>,
     committer: Committer,
-    /// For effects that must come back to the actor (a failed launch).
-    self_tx: std_mpsc::Sender<Command>,
+    /// Launches that could not be built (payload unreadable) come back here. Separate from
+    /// the command queue so that the queue disconnects, and the actor stops, once every
+    /// `Handle` is gone (e.g. the server future was dropped).
+    launch_failed_tx: std_mpsc::Sender<(JobId, String)>,
+    launch_failed_rx: std_mpsc::Receiver<(JobId, String)>,
     metrics: Arc<Metrics>,
     workers: Workers,
     /// Steps of running jobs; folded into the accounting record when the job ends.
@@ -297,6 +308,10 @@ impl Actor {
                         Err(_) => break,
                     }
                 }
+            }
+            while let Ok((job, error)) = self.launch_failed_rx.try_recv() {
+                self.launch_failed(job, error);
+                applied += 1;
             }
             // 2. flush
             if applied > 0 {
@@ -450,20 +465,22 @@ impl Actor {
                 self.workers.disconnected(&node, conn);
                 info!(node = %node, "worker stream closed");
             }
+            Command::Barrier { reply } => self.reply_after_commit(reply, ()),
             Command::Shutdown => self.stopping = true,
-            Command::LaunchFailed { job, error } => {
-                warn!(job_id = job.0, error = %error, "launch failed");
-                let now = self.now();
-                let outcome = JobOutcome {
-                    exit_code: 1,
-                    launch_error: Some(error),
-                    ..JobOutcome::default()
-                };
-                if let Ok(effects) = self.st.job_ended(job, outcome, now) {
-                    self.apply_effects(effects);
-                    self.pass_wanted = true;
-                }
-            }
+        }
+    }
+
+    fn launch_failed(&mut self, job: JobId, error: String) {
+        warn!(job_id = job.0, error = %error, "launch failed");
+        let now = self.now();
+        let outcome = JobOutcome {
+            exit_code: 1,
+            launch_error: Some(error),
+            ..JobOutcome::default()
+        };
+        if let Ok(effects) = self.st.job_ended(job, outcome, now) {
+            self.apply_effects(effects);
+            self.pass_wanted = true;
         }
     }
 
@@ -762,6 +779,7 @@ impl Actor {
                 }
             }
         };
+        let mut pending_tasks = Vec::new();
         if selectors.is_empty() {
             for job in self.st.jobs() {
                 consider(job);
@@ -780,10 +798,20 @@ impl Actor {
                             }
                         }
                     }
-                    (Some(tasks), Some(_)) => {
+                    (Some(tasks), Some(a)) => {
                         for i in tasks.iter() {
                             if let Some(tj) = self.st.array_task(sel.job, i) {
                                 consider(tj);
+                            } else if a.pending.contains(i)
+                                && !job.state.is_terminal()
+                                && (states.is_empty() || states.contains(&JobState::Pending))
+                            {
+                                // A pending index has no record of its own yet.
+                                let mut t = self.job_info(job);
+                                t.array_task_id = i64::from(i);
+                                t.array_pending = String::new();
+                                t.state = v1::JobState::Pending as i32;
+                                pending_tasks.push(t);
                             }
                         }
                     }
@@ -791,6 +819,7 @@ impl Actor {
                 }
             }
         }
+        out.extend(pending_tasks);
         Ok(v1::ListJobsResponse {
             jobs: out,
             now: self.now(),
@@ -1015,7 +1044,10 @@ impl Actor {
                     .node_lost(n, &reason, now)
                     .map(|effects| self.apply_effects(effects)),
                 _ => {
-                    let down = self.st.node_by_name(n).is_some_and(|x| x.health == Health::Down);
+                    let down = self
+                        .st
+                        .node_by_name(n)
+                        .is_some_and(|x| x.health == Health::Down);
                     let r = self.st.resume(n);
                     if down && r.is_ok() {
                         // A DOWN node comes back when its worker registers: end the
@@ -1397,7 +1429,7 @@ impl Actor {
         let gpus = first.gpus.clone();
         let tx = self.workers.sender(&first.name);
         let node = first.name.clone();
-        let self_tx = self.self_tx.clone();
+        let failed = self.launch_failed_tx.clone();
         self.effects.push(Box::new(move |store: &Store, r: Result<(), &StoreError>| {
             if r.is_err() {
                 return;
@@ -1410,7 +1442,7 @@ impl Actor {
             let payload = match payload {
                 Ok(p) => p,
                 Err(error) => {
-                    let _ = self_tx.send(Command::LaunchFailed { job: job_id, error });
+                    let _ = failed.send((job_id, error));
                     return;
                 }
             };

@@ -519,6 +519,32 @@ async fn arrays_launch_tasks_with_array_variables() {
         .jobs;
     assert_eq!(folded.len(), 1);
     assert_eq!(folded[0].array_pending, "0-4:2");
+    // One pending task by its index, and all of them unfolded.
+    let one = jobs
+        .list_jobs(v1::ListJobsRequest {
+            jobs: vec![v1::JobRef {
+                job_id: id,
+                array_tasks: "2".into(),
+            }],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs;
+    assert_eq!(one.len(), 1);
+    assert_eq!(
+        (one[0].array_task_id, one[0].state),
+        (2, v1::JobState::Pending as i32)
+    );
+    let all = jobs
+        .list_jobs(v1::ListJobsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs;
+    let idx: Vec<i64> = all.iter().map(|j| j.array_task_id).collect();
+    assert_eq!(idx, vec![0, 2, 4]);
     let mut w = FakeWorker::attach(&ctl, "n1", 8, vec![]).await;
     let mut seen = Vec::new();
     for _ in 0..3 {
@@ -599,7 +625,10 @@ async fn steps_holds_and_node_administration() {
     assert_eq!(step.targets[1].task_ids, vec![2, 3]);
     assert!(!step.launch_token.is_empty());
     let t = ctl.key.verify(&step.launch_token).unwrap();
-    assert_eq!((t.user.as_str(), t.uid), (format!("step:{id}.0").as_str(), 1000));
+    assert_eq!(
+        (t.user.as_str(), t.uid),
+        (format!("step:{id}.0").as_str(), 1000)
+    );
     jobs.complete_step(v1::CompleteStepRequest {
         job_id: id,
         step_id: 0,
@@ -657,7 +686,10 @@ async fn steps_holds_and_node_administration() {
         .unwrap()
         .into_inner()
         .nodes;
-    assert_eq!((n1[0].state.as_str(), n1[0].reason.as_str()), ("DRAINED", "maintenance"));
+    assert_eq!(
+        (n1[0].state.as_str(), n1[0].reason.as_str()),
+        ("DRAINED", "maintenance")
+    );
     drop(w1);
     drop(w2);
     ctl.stop().await;

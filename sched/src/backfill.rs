@@ -16,7 +16,8 @@ use std::collections::BinaryHeap;
 use crate::NodeId;
 use crate::Tres;
 use crate::node::NodeMode;
-use crate::select::{Planner, Request, Resv};
+use crate::profile;
+use crate::select::{LbIndex, Planner, Request, Resv};
 
 /// Times tried when looking for a common start of a multi-node job before giving up on a
 /// reservation for it this pass (the job still starts when it fits; it is only unprotected).
@@ -35,81 +36,91 @@ impl Planner<'_> {
         exclusive: bool,
     ) -> bool {
         let i = n.index();
-        let empty_from = if self.njobs[i] == 0 {
+        if (self.mode[i] != mode || exclusive) && t < self.empty_from(i) {
+            return false;
+        }
+        profile::first_blocked(&self.profile[i], t, end, &need, mode, exclusive).is_none()
+    }
+
+    /// When node `i` has no running (or just started) job left.
+    fn empty_from(&self, i: usize) -> i64 {
+        if self.njobs[i] == 0 {
             self.now
         } else {
             self.last_end[i]
-        };
-        if (self.mode[i] != mode || exclusive) && t < empty_from {
-            return false;
         }
-        let resv = &self.resv[i];
-        for r in resv {
-            let overlaps = r.start < end && t < r.end;
-            if overlaps && (r.mode != mode || r.whole || exclusive) {
-                return false;
-            }
-        }
-        if !need.fits_in(&self.avail_at(n, t)) {
-            return false;
-        }
-        for r in resv {
-            if r.start > t && r.start < end && !need.fits_in(&self.avail_at(n, r.start)) {
-                return false;
-            }
-        }
-        true
     }
 
-    /// Resources free on `n` at time `t` (before anything new is placed).
-    fn avail_at(&self, n: NodeId, t: i64) -> Tres {
-        let i = n.index();
-        let mut a = self.free[i];
-        for (when, amount) in &self.releases[i] {
-            if *when <= t {
-                a = a.saturating_add(amount);
-            }
-        }
-        let total = self.st.nodes[i].total;
-        if a.cpus > total.cpus || a.mem_mb > total.mem_mb || a.gpus > total.gpus {
-            a = Tres {
-                cpus: a.cpus.min(total.cpus),
-                mem_mb: a.mem_mb.min(total.mem_mb),
-                gpus: a.gpus.min(total.gpus),
-            };
-        }
-        for r in &self.resv[i] {
-            if r.start <= t && t < r.end {
-                a = a.saturating_sub(&r.need);
-            }
-        }
-        a
-    }
-
-    /// The earliest time `>= from` at which the request fits on `n` for its whole window.
-    fn earliest_fit(&self, n: NodeId, from: i64, req: &Request<'_>) -> Option<i64> {
+    /// The earliest time `>= from` at which the request fits on `n` for its whole window:
+    /// one sweep over the node's profile, jumping past each step that blocks the window.
+    /// Gives up (`None`) once the start would be later than `bound`.
+    fn earliest_fit(&self, n: NodeId, from: i64, bound: i64, req: &Request<'_>) -> Option<i64> {
         let i = n.index();
         let need = self.need_on(n, req);
-        let mut times: Vec<i64> =
-            Vec::with_capacity(1 + self.releases[i].len() + self.resv[i].len());
-        times.push(from);
-        times.extend(
-            self.releases[i]
-                .iter()
-                .map(|(t, _)| *t)
-                .filter(|t| *t > from && *t < i64::MAX),
+        let (mode, exclusive) = (req.mode, req.shape.exclusive);
+        let steps = &self.profile[i];
+        let mut t = from;
+        if self.mode[i] != mode || exclusive {
+            t = t.max(self.empty_from(i));
+        }
+        loop {
+            if t == i64::MAX || t > bound {
+                return None;
+            }
+            match profile::first_blocked(steps, t, req.end_at(t), &need, mode, exclusive) {
+                None => return Some(t),
+                // Every window that starts before the blocking step ends contains it.
+                Some(j) => t = steps.get(j + 1)?.t,
+            }
+        }
+    }
+
+    /// Recomputes node `i`'s profile after its releases or reservations changed, and its
+    /// keys in the per-GPU-count lower-bound index.
+    pub(crate) fn refresh_profile(&mut self, i: usize) {
+        self.profile[i] = profile::build(
+            self.free[i],
+            self.st.nodes[i].total,
+            &self.releases[i],
+            &self.resv[i],
         );
-        times.extend(
-            self.resv[i]
-                .iter()
-                .map(|r| r.end)
-                .filter(|t| *t > from && *t < i64::MAX),
-        );
-        times.sort_unstable();
-        times.dedup();
-        times
-            .into_iter()
-            .find(|&t| self.window_ok(n, t, req.end_at(t), need, req.mode, req.shape.exclusive))
+        let node = &self.st.nodes[i];
+        if !node.schedulable() {
+            return;
+        }
+        let g_max = (node.total.gpus as usize).min(self.gpu_lb.first().map_or(0, Vec::len));
+        let mut lbs = vec![i64::MAX; g_max];
+        let steps = &self.profile[i];
+        let mut found = 0usize;
+        for s in &steps[profile::at(steps, self.now)..] {
+            let g = (s.avail.gpus as usize).min(g_max);
+            while found < g {
+                lbs[found] = s.t.max(self.now);
+                found += 1;
+            }
+            if found == g_max {
+                break;
+            }
+        }
+        let id = NodeId(i as u32);
+        let old = std::mem::take(&mut self.node_gpu_lb[i]);
+        for &pi in &self.node_parts[i] {
+            let sets = &mut self.gpu_lb[pi];
+            for (g, &lb) in lbs.iter().enumerate() {
+                let Some(set) = sets[g].as_mut() else {
+                    continue;
+                };
+                match old.get(g) {
+                    Some(&o) if o == lb => continue,
+                    Some(&o) => {
+                        set.remove(&(o, id));
+                    }
+                    None => {}
+                }
+                set.insert((lb, id));
+            }
+        }
+        self.node_gpu_lb[i] = lbs;
     }
 
     /// Finds the earliest common start of the request and reserves its nodes then. Returns
@@ -133,12 +144,15 @@ impl Planner<'_> {
             if !members.contains(&n) || !self.fits_static(n, req) {
                 return None;
             }
-            required_fit.push((self.earliest_fit(n, self.now, req)?, n));
+            required_fit.push((self.earliest_fit(n, self.now, i64::MAX, req)?, n));
         }
         let cands: Vec<(i64, NodeId)> = members
             .iter()
             .filter(|n| !req.required.contains(n) && self.fits_static(**n, req))
-            .filter_map(|&n| self.earliest_fit(n, self.now, req).map(|t| (t, n)))
+            .filter_map(|&n| {
+                self.earliest_fit(n, self.now, i64::MAX, req)
+                    .map(|t| (t, n))
+            })
             .collect();
         self.settle(req, &required_fit, cands)
     }
@@ -147,16 +161,31 @@ impl Planner<'_> {
     /// order of a lower bound on their fit time and stopping once no unvisited node can beat
     /// the current k-th best. On a full cluster this looks at little more than `k` nodes
     /// instead of the whole partition. The flag says whether every node was visited.
-    fn k_earliest(&self, req: &Request<'_>) -> (Vec<(i64, NodeId)>, bool) {
+    fn k_earliest(&mut self, req: &Request<'_>) -> (Vec<(i64, NodeId)>, bool) {
         let k = req.shape.nodes as usize;
+        let g = req.shape.per_node.gpus as usize;
+        if g > 0
+            && let Some(slot) = self.gpu_lb[req.part].get(g - 1)
+            && slot.is_none()
+        {
+            let set: LbIndex = self.st.part_nodes[req.part]
+                .iter()
+                .filter_map(|&n| self.node_gpu_lb[n.index()].get(g - 1).map(|lb| (*lb, n)))
+                .collect();
+            self.gpu_lb[req.part][g - 1] = Some(set);
+        }
         let mut best: BinaryHeap<(i64, NodeId)> = BinaryHeap::with_capacity(k + 1);
         let mut complete = true;
-        let order = if req.shape.per_node.gpus > 0 {
-            &self.lb_order_gpu
+        let order: Box<dyn Iterator<Item = &(i64, NodeId)>> = if g > 0 {
+            match self.gpu_lb[req.part].get(g - 1).and_then(Option::as_ref) {
+                Some(set) => Box::new(set.iter()),
+                // No schedulable node has that many GPUs.
+                None => return (Vec::new(), true),
+            }
         } else {
-            &self.lb_order_cpu
+            Box::new(self.lb_order_cpu[req.part].iter())
         };
-        for &(lb, n) in &order[req.part] {
+        for &(lb, n) in order {
             if best.len() == k && best.peek().is_some_and(|(e, _)| lb >= *e) {
                 complete = false;
                 break;
@@ -164,7 +193,14 @@ impl Planner<'_> {
             if !self.fits_static(n, req) {
                 continue;
             }
-            if let Some(e) = self.earliest_fit(n, self.now, req) {
+            // `lb` bounds this node's fit from below; a fit later than the k-th best would
+            // be dropped at once, so neither needs sweeping.
+            let bound = if best.len() == k {
+                best.peek().map_or(i64::MAX, |(e, _)| *e)
+            } else {
+                i64::MAX
+            };
+            if let Some(e) = self.earliest_fit(n, lb.max(self.now), bound, req) {
                 best.push((e, n));
                 if best.len() > k {
                     best.pop();
@@ -239,6 +275,7 @@ impl Planner<'_> {
                         mode: req.mode,
                         whole: req.shape.exclusive,
                     });
+                    self.refresh_profile(n.index());
                 }
                 return Some((t, chosen));
             }

@@ -48,9 +48,12 @@ pub struct SchedParams {
     pub enforce_associations: bool,
     /// Backfill lower-priority jobs around reservations (off = strict priority order).
     pub backfill: bool,
-    /// Most distinct job shapes that get a reservation per pass; later shapes may still start
-    /// now when they fit without delaying a reservation. Bounds the pass on traces where every
-    /// job differs.
+    /// Most distinct job shapes that get a reservation per pass (like Slurm's
+    /// `bf_max_job_test`); every pending job is still tried for a start now, and later shapes
+    /// start when they fit without delaying a reservation. A safety bound for queues where
+    /// every job differs: on the cycle bench (100k distinct jobs, 10k full 8-GPU nodes) 2000
+    /// reservations keep the pass near 0.5 s on one core; a reservation costs more the
+    /// fuller the node profiles get, so much larger values stop being cheap.
     pub max_reservations: u32,
     /// Most GPUs per node accepted at registration (GPU indices are a 64-bit mask).
     pub max_gpus_per_node: u32,
@@ -64,7 +67,7 @@ impl Default for SchedParams {
             max_array_size: DEFAULT_MAX_ARRAY_SIZE,
             enforce_associations: false,
             backfill: true,
-            max_reservations: 1000,
+            max_reservations: 2000,
             max_gpus_per_node: crate::node::MAX_GPUS_PER_NODE,
         }
     }

@@ -160,6 +160,13 @@ pub fn schedule_observed(st: &mut State, now: i64, obs: &mut impl PassObserver) 
     // 2. order
     obs.phase(Phase::Order);
     let mut cands = prioritise(st, &eligible, now);
+    // Still in id order here, so the job table is walked in order (cache-friendly at 100k).
+    for c in &cands {
+        if let Some(j) = st.jobs.get_mut(&c.id) {
+            // Not a recorded change: priority is recomputed every pass.
+            j.priority = c.priority;
+        }
+    }
     cands.sort_unstable_by(|a, b| {
         b.tier
             .cmp(&a.tier)
@@ -167,12 +174,6 @@ pub fn schedule_observed(st: &mut State, now: i64, obs: &mut impl PassObserver) 
             .then(a.submit_time.cmp(&b.submit_time))
             .then(a.id.cmp(&b.id))
     });
-    for c in &cands {
-        if let Some(j) = st.jobs.get_mut(&c.id) {
-            // Not a recorded change: priority is recomputed every pass.
-            j.priority = c.priority;
-        }
-    }
 
     // 3. place
     obs.phase(Phase::Place);
@@ -350,6 +351,9 @@ pub fn schedule_observed(st: &mut State, now: i64, obs: &mut impl PassObserver) 
             }
         }
     }
+    // In id order, so the job table is walked in order; stable, so a later reason for the
+    // same record still wins.
+    reasons.sort_by_key(|(id, _)| *id);
     for (id, r) in reasons {
         if let Some(j) = st.jobs.get_mut(&id)
             && j.state == JobState::Pending

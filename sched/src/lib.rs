@@ -29,7 +29,7 @@
 //!   `account`, `config`, `effect`.
 //! - The model: `state` (events, indexes, change tracking, recovery).
 //! - The pass: `cycle` (phases), `select` (node choice, the planner's view), `backfill`
-//!   (reservation timeline), `preempt` (victims); `priority` and `fairshare` (multifactor and
+//!   (reservation timeline), `profile` (a node's free resources over time), `preempt` (victims); `priority` and `fairshare` (multifactor and
 //!   Fair Tree) and `ranking` (the seam: builds a `PriorityInput` per job from `State` and calls
 //!   `priority::priority`; the pass and sprio share it); `sim` (trace simulator).
 //! - `fixtures`: fluent builders (`JobSpec::test().gpus(8).nodes(2)`) for tests and benches.
@@ -69,6 +69,7 @@ pub mod node;
 pub mod partition;
 mod preempt;
 pub mod priority;
+mod profile;
 pub mod qos;
 pub mod ranking;
 mod select;

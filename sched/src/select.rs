@@ -13,6 +13,7 @@ use std::collections::BTreeSet;
 
 use crate::job::{Job, Shape};
 use crate::node::{Node, NodeMode};
+use crate::profile::Step;
 use crate::state::State;
 use crate::{NodeId, Tres};
 
@@ -67,6 +68,9 @@ pub(crate) struct Resv {
     pub whole: bool,
 }
 
+/// Nodes keyed by a lower bound on when something can start there.
+pub(crate) type LbIndex = BTreeSet<(i64, NodeId)>;
+
 /// A pass's private, mutable view of the nodes.
 pub(crate) struct Planner<'a> {
     pub st: &'a State,
@@ -79,6 +83,8 @@ pub(crate) struct Planner<'a> {
     /// When each node becomes empty (`now` if it is).
     pub last_end: Vec<i64>,
     pub resv: Vec<Vec<Resv>>,
+    /// Per node: availability over time, rebuilt whenever its releases or reservations change.
+    pub profile: Vec<Vec<Step>>,
     /// Per partition: schedulable nodes keyed by (mode, free GPUs, free CPUs, id).
     pub index: Vec<BTreeSet<(NodeMode, u32, u32, NodeId)>>,
     /// Partitions of each node (indexes into `config.partitions`).
@@ -88,10 +94,16 @@ pub(crate) struct Planner<'a> {
     /// Per partition: schedulable members sorted by a lower bound on when anything can
     /// start there (`now` if something is free, else the first release). Starts during the
     /// pass only happen where something was free, so the bounds stay valid all pass.
-    /// `lb_order_gpu` bounds by free GPUs (for jobs that need GPUs), `lb_order_cpu` by free
-    /// CPUs (for the others).
-    pub lb_order_gpu: Vec<Vec<(i64, NodeId)>>,
+    /// Bounds by free CPUs; used for jobs without GPUs (GPU jobs use `gpu_lb`).
     pub lb_order_cpu: Vec<Vec<(i64, NodeId)>>,
+    /// Per partition, per GPU count `g` (index `g - 1`): schedulable members keyed by the
+    /// first time their profile has `g` GPUs free (not before now). Kept current as
+    /// reservations fill the profiles, so the bound stays tight late in a pass when the
+    /// static first-release bound says little.
+    /// A count's index is built the first time a job asks for that many GPUs per node.
+    pub gpu_lb: Vec<Vec<Option<LbIndex>>>,
+    /// Each node's current key in `gpu_lb`, per GPU count.
+    pub node_gpu_lb: Vec<Vec<i64>>,
 }
 
 impl<'a> Planner<'a> {
@@ -106,11 +118,13 @@ impl<'a> Planner<'a> {
             releases: vec![Vec::new(); n],
             last_end: vec![now; n],
             resv: vec![Vec::new(); n],
+            profile: vec![Vec::new(); n],
             index: vec![BTreeSet::new(); st.part_nodes.len()],
             node_parts: vec![Vec::new(); n],
             promised: vec![false; n],
-            lb_order_gpu: Vec::new(),
             lb_order_cpu: Vec::new(),
+            gpu_lb: Vec::new(),
+            node_gpu_lb: vec![Vec::new(); n],
         };
         for (pi, members) in st.part_nodes.iter().enumerate() {
             for id in members {
@@ -133,6 +147,17 @@ impl<'a> Planner<'a> {
                 p.insert(node.id);
             }
         }
+        let max_gpus = st
+            .nodes
+            .iter()
+            .filter(|n| n.schedulable())
+            .map(|n| n.total.gpus as usize)
+            .max()
+            .unwrap_or(0);
+        p.gpu_lb = vec![vec![None; max_gpus]; st.part_nodes.len()];
+        for i in 0..n {
+            p.refresh_profile(i);
+        }
         // Lower bounds per resource that gates a start: a job that needs a GPU cannot start
         // on a node without a free GPU before something there ends; every job needs a CPU.
         let first_release = |i: usize| {
@@ -142,15 +167,6 @@ impl<'a> Planner<'a> {
                 .min()
                 .unwrap_or(i64::MAX)
         };
-        let lb_gpu: Vec<i64> = (0..n)
-            .map(|i| {
-                if p.free[i].gpus > 0 {
-                    now
-                } else {
-                    first_release(i)
-                }
-            })
-            .collect();
         let lb_cpu: Vec<i64> = (0..n)
             .map(|i| {
                 if p.free[i].cpus > 0 {
@@ -160,22 +176,19 @@ impl<'a> Planner<'a> {
                 }
             })
             .collect();
-        let order = |lb: &[i64]| -> Vec<Vec<(i64, NodeId)>> {
-            st.part_nodes
-                .iter()
-                .map(|members| {
-                    let mut v: Vec<(i64, NodeId)> = members
-                        .iter()
-                        .filter(|id| st.nodes[id.index()].schedulable())
-                        .map(|id| (lb[id.index()], *id))
-                        .collect();
-                    v.sort_unstable();
-                    v
-                })
-                .collect()
-        };
-        p.lb_order_gpu = order(&lb_gpu);
-        p.lb_order_cpu = order(&lb_cpu);
+        p.lb_order_cpu = st
+            .part_nodes
+            .iter()
+            .map(|members| {
+                let mut v: Vec<(i64, NodeId)> = members
+                    .iter()
+                    .filter(|id| st.nodes[id.index()].schedulable())
+                    .map(|id| (lb_cpu[id.index()], *id))
+                    .collect();
+                v.sort_unstable();
+                v
+            })
+            .collect();
         p
     }
 
@@ -312,6 +325,7 @@ impl<'a> Planner<'a> {
             self.mode[i] = req.mode;
             self.releases[i].push((end, need));
             self.last_end[i] = self.last_end[i].max(end);
+            self.refresh_profile(i);
             self.insert(n);
         }
     }

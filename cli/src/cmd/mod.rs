@@ -9,6 +9,7 @@ pub mod sacct;
 pub mod sbatch;
 pub mod scancel;
 pub mod scontrol;
+pub mod sim;
 pub mod sinfo;
 pub mod squeue;
 pub mod srun;

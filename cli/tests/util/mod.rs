@@ -151,16 +151,27 @@ impl Cluster {
         v["jobs"].as_array().cloned().unwrap_or_default()
     }
 
-    /// Polls until the job's state is `state`; returns its record.
+    /// Polls until the job's state is `state`; returns its record. Fails at once if the job
+    /// ended in another state.
     pub fn wait_state(&self, id: u64, state: &str, timeout: Duration) -> Value {
         let deadline = Instant::now() + timeout;
         let mut last = None;
         while Instant::now() < deadline {
             last = self.job(id);
-            if let Some(j) = &last
-                && j["state"] == state
-            {
-                return j.clone();
+            if let Some(j) = &last {
+                if j["state"] == state {
+                    return j.clone();
+                }
+                let active = matches!(
+                    j["state"].as_str(),
+                    Some("PENDING" | "RUNNING" | "COMPLETING" | "REQUEUED")
+                );
+                assert!(
+                    active,
+                    "job {id} ended {} instead of reaching {state}: {j}\n{}",
+                    j["state"],
+                    self.controller_log()
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }

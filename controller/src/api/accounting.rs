@@ -82,6 +82,9 @@ impl Accounting for AccountingService {
             started_before: (req.end_time > 0).then_some(req.end_time),
             limit: Some(MAX_RECORDS),
         };
+        // Everything the actor has applied (a job that just ended) is durable before the
+        // store is read.
+        self.handle.call(|reply| Command::Barrier { reply }).await?;
         let reader = self.reader.clone();
         let rows = tokio::task::spawn_blocking(move || {
             let store = reader

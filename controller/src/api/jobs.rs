@@ -177,6 +177,7 @@ impl Jobs for JobsService {
             Ok(()) => {}
             Err(e) if e.code() == tonic::Code::NotFound => {
                 // Purged from memory: its final record is in the store.
+                self.handle.call(|reply| Command::Barrier { reply }).await?;
                 let reader = self.reader.clone();
                 let last = tokio::task::spawn_blocking(move || {
                     let store = reader.lock().ok()?;

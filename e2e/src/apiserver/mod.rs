@@ -270,10 +270,16 @@ impl RunningServer {
     }
 
     /// Stops accepting, ends watches, and waits for the server task.
+    /// Streams the server does not own (a followed log proxied from a kubelet) could keep
+    /// a graceful stop waiting forever, so it gets a few seconds and is then cut short.
     pub async fn shutdown(mut self) {
         let _ = self.stop.send(true);
-        if let Some(t) = self.task.take() {
-            let _ = t.await;
+        if let Some(mut t) = self.task.take()
+            && tokio::time::timeout(Duration::from_secs(5), &mut t)
+                .await
+                .is_err()
+        {
+            t.abort();
         }
     }
 }

@@ -463,6 +463,21 @@ pub fn apply(
         m.remove("resourceVersion");
     }
     strategic_merge(&mut result, &patch);
+    // Re-applying the same configuration changes nothing, not even the entry's time, so a
+    // controller that applies on every reconcile does not wake itself up.
+    let without_fields = |v: &Value| {
+        let mut v = v.clone();
+        if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("managedFields");
+        }
+        v
+    };
+    if let Some(l) = live
+        && old_set == new_set
+        && without_fields(l) == without_fields(&result)
+    {
+        return Ok(l.clone());
+    }
     managers.retain(|m| {
         !(m["manager"].as_str() == Some(manager) && m["operation"].as_str() == Some("Apply"))
     });

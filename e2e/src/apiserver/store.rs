@@ -293,8 +293,11 @@ impl State {
         if spec_changed(rt, &old, &new) || (meta::is_deleting(&new) && !meta::is_deleting(&old)) {
             generation += 1;
         }
-        if old == new {
-            // A no-op write keeps the version and emits no event, as on a real server.
+        let mut same = new.clone();
+        meta::meta_mut(&mut same).insert("resourceVersion".into(), json!(expected_rv));
+        if old == same {
+            // A no-op write (with or without a version) keeps the version and emits no
+            // event, as on a real server.
             return Ok(old);
         }
         self.rv += 1;

@@ -155,6 +155,8 @@ async fn run(
     let deadline = tokio::time::sleep(p.timeout);
     tokio::pin!(deadline);
     let mut ticker = tokio::time::interval(ctx.config.bookmark_interval);
+    // A slow reader gets one bookmark late, not a burst of them.
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await;
     let mut first = true;
     loop {

@@ -298,7 +298,12 @@ async fn eviction_deletes_the_pod() {
 #[tokio::test]
 async fn eviction_respects_disruption_budgets() {
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-    let (_s, client) = start().await;
+    let (s, _) = start().await;
+    // kube's client retries 429s with backoff for minutes (the real server sends the same
+    // 429): this test wants to see the first answer.
+    let mut cfg = kube::Config::new(s.url().parse().unwrap());
+    cfg.default_retry = false;
+    let client = kube::Client::try_from(cfg).unwrap();
     let pods: Api<Pod> = Api::default_namespaced(client.clone());
     let pdbs: Api<PodDisruptionBudget> = Api::default_namespaced(client);
     for n in ["a", "b"] {

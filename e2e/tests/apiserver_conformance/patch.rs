@@ -179,3 +179,49 @@ async fn server_side_apply_creates_tracks_managers_and_detects_conflicts() {
     );
     assert_eq!(e.code, 400, "apply needs a field manager");
 }
+
+#[tokio::test]
+async fn reapplying_or_rewriting_the_same_object_is_a_no_op() {
+    let (_s, client) = start().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client);
+    let applied = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"a": "1"}});
+    let first = api
+        .patch(
+            "c",
+            &PatchParams::apply("op").force(),
+            &Patch::Apply(&applied),
+        )
+        .await
+        .unwrap();
+    let again = api
+        .patch(
+            "c",
+            &PatchParams::apply("op").force(),
+            &Patch::Apply(&applied),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        again.metadata.resource_version, first.metadata.resource_version,
+        "no new version, no watch event"
+    );
+    let mut blind = again.clone();
+    blind.metadata.resource_version = None;
+    let replaced = api.replace("c", &Default::default(), &blind).await.unwrap();
+    assert_eq!(
+        replaced.metadata.resource_version,
+        first.metadata.resource_version
+    );
+    let merged = api
+        .patch(
+            "c",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"a": "1"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        merged.metadata.resource_version,
+        first.metadata.resource_version
+    );
+}

@@ -550,3 +550,28 @@ async fn controller_sees_every_change_through_churn() {
     );
     task.abort();
 }
+
+#[tokio::test]
+async fn shutdown_ends_open_watches() {
+    let (s, client) = start().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client);
+    let rv = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut w = api
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    tokio::time::timeout(Duration::from_secs(6), s.shutdown())
+        .await
+        .expect("shutdown completes");
+    let end = tokio::time::timeout(Duration::from_secs(2), w.next())
+        .await
+        .expect("the watch ends");
+    assert!(!matches!(end, Some(Ok(_))), "{end:?}");
+}

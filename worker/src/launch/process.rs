@@ -188,7 +188,7 @@ pub async fn start(spool: &Path, spec: &BatchSpec<'_>) -> Result<Started, Launch
         .filter(|p| *p != out_path);
 
     let result = match spec.run_as {
-        RunAs::Worker => start_as_worker(&script_path, spec, &out_path, err_path.as_deref()),
+        RunAs::Worker => start_as_worker(&script_path, spec, &out_path, err_path.as_deref()).await,
         RunAs::User { uid, gid } => {
             start_as_user(&script_path, spec, uid, gid, &out_path, err_path.as_deref()).await
         }
@@ -274,7 +274,11 @@ fn open_output(path: &Path) -> Result<File, LaunchError> {
     Ok(file)
 }
 
-fn start_as_worker(
+/// How often, and how long apart, an exec that failed with ETXTBSY is retried.
+const TEXT_BUSY_RETRIES: u32 = 20;
+const TEXT_BUSY_PAUSE: std::time::Duration = std::time::Duration::from_millis(5);
+
+async fn start_as_worker(
     script: &Path,
     spec: &BatchSpec<'_>,
     out_path: &Path,
@@ -289,12 +293,34 @@ fn start_as_worker(
             source,
         })?,
     };
-    base_command(script, spec)
-        .args(spec.argv)
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .map_err(|source| LaunchError::Spawn { source })
+    let clone = |f: &File, path: &Path| {
+        f.try_clone().map_err(|source| LaunchError::Output {
+            path: path.to_owned(),
+            source,
+        })
+    };
+    let mut attempt = 0;
+    loop {
+        let spawned = base_command(script, spec)
+            .args(spec.argv)
+            .stdout(clone(&out, out_path)?)
+            .stderr(clone(&err, err_path.unwrap_or(out_path))?)
+            .spawn();
+        match spawned {
+            // The script was written a moment ago; a process forked by another thread of
+            // this worker in that window may still hold its write descriptor until that
+            // child execs (close-on-exec), and exec of a file open for writing fails with
+            // ETXTBSY. The window is short, so a brief retry is the standard remedy.
+            Err(e)
+                if e.raw_os_error() == Some(nix::errno::Errno::ETXTBSY as i32)
+                    && attempt < TEXT_BUSY_RETRIES =>
+            {
+                attempt += 1;
+                tokio::time::sleep(TEXT_BUSY_PAUSE * attempt).await;
+            }
+            other => return other.map_err(|source| LaunchError::Spawn { source }),
+        }
+    }
 }
 
 async fn start_as_user(
