@@ -230,7 +230,8 @@ async fn pending_throughput_memory_squeue(quick: bool) -> anyhow::Result<()> {
         json!({"jobs_printed": lines.saturating_sub(1), "target_ms_at_100k": 300}),
     );
 
-    let mut ch = JobsClient::new(cluster.channel().await?);
+    let mut ch = JobsClient::new(cluster.channel().await?)
+        .max_decoding_message_size(tandem_proto::endpoint::MAX_RESPONSE_BYTES);
     let rss_a = cluster.rss_bytes()?;
     let mut s = spec("#!/bin/sh\ntrue\n", true, cluster.dir.path());
     s.array = "0-999999".into();

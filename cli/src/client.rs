@@ -2,7 +2,7 @@
 
 use anyhow::Context as _;
 use tandem_proto::auth::Identity;
-use tandem_proto::endpoint::{self, AuthChannel};
+use tandem_proto::endpoint::{self, AuthChannel, MAX_RESPONSE_BYTES};
 use tandem_proto::v1::accounting_client::AccountingClient;
 use tandem_proto::v1::jobs_client::JobsClient;
 use tandem_proto::v1::nodes_client::NodesClient;
@@ -25,9 +25,10 @@ impl Client {
         let identity = current_identity();
         let channel = ep.connect(&identity).await?;
         Ok(Client {
-            jobs: JobsClient::new(channel.clone()),
-            nodes: NodesClient::new(channel.clone()),
-            accounting: AccountingClient::new(channel),
+            jobs: JobsClient::new(channel.clone()).max_decoding_message_size(MAX_RESPONSE_BYTES),
+            nodes: NodesClient::new(channel.clone()).max_decoding_message_size(MAX_RESPONSE_BYTES),
+            accounting: AccountingClient::new(channel)
+                .max_decoding_message_size(MAX_RESPONSE_BYTES),
             identity,
             cluster_name: ep.cluster_name,
             controller: ep.controller,

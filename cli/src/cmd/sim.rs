@@ -46,7 +46,7 @@ fn parse_policy(s: &str) -> Result<Policy, String> {
 }
 
 fn parse_protocol(s: &str) -> Result<Protocol, String> {
-    s.parse().map_err(|e| format!("{e}"))
+    s.parse()
 }
 
 pub fn run(args: Args) -> Exit {
