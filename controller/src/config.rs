@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::store::Durability;
 use serde::Deserialize;
 use tandem_sched::config::ClusterConfig;
 
@@ -71,6 +72,11 @@ pub struct Args {
     /// otherwise triggered by events.
     #[arg(long, default_value = "5s", value_parser = parse_duration_arg)]
     pub sched_interval: Duration,
+    /// When a submit is acknowledged: `full` fsyncs every group commit (survives power
+    /// loss); `process` leaves the write in the OS page cache (survives any controller
+    /// crash, including SIGKILL, but not a power loss), for much higher submit rates.
+    #[arg(long, value_enum, default_value_t = Durability::Full)]
+    pub durability: Durability,
 }
 
 /// Parses `500ms`, `2s`, `1m`, or a plain number of seconds.
@@ -107,6 +113,7 @@ pub struct Config {
     pub kill_wait: Duration,
     pub sched_interval: Duration,
     pub metrics_listen: Option<SocketAddr>,
+    pub durability: Durability,
 }
 
 impl Config {
@@ -123,6 +130,7 @@ impl Config {
             kill_wait: Duration::from_secs(30),
             sched_interval: Duration::from_secs(5),
             metrics_listen: None,
+            durability: Durability::Full,
         }
     }
 }
@@ -164,6 +172,7 @@ impl Args {
             kill_wait: self.kill_wait,
             sched_interval: self.sched_interval,
             metrics_listen: self.metrics_listen,
+            durability: self.durability,
         })
     }
 }

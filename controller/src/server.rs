@@ -43,7 +43,7 @@ pub async fn run(
     // Opening and recovering read the whole store: keep it off the async workers.
     let (key, store, recovered) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
         let key = ClusterKey::load_or_create(&cfg.key_file)?;
-        let store = Store::open(&cfg.state_dir)?;
+        let store = Store::open_with(&cfg.state_dir, cfg.durability)?;
         let loaded = store.load()?;
         let recovered = recover(loaded, cfg.cluster.clone()).map_err(|source| Error::Recover {
             path: store.path().to_owned(),

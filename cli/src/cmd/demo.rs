@@ -81,6 +81,7 @@ pub async fn run(args: Args) -> Exit {
         kill_wait: Some("2s".into()),
         heartbeat_interval: None,
         node_timeout: None,
+        durability: None,
         timeout: 60,
     };
     println!(

@@ -68,6 +68,10 @@ pub struct Args {
     /// A worker silent this long is lost.
     #[arg(long, value_name = "DURATION")]
     pub node_timeout: Option<String>,
+    /// When the controller acknowledges a submit: full (fsync each group commit) or process
+    /// (survives a controller crash but not a power loss; much faster).
+    #[arg(long, value_name = "full|process")]
+    pub durability: Option<String>,
     /// How long to wait for the cluster to be ready, in seconds.
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,
@@ -168,6 +172,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Started> {
         ("--kill-wait", &args.kill_wait),
         ("--heartbeat-interval", &args.heartbeat_interval),
         ("--node-timeout", &args.node_timeout),
+        ("--durability", &args.durability),
     ] {
         if let Some(v) = v {
             cargs.push(flag.into());

@@ -3,7 +3,8 @@
 //! # Why SQLite
 //!
 //! SQLite (through `rusqlite`, compiled in with the `bundled` feature so a fresh machine needs
-//! nothing installed) in WAL mode with `synchronous=FULL`:
+//! nothing installed) in WAL mode with `synchronous=FULL` (or `NORMAL` with `--durability
+//! process`, see [`Durability`]):
 //! - crash safe: a transaction is on disk when `COMMIT` returns, and a SIGKILL at any moment
 //!   leaves the last committed state (the WAL is replayed on open);
 //! - one file (plus its WAL) in the state directory, no server to run;
@@ -35,4 +36,4 @@ pub mod recover;
 pub mod sqlite;
 
 pub use commit::{Committer, Effect};
-pub use sqlite::{Batch, JobRecordRow, Loaded, RecordFilter, Store, StoreError};
+pub use sqlite::{Batch, Durability, JobRecordRow, Loaded, RecordFilter, Store, StoreError};

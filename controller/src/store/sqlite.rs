@@ -211,12 +211,40 @@ pub struct Store {
     path: PathBuf,
 }
 
+/// When a commit counts as durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Durability {
+    /// `synchronous=FULL`: the WAL is fsynced at every commit, so an acknowledged submit
+    /// survives power loss as well as a controller crash. One fsync per group commit bounds
+    /// the throughput of clients that wait for each acknowledgement.
+    #[default]
+    Full,
+    /// `synchronous=NORMAL` in WAL mode: a commit is in the operating system's page cache
+    /// when acknowledged and fsynced at checkpoints. A killed controller (even SIGKILL)
+    /// loses nothing; a power loss or kernel crash may lose the last commits.
+    Process,
+}
+
+impl Durability {
+    fn pragma(self) -> &'static str {
+        match self {
+            Self::Full => "PRAGMA synchronous=FULL;",
+            Self::Process => "PRAGMA synchronous=NORMAL;",
+        }
+    }
+}
+
 impl Store {
     /// File name of the database inside the state directory.
     pub const FILE: &'static str = "tandem.db";
 
-    /// Opens (creating if needed) the store in `state_dir` for writing.
+    /// Opens (creating if needed) the store in `state_dir` for writing, fsyncing every commit.
     pub fn open(state_dir: &Path) -> Result<Self, StoreError> {
+        Self::open_with(state_dir, Durability::Full)
+    }
+
+    /// Opens the store with the given commit durability.
+    pub fn open_with(state_dir: &Path, durability: Durability) -> Result<Self, StoreError> {
         std::fs::create_dir_all(state_dir).map_err(|source| StoreError::CreateDir {
             path: state_dir.to_owned(),
             source,
@@ -228,11 +256,10 @@ impl Store {
         };
         let conn = Connection::open(&path).map_err(open_err)?;
         // WAL: readers never block the writer and a commit appends instead of rewriting
-        // pages. FULL: the WAL is fsynced at every commit, which is what makes an
-        // acknowledged submit survive power loss, not only a process crash.
+        // pages. See `Durability` for the synchronous setting.
+        conn.execute_batch(durability.pragma()).map_err(open_err)?;
         conn.execute_batch(
             "PRAGMA journal_mode=WAL;
-             PRAGMA synchronous=FULL;
              PRAGMA foreign_keys=OFF;
              PRAGMA temp_store=MEMORY;
              PRAGMA cache_size=-8192;",
