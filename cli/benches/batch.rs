@@ -4,7 +4,8 @@
 //! issue #2 and #5. Absolute times on a shared 2-core machine are noisy; ratios between figures
 //! measured in one run are the stable part.
 //!
-//! Run: `cargo bench -p tandem-cli --bench batch` (add `-- --quick` for a smaller run).
+//! Run: `cargo bench -p tandem-cli --bench batch` (add `-- --quick` for a smaller run, and
+//! `-- --durability process` to acknowledge submits before fsync).
 //!
 //! Figures:
 //! - `submit_grpc_16_clients`: durable submissions per second, 16 client connections each
@@ -189,8 +190,8 @@ async fn submit_many(
     Ok((per_client * clients) as f64 / start.elapsed().as_secs_f64())
 }
 
-async fn pending_throughput_memory_squeue(quick: bool) -> anyhow::Result<()> {
-    let cluster = Cluster::start(8, &[])?;
+async fn pending_throughput_memory_squeue(quick: bool, durability: &str) -> anyhow::Result<()> {
+    let cluster = Cluster::start(8, &["--durability", durability])?;
     let pending: usize = if quick { 20_000 } else { 100_000 };
     // Warm up connections and the store.
     submit_many(&cluster, 16, 1, 1_600).await?;
@@ -201,14 +202,14 @@ async fn pending_throughput_memory_squeue(quick: bool) -> anyhow::Result<()> {
         "submit_grpc_16_clients",
         seq,
         "jobs/s",
-        json!({"in_flight_per_client": 1, "target": 20000}),
+        json!({"in_flight_per_client": 1, "durability": durability, "target": 20000}),
     );
     let piped = submit_many(&cluster, 16, 32, pending - pending / 4).await?;
     emit(
         "submit_grpc_16_clients_pipelined",
         piped,
         "jobs/s",
-        json!({"in_flight_per_client": 32, "target": 20000}),
+        json!({"in_flight_per_client": 32, "durability": durability, "target": 20000}),
     );
     let rss1 = cluster.rss_bytes()?;
     emit(
@@ -380,13 +381,22 @@ async fn latency_and_completion(quick: bool) -> anyhow::Result<()> {
 }
 
 fn main() -> anyhow::Result<()> {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    // `--durability process` measures submits acknowledged before fsync (see the
+    // controller's --durability); the default is full, an fsync per group commit.
+    let durability = args
+        .iter()
+        .position(|a| a == "--durability")
+        .and_then(|i| args.get(i + 1))
+        .map_or("full", String::as_str)
+        .to_owned();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .enable_all()
         .build()?;
     rt.block_on(async {
-        pending_throughput_memory_squeue(quick).await?;
+        pending_throughput_memory_squeue(quick, &durability).await?;
         latency_and_completion(quick).await
     })
 }
