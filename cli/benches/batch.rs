@@ -28,7 +28,9 @@ use serde_json::json;
 use tandem_proto::auth::Identity;
 use tandem_proto::endpoint::{AuthChannel, ClusterFile, connect};
 use tandem_proto::v1::jobs_client::JobsClient;
-use tandem_proto::v1::{CancelRequest, JobRef, JobSpec, JobState, ListJobsRequest, SubmitRequest};
+use tandem_proto::v1::{
+    CancelRequest, JobInfo, JobRef, JobSpec, JobState, ListJobsRequest, SubmitRequest,
+};
 
 const TANDEM: &str = env!("CARGO_BIN_EXE_tandem");
 
@@ -250,6 +252,23 @@ async fn pending_throughput_memory_squeue(quick: bool, durability: &str) -> anyh
     Ok(())
 }
 
+/// The records of job `id` (an array's tasks included) the controller holds in memory.
+async fn job_records(
+    jobs: &mut JobsClient<AuthChannel>,
+    id: u64,
+    include_finished: bool,
+) -> anyhow::Result<Vec<JobInfo>> {
+    let request = ListJobsRequest {
+        jobs: vec![JobRef {
+            job_id: id,
+            array_tasks: String::new(),
+        }],
+        include_finished,
+        ..Default::default()
+    };
+    Ok(jobs.list_jobs(request).await?.into_inner().jobs)
+}
+
 async fn latency_and_completion(quick: bool) -> anyhow::Result<()> {
     let cluster = Cluster::start(8, &["--kill-wait", "1"])?;
 
@@ -299,22 +318,8 @@ async fn latency_and_completion(quick: bool) -> anyhow::Result<()> {
             .into_inner()
             .job_id;
         loop {
-            let list = jobs
-                .list_jobs(ListJobsRequest {
-                    jobs: vec![JobRef {
-                        job_id: id,
-                        array_tasks: String::new(),
-                    }],
-                    include_finished: true,
-                    ..Default::default()
-                })
-                .await?
-                .into_inner();
-            if list
-                .jobs
-                .iter()
-                .any(|j| j.state == JobState::Running as i32)
-            {
+            let list = job_records(&mut jobs, id, true).await?;
+            if list.iter().any(|j| j.state == JobState::Running as i32) {
                 break;
             }
             anyhow::ensure!(t.elapsed() < Duration::from_secs(30), "job {id} never ran");
@@ -350,18 +355,7 @@ async fn latency_and_completion(quick: bool) -> anyhow::Result<()> {
         .into_inner()
         .job_id;
     loop {
-        let list = jobs
-            .list_jobs(ListJobsRequest {
-                jobs: vec![JobRef {
-                    job_id: id,
-                    array_tasks: String::new(),
-                }],
-                include_finished: false,
-                ..Default::default()
-            })
-            .await?
-            .into_inner();
-        if list.jobs.is_empty() {
+        if job_records(&mut jobs, id, false).await?.is_empty() {
             break;
         }
         anyhow::ensure!(
