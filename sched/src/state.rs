@@ -1066,16 +1066,7 @@ impl State {
         by: &Requester,
         now: i64,
     ) -> Result<Vec<Effect>, JobError> {
-        let job = self
-            .jobs
-            .get(&sel.job)
-            .ok_or_else(|| JobError::NotFound(sel.to_string()))?;
-        if !by.may_touch(job) {
-            return Err(JobError::PermissionDenied {
-                job: job.id,
-                owner: job.spec.user.clone(),
-            });
-        }
+        let job = self.job_for(by, sel.job, &sel)?;
         // Resolve the selection to (pending indices of a meta, job records) first.
         let mut pending_indices: Option<IndexSet> = None;
         let mut targets: Vec<JobId> = Vec::new();
@@ -1173,19 +1164,30 @@ impl State {
         }
     }
 
-    /// Holds pending jobs (`scontrol hold`, `--hold`): a user hold by the owner, an admin
-    /// hold by an operator.
-    pub fn hold(&mut self, sel: &JobSelector, by: &Requester) -> Result<(), JobError> {
+    /// The job `id` if `by` may act on it; `shown` names it in the error as the user typed it.
+    fn job_for(
+        &self,
+        by: &Requester,
+        id: JobId,
+        shown: &dyn std::fmt::Display,
+    ) -> Result<&Job, JobError> {
         let job = self
             .jobs
-            .get(&sel.job)
-            .ok_or_else(|| JobError::NotFound(sel.to_string()))?;
+            .get(&id)
+            .ok_or_else(|| JobError::NotFound(shown.to_string()))?;
         if !by.may_touch(job) {
             return Err(JobError::PermissionDenied {
-                job: job.id,
+                job: id,
                 owner: job.spec.user.clone(),
             });
         }
+        Ok(job)
+    }
+
+    /// Holds pending jobs (`scontrol hold`, `--hold`): a user hold by the owner, an admin
+    /// hold by an operator.
+    pub fn hold(&mut self, sel: &JobSelector, by: &Requester) -> Result<(), JobError> {
+        let job = self.job_for(by, sel.job, &sel)?;
         if job.state != JobState::Pending {
             return Err(JobError::InvalidState {
                 job: job.id,
@@ -1210,16 +1212,7 @@ impl State {
 
     /// Releases a hold. Only an operator releases an admin hold.
     pub fn release(&mut self, sel: &JobSelector, by: &Requester) -> Result<(), JobError> {
-        let job = self
-            .jobs
-            .get(&sel.job)
-            .ok_or_else(|| JobError::NotFound(sel.to_string()))?;
-        if !by.may_touch(job) {
-            return Err(JobError::PermissionDenied {
-                job: job.id,
-                owner: job.spec.user.clone(),
-            });
-        }
+        let job = self.job_for(by, sel.job, &sel)?;
         if job.hold == Hold::Admin && !by.admin {
             return Err(JobError::Invalid {
                 job: job.id,
@@ -1250,16 +1243,7 @@ impl State {
         by: &Requester,
         now: i64,
     ) -> Result<Vec<Effect>, JobError> {
-        let job = self
-            .jobs
-            .get(&id)
-            .ok_or_else(|| JobError::NotFound(id.to_string()))?;
-        if !by.may_touch(job) {
-            return Err(JobError::PermissionDenied {
-                job: id,
-                owner: job.spec.user.clone(),
-            });
-        }
+        let job = self.job_for(by, id, &id)?;
         if job.is_array_meta() {
             return Err(JobError::Invalid {
                 job: id,
@@ -1327,16 +1311,7 @@ impl State {
         by: &Requester,
         _now: i64,
     ) -> Result<(), JobError> {
-        let job = self
-            .jobs
-            .get(&id)
-            .ok_or_else(|| JobError::NotFound(id.to_string()))?;
-        if !by.may_touch(job) {
-            return Err(JobError::PermissionDenied {
-                job: id,
-                owner: job.spec.user.clone(),
-            });
-        }
+        let job = self.job_for(by, id, &id)?;
         if job.state.is_terminal() {
             return Err(JobError::InvalidState {
                 job: id,
