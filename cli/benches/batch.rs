@@ -5,7 +5,9 @@
 //! measured in one run are the stable part.
 //!
 //! Run: `cargo bench -p tandem-cli --bench batch` (add `-- --quick` for a smaller run, and
-//! `-- --durability process` to acknowledge submits before fsync).
+//! `-- --durability process` to acknowledge submits before fsync, `-- --submit-only` for the
+//! two submit figures alone, e.g. while profiling the controller, `-- --runnable` to submit
+//! jobs that wait for resources instead of held ones, see [`SubmitKind`]).
 //!
 //! Figures:
 //! - `submit_grpc_16_clients`: durable submissions per second, 16 client connections each
@@ -13,6 +15,10 @@
 //!   does not run them.
 //! - `submit_grpc_16_clients_pipelined`: the same 16 connections with 32 requests in flight
 //!   each (HTTP/2 multiplexing); group commit turns concurrency into bigger transactions.
+//!   Both submit figures carry `controller_cpu_us_per_job` and `client_cpu_us_per_job`: CPU
+//!   time (user + system) each side spent per job. Clients and controller share the cores,
+//!   so `1e6 * cores / (sum)` bounds the rate; on a shared machine these are steadier than
+//!   the rate itself.
 //! - `mem_per_pending_job_bytes`: controller RSS growth divided by the pending jobs added.
 //! - `squeue_100k_ms`: `tandem squeue` printing every one of the pending jobs.
 //! - `array_1m_accept_ms` / `array_1m_rss_growth_mb`: one 1,000,000-task array.
@@ -32,7 +38,11 @@ use tandem_proto::v1::{
     CancelRequest, JobInfo, JobRef, JobSpec, JobState, ListJobsRequest, SubmitRequest,
 };
 
-const TANDEM: &str = env!("CARGO_BIN_EXE_tandem");
+/// The binary under test: this build's, or `TANDEM_BENCH_BIN` (to compare two builds with
+/// the same client side, e.g. a saved baseline against the working tree).
+fn tandem() -> String {
+    std::env::var("TANDEM_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_tandem").to_owned())
+}
 
 struct Cluster {
     dir: tempfile::TempDir,
@@ -41,7 +51,7 @@ struct Cluster {
 impl Cluster {
     fn start(nodes: u32, extra: &[&str]) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
-        let status = Command::new(TANDEM)
+        let status = Command::new(tandem())
             .args(["up", "--nodes", &nodes.to_string(), "--gpus-per-node", "8"])
             .args(["--cpus-per-node", "64", "--mem-per-node", "512G"])
             .arg("--state-dir")
@@ -74,7 +84,7 @@ impl Cluster {
     }
 
     fn cli(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(TANDEM);
+        let mut cmd = Command::new(tandem());
         cmd.args(args)
             .env("TANDEM_CONFIG", self.cluster_file())
             .current_dir(self.dir.path());
@@ -84,7 +94,7 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        let _ = Command::new(TANDEM)
+        let _ = Command::new(tandem())
             .arg("down")
             .arg("--state-dir")
             .arg(self.dir.path())
@@ -103,6 +113,48 @@ fn me() -> Identity {
         .map(|u| u.name)
         .unwrap_or_else(|| uid.to_string());
     Identity::user(user, uid, gid)
+}
+
+/// CPU seconds (user + system) a process has used so far, from `/proc/PID/stat`.
+fn cpu_seconds(pid: &str) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .ok_or_else(|| anyhow::anyhow!("malformed /proc/{pid}/stat"))?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| -> anyhow::Result<f64> {
+        Ok(fields
+            .get(i)
+            .ok_or_else(|| anyhow::anyhow!("short /proc/{pid}/stat"))?
+            .parse::<f64>()?)
+    };
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    // `rest` starts at field 3 (state), so field N is index N - 3.
+    Ok((ticks(11)? + ticks(12)?) / hz)
+}
+
+/// Throughput of one submit run, and the CPU it cost per job on each side: with clients and
+/// controller on the same cores, the sum bounds the reachable rate (cores / CPU per job).
+struct SubmitRun {
+    /// Jobs submitted (the requested total rounded down to whole lanes).
+    jobs: usize,
+    jobs_per_s: f64,
+    controller_cpu_us: f64,
+    client_cpu_us: f64,
+}
+
+impl SubmitRun {
+    fn extra(&self) -> serde_json::Value {
+        json!({
+            "controller_cpu_us_per_job": (self.controller_cpu_us * 10.0).round() / 10.0,
+            "client_cpu_us_per_job": (self.client_cpu_us * 10.0).round() / 10.0,
+        })
+    }
 }
 
 fn rss_of(pid: u32) -> anyhow::Result<u64> {
@@ -130,13 +182,17 @@ fn spec(script: &str, hold: bool, workdir: &Path) -> JobSpec {
     }
 }
 
-fn emit(bench: &str, value: f64, unit: &str, extra: serde_json::Value) {
-    let mut obj = json!({"bench": bench, "value": (value * 1000.0).round() / 1000.0, "unit": unit});
-    if let (Some(o), Some(e)) = (obj.as_object_mut(), extra.as_object()) {
+fn merge(into: &mut serde_json::Value, extra: serde_json::Value) {
+    if let (Some(o), Some(e)) = (into.as_object_mut(), extra.as_object()) {
         for (k, v) in e {
             o.insert(k.clone(), v.clone());
         }
     }
+}
+
+fn emit(bench: &str, value: f64, unit: &str, extra: serde_json::Value) {
+    let mut obj = json!({"bench": bench, "value": (value * 1000.0).round() / 1000.0, "unit": unit});
+    merge(&mut obj, extra);
     println!("{obj}");
 }
 
@@ -145,80 +201,115 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// Submits `total` held jobs from `clients` connections, each keeping `depth` requests in flight.
+/// What the submit figures submit: held jobs (no scheduling at all), or with `--runnable`
+/// whole-node jobs the scheduler takes up, of which the first fill every node and the rest
+/// wait for resources (the submit path with scheduling passes, as on a busy cluster).
+#[derive(Clone, Copy)]
+enum SubmitKind {
+    Held,
+    Runnable,
+}
+
+impl SubmitKind {
+    fn spec(self, workdir: &Path) -> JobSpec {
+        match self {
+            Self::Held => spec("#!/bin/sh\ntrue\n", true, workdir),
+            Self::Runnable => JobSpec {
+                cpus_per_task: 64,
+                ..spec("#!/bin/sh\nsleep 600\n", false, workdir)
+            },
+        }
+    }
+}
+
+/// Submits `total` jobs from `clients` connections, each keeping `depth` requests in flight.
 async fn submit_many(
     cluster: &Cluster,
+    kind: SubmitKind,
     clients: usize,
     depth: usize,
     total: usize,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<SubmitRun> {
     let workdir = cluster.dir.path().to_owned();
     let per_client = total / clients;
     let mut channels = Vec::new();
     for _ in 0..clients {
         channels.push(cluster.channel().await?);
     }
+    let controller = cluster.controller_pid()?.to_string();
+    let (ctl0, me0) = (cpu_seconds(&controller)?, cpu_seconds("self")?);
+    // Each connection carries `depth` lanes; a lane submits sequentially, so a connection
+    // has exactly `depth` requests in flight. One long-lived task per lane keeps the client's
+    // own cost per request to one task wake-up (no task spawned per request).
+    let per_lane = per_client / depth;
     let start = Instant::now();
-    let mut tasks = Vec::new();
+    let mut lanes = tokio::task::JoinSet::new();
     for ch in channels {
-        let workdir = workdir.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut inflight = tokio::task::JoinSet::new();
-            for i in 0..per_client {
-                if inflight.len() >= depth
-                    && let Some(r) = inflight.join_next().await
-                {
-                    r??;
-                }
-                let mut client = JobsClient::new(ch.clone());
-                let spec = spec("#!/bin/sh\ntrue\n", true, &workdir);
-                inflight.spawn(async move {
+        for _ in 0..depth {
+            let mut client = JobsClient::new(ch.clone());
+            let spec = kind.spec(&workdir);
+            lanes.spawn(async move {
+                for i in 0..per_lane {
                     client
-                        .submit(SubmitRequest { spec: Some(spec) })
+                        .submit(SubmitRequest {
+                            spec: Some(spec.clone()),
+                        })
                         .await
-                        .map(|_| ())
-                        .map_err(|s| anyhow::anyhow!("submit {i}: {s}"))
-                });
-            }
-            while let Some(r) = inflight.join_next().await {
-                r??;
-            }
-            anyhow::Ok(())
-        }));
+                        .map_err(|s| anyhow::anyhow!("submit {i}: {s}"))?;
+                }
+                anyhow::Ok(())
+            });
+        }
     }
-    for t in tasks {
-        t.await??;
+    while let Some(r) = lanes.join_next().await {
+        r??;
     }
-    Ok((per_client * clients) as f64 / start.elapsed().as_secs_f64())
+    let secs = start.elapsed().as_secs_f64();
+    let jobs = per_lane * depth * clients;
+    let n = jobs as f64;
+    Ok(SubmitRun {
+        jobs,
+        jobs_per_s: n / secs,
+        controller_cpu_us: (cpu_seconds(&controller)? - ctl0) * 1e6 / n,
+        client_cpu_us: (cpu_seconds("self")? - me0) * 1e6 / n,
+    })
 }
 
-async fn pending_throughput_memory_squeue(quick: bool, durability: &str) -> anyhow::Result<()> {
+async fn pending_throughput_memory_squeue(
+    quick: bool,
+    durability: &str,
+    submit_only: bool,
+    kind: SubmitKind,
+) -> anyhow::Result<()> {
     let cluster = Cluster::start(8, &["--durability", durability])?;
     let pending: usize = if quick { 20_000 } else { 100_000 };
     // Warm up connections and the store.
-    submit_many(&cluster, 16, 1, 1_600).await?;
+    submit_many(&cluster, kind, 16, 1, 1_600).await?;
     let rss0 = cluster.rss_bytes()?;
 
-    let seq = submit_many(&cluster, 16, 1, pending / 4).await?;
-    emit(
-        "submit_grpc_16_clients",
-        seq,
-        "jobs/s",
-        json!({"in_flight_per_client": 1, "durability": durability, "target": 20000}),
-    );
-    let piped = submit_many(&cluster, 16, 32, pending - pending / 4).await?;
+    let seq = submit_many(&cluster, kind, 16, 1, pending / 4).await?;
+    let mut extra = json!({"in_flight_per_client": 1, "durability": durability, "held": matches!(kind, SubmitKind::Held), "target": 20000});
+    merge(&mut extra, seq.extra());
+    emit("submit_grpc_16_clients", seq.jobs_per_s, "jobs/s", extra);
+    let piped = submit_many(&cluster, kind, 16, 32, pending - pending / 4).await?;
+    let mut extra = json!({"in_flight_per_client": 32, "durability": durability, "held": matches!(kind, SubmitKind::Held), "target": 20000});
+    merge(&mut extra, piped.extra());
     emit(
         "submit_grpc_16_clients_pipelined",
-        piped,
+        piped.jobs_per_s,
         "jobs/s",
-        json!({"in_flight_per_client": 32, "durability": durability, "target": 20000}),
+        extra,
     );
+    if submit_only {
+        return Ok(());
+    }
+    let added = seq.jobs + piped.jobs;
     let rss1 = cluster.rss_bytes()?;
     emit(
         "mem_per_pending_job_bytes",
-        (rss1.saturating_sub(rss0)) as f64 / pending as f64,
+        (rss1.saturating_sub(rss0)) as f64 / added as f64,
         "bytes",
-        json!({"pending": pending, "rss_mb": rss1 / (1 << 20), "target": 2048}),
+        json!({"pending": added, "rss_mb": rss1 / (1 << 20), "target": 2048}),
     );
 
     let t = Instant::now();
@@ -377,6 +468,7 @@ async fn latency_and_completion(quick: bool) -> anyhow::Result<()> {
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
+    let submit_only = args.iter().any(|a| a == "--submit-only");
     // `--durability process` measures submits acknowledged before fsync (see the
     // controller's --durability); the default is full, an fsync per group commit.
     let durability = args
@@ -385,12 +477,20 @@ fn main() -> anyhow::Result<()> {
         .and_then(|i| args.get(i + 1))
         .map_or("full", String::as_str)
         .to_owned();
+    let kind = if args.iter().any(|a| a == "--runnable") {
+        SubmitKind::Runnable
+    } else {
+        SubmitKind::Held
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .enable_all()
         .build()?;
     rt.block_on(async {
-        pending_throughput_memory_squeue(quick, &durability).await?;
+        pending_throughput_memory_squeue(quick, &durability, submit_only, kind).await?;
+        if submit_only {
+            return Ok(());
+        }
         latency_and_completion(quick).await
     })
 }

@@ -220,6 +220,97 @@ mod tests {
         use super::super::*;
         use proptest::prelude::*;
 
+        /// Options whose values go through a parser of their own.
+        const OPTIONS: &[&str] = &[
+            "--time",
+            "-t",
+            "--time-min",
+            "--begin",
+            "-b",
+            "--array",
+            "-a",
+            "--dependency",
+            "-d",
+            "--nodes",
+            "-N",
+            "--ntasks",
+            "-n",
+            "--ntasks-per-node",
+            "-c",
+            "--mem",
+            "--mem-per-cpu",
+            "--gpus",
+            "-G",
+            "--gpus-per-node",
+            "--gpus-per-task",
+            "--gres",
+            "--export",
+            "--nice",
+            "--nodelist",
+            "-w",
+            "--exclude",
+            "--exclusive",
+            "--signal",
+            "--open-mode",
+            "--input",
+            "-i",
+            "--output",
+            "--chdir",
+            "--wrap",
+            "--requeue",
+            "--no-requeue",
+            "--hold",
+            "-J",
+        ];
+
+        fn directive_line() -> impl Strategy<Value = String> {
+            (
+                proptest::sample::select(OPTIONS),
+                prop_oneof![Just("="), Just(" "), Just("")],
+                "\\PC{0,16}",
+            )
+                .prop_map(|(opt, sep, value)| format!("#SBATCH {opt}{sep}{value}"))
+        }
+
+        /// Directives, then options, then a spec: each step succeeds or fails with a
+        /// one-line error (the CLI prints `sbatch: error: <line>`).
+        fn check_submit_path(script: &str) -> Result<(), TestCaseError> {
+            fn one_line(e: impl std::fmt::Display) -> Result<(), TestCaseError> {
+                let text = e.to_string();
+                prop_assert!(
+                    !text.is_empty() && !text.contains('\n'),
+                    "not one line: {:?}",
+                    text
+                );
+                Ok(())
+            }
+            let parsed = match parse(script) {
+                Ok(d) => d,
+                Err(e) => return one_line(e),
+            };
+            let lines = script.lines().count();
+            for d in &parsed {
+                prop_assert!(d.line >= 2 && d.line <= lines);
+                prop_assert!(!d.args.is_empty());
+            }
+            let opts = match crate::opts::JobOpts::from_directives(&parsed) {
+                Ok(o) => o,
+                Err(e) => return one_line(e),
+            };
+            let ctx = crate::opts::SubmitContext {
+                env: vec![("HOME".into(), "/home/p".into())],
+                cwd: "/work/p".into(),
+                hostname: "login-1".into(),
+                now: 1_700_000_000,
+                utc_offset_s: -18_000,
+            };
+            match opts.to_spec(script.to_string(), Vec::new(), "prop.sh", &ctx) {
+                Ok(spec) => prop_assert!(spec.nodes_min <= spec.nodes_max),
+                Err(e) => one_line(e)?,
+            }
+            Ok(())
+        }
+
         /// Quotes a word so the shell-like splitter must give it back unchanged.
         fn quote(word: &str) -> String {
             format!("'{}'", word.replace('\'', "'\\''"))
@@ -242,6 +333,23 @@ mod tests {
                     }
                     Err(DirectiveError::NoShebang) => prop_assert!(false, "script has a shebang"),
                 }
+            }
+
+            // The stable twin of the cargo-fuzz target (cli/fuzz): any text, then the
+            // whole path sbatch takes before it talks to the controller.
+            #[test]
+            fn any_text_gives_a_spec_or_a_one_line_error(text in "\\PC*(\n\\PC*){0,8}") {
+                check_submit_path(&format!("#!/bin/sh\n{text}"))?;
+                check_submit_path(&text)?;
+            }
+
+            // Real option names with arbitrary values reach clap's value parsers and
+            // `to_spec`, which random text alone rarely does.
+            #[test]
+            fn option_lines_with_arbitrary_values_give_a_spec_or_a_one_line_error(
+                lines in proptest::collection::vec(prop_oneof![directive_line(), "\\PC{0,40}"], 0..12),
+            ) {
+                check_submit_path(&format!("#!/bin/sh\n{}\n", lines.join("\n")))?;
             }
 
             #[test]

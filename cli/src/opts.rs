@@ -137,6 +137,33 @@ pub struct JobOpts {
     /// Accepted for script compatibility; Tandem sends no mail.
     #[arg(long = "mail-user", value_name = "ADDRESS")]
     pub mail_user: Option<String>,
+    /// Send a signal TIME seconds (default 60) before the time limit: to the batch shell
+    /// only with B:, otherwise to the job's steps (srun tasks) but not the batch shell.
+    #[arg(long, value_name = "[{R|B}:]SIG[@TIME]", value_parser = parse_warn_signal)]
+    pub signal: Option<WarnSignal>,
+    /// Open output and error files in this mode: truncate (default) or append.
+    #[arg(long = "open-mode", value_name = "append|truncate", value_parser = parse_open_mode)]
+    pub open_mode: Option<OpenMode>,
+    /// File for the batch script's standard input (%j %A %a %x %u %N %%; default /dev/null).
+    #[arg(short = 'i', long, value_name = "PATTERN")]
+    pub input: Option<String>,
+}
+
+/// `--signal`: a signal sent ahead of the time limit, so a job can checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WarnSignal {
+    pub number: i32,
+    /// Seconds before the time limit.
+    pub before_s: u32,
+    /// `B:`: the batch shell only.
+    pub batch_only: bool,
+}
+
+/// `--open-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenMode {
+    Truncate,
+    Append,
 }
 
 /// A `--time` value: `None` = UNLIMITED.
@@ -218,6 +245,8 @@ const ENV_OPTIONS: &[(&str, &str)] = &[
     ("SBATCH_NO_REQUEUE", "--no-requeue="),
     ("SBATCH_HOLD", "--hold="),
     ("SBATCH_WAIT", "--wait="),
+    ("SBATCH_SIGNAL", "--signal"),
+    ("SBATCH_OPEN_MODE", "--open-mode"),
 ];
 
 /// Parses one `#SBATCH` line's arguments.
@@ -329,6 +358,9 @@ impl JobOpts {
             nice: over.nice.or(self.nice),
             mail_type: over.mail_type.or(self.mail_type),
             mail_user: over.mail_user.or(self.mail_user),
+            signal: over.signal.or(self.signal),
+            open_mode: over.open_mode.or(self.open_mode),
+            input: over.input.or(self.input),
         }
     }
 
@@ -430,6 +462,11 @@ impl JobOpts {
             nodelist: self.nodelist.clone().unwrap_or_default(),
             exclude: self.exclude.clone().unwrap_or_default(),
             priority_nice: self.nice.unwrap_or(0),
+            signal_number: self.signal.map_or(0, |w| w.number),
+            signal_before_s: self.signal.map_or(0, |w| w.before_s),
+            signal_batch_only: self.signal.is_some_and(|w| w.batch_only),
+            open_mode_append: self.open_mode == Some(OpenMode::Append),
+            stdin: path_in_workdir(&self.input),
             ..JobSpec::default()
         })
     }
@@ -671,6 +708,61 @@ fn parse_nice(s: &str) -> Result<u32, String> {
     s.parse::<u32>().map_err(|_| {
         format!("invalid --nice={s}: expected a non-negative number (raising priority is an operator's job)")
     })
+}
+
+/// Slurm's default lead time for `--signal` without `@TIME`.
+const DEFAULT_WARN_BEFORE_S: u32 = 60;
+
+/// `[{R|B}:]SIG[@TIME]`. `R:` (may overlap a reservation's start delay) is accepted and has
+/// no effect here: Tandem has no reservations of that kind.
+fn parse_warn_signal(s: &str) -> Result<WarnSignal, String> {
+    let bad = |why: &str| format!("invalid --signal={s}: {why}");
+    let (flags, rest) = match s.split_once(':') {
+        Some((f, r)) => (Some(f), r),
+        None => (None, s),
+    };
+    let mut batch_only = false;
+    if let Some(flags) = flags {
+        let mut seen_r = false;
+        if flags.is_empty() {
+            return Err(bad("expected R: or B: before the signal"));
+        }
+        for c in flags.chars() {
+            match c.to_ascii_uppercase() {
+                'B' if !batch_only => batch_only = true,
+                'R' if !seen_r => seen_r = true,
+                _ => return Err(bad("expected R: or B: before the signal")),
+            }
+        }
+    }
+    let (sig, time) = match rest.split_once('@') {
+        Some((a, b)) => (a, Some(b)),
+        None => (rest, None),
+    };
+    let number = crate::cmd::scancel::parse_signal(sig).map_err(|e| bad(&e.to_string()))?;
+    let before_s = match time {
+        None => DEFAULT_WARN_BEFORE_S,
+        Some(t) => t
+            .parse::<u16>()
+            .map(u32::from)
+            .map_err(|_| bad("the time must be a whole number of seconds from 0 to 65535"))?,
+    };
+    Ok(WarnSignal {
+        number,
+        before_s,
+        batch_only,
+    })
+}
+
+/// `append`/`truncate`, or their first letters.
+fn parse_open_mode(s: &str) -> Result<OpenMode, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "a" | "append" => Ok(OpenMode::Append),
+        "t" | "truncate" => Ok(OpenMode::Truncate),
+        _ => Err(format!(
+            "invalid --open-mode={s}: expected append or truncate"
+        )),
+    }
 }
 
 fn parse_hostlist(s: &str) -> Result<String, String> {

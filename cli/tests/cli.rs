@@ -5,22 +5,12 @@ mod util;
 
 use std::process::Command;
 
-use util::{TANDEM, assert_one_line_error};
+use util::{TANDEM, assert_one_line_error, make_links, tandem_links};
 
 #[test]
 fn links_make_argv0_dispatch_work() {
     let dir = tempfile::tempdir().unwrap();
-    let bin = dir.path().join("bin");
-    let out = Command::new(TANDEM)
-        .args(["links"])
-        .arg(&bin)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let bin = make_links(dir.path());
     for name in [
         "sbatch", "squeue", "scancel", "sinfo", "sacct", "scontrol", "srun",
     ] {
@@ -42,12 +32,7 @@ fn links_make_argv0_dispatch_work() {
         .unwrap();
     assert_one_line_error(&out, "sbatch", "--bogus");
     // A second run refuses to clobber without --force.
-    let out = Command::new(TANDEM)
-        .args(["links"])
-        .arg(&bin)
-        .output()
-        .unwrap();
-    assert_one_line_error(&out, "tandem links", "exists");
+    assert_one_line_error(&tandem_links(&bin), "tandem links", "exists");
 }
 
 #[test]

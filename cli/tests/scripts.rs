@@ -10,6 +10,7 @@
 //! # sbatch-arg: --export=NONE      an extra sbatch argument (before the script)
 //! # script-arg: foo                an argument passed to the script
 //! # submit-env: NAME=value         set in sbatch's environment
+//! # work-file: in-%u.txt=text      a file written in the work directory before submitting
 //! # no-script                      submit only the sbatch-args (for --wrap)
 //! ```
 //!
@@ -34,6 +35,8 @@ struct Case {
     sbatch_args: Vec<String>,
     script_args: Vec<String>,
     env: Vec<(String, String)>,
+    /// (file name pattern, one line of content)
+    work_files: Vec<(String, String)>,
     no_script: bool,
 }
 
@@ -67,6 +70,10 @@ fn load(path: &Path) -> Case {
             "submit-env" => {
                 let (k, v) = value.split_once('=').unwrap();
                 case.env.push((k.into(), v.into()));
+            }
+            "work-file" => {
+                let (k, v) = value.split_once('=').unwrap();
+                case.work_files.push((k.into(), v.into()));
             }
             "no-script" => case.no_script = true,
             _ => {}
@@ -104,13 +111,7 @@ fn every_compat_script_runs_unchanged() {
             "8G",
         ],
     );
-    let bin = c.dir.path().join("bin");
-    let out = std::process::Command::new(util::TANDEM)
-        .arg("links")
-        .arg(&bin)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
+    let bin = util::make_links(c.dir.path());
     std::fs::create_dir_all(c.work.join("sub")).unwrap();
     let path = format!(
         "{}:{}",
@@ -121,6 +122,9 @@ fn every_compat_script_runs_unchanged() {
 
     let mut submitted = Vec::new();
     for case in &cases {
+        for (name, text) in &case.work_files {
+            std::fs::write(c.work.join(name.replace("%u", &user)), format!("{text}\n")).unwrap();
+        }
         let mut args: Vec<String> = vec!["sbatch".into(), "--parsable".into()];
         args.extend(case.sbatch_args.iter().cloned());
         if !case.no_script {

@@ -194,7 +194,13 @@ fn validate_cluster_name(name: &str) -> Result<(), ConfigError> {
 
 // === The TOML file ===
 
-/// The `--config` file. Times are Slurm strings (`"1-00:00:00"`, `"30"`, `"UNLIMITED"`).
+/// The `--config` file. Times are Slurm strings (`"1-00:00:00"`, `"30"` = 30 minutes,
+/// `"UNLIMITED"`), except a QOS's `grace_time`: whole seconds, an integer, as Slurm's
+/// `GraceTime` (and `sacctmgr ... GraceTime=`) counts it.
+///
+/// `[[qos]]`, `[[account]]` and `[[user]]` seed the store on the first start; from then on
+/// the store (changed with `sacctmgr`) is authoritative and later edits of those sections
+/// are logged and ignored, as Slurm keeps associations in its accounting database.
 ///
 /// ```toml
 /// cluster_name = "research"
@@ -206,6 +212,9 @@ fn validate_cluster_name(name: &str) -> Result<(), ConfigError> {
 /// name = "high"
 /// priority = 1000
 /// preempt = ["normal"]
+/// [[qos]]
+/// name = "normal"
+/// grace_time = 120   # seconds a preempted job keeps running after its SIGTERM notice
 /// [[account]]
 /// name = "physics"
 /// shares = 70
@@ -230,6 +239,8 @@ pub struct ConfigFile {
     pub max_array_size: Option<u32>,
     pub enforce_associations: Option<bool>,
     pub backfill: Option<bool>,
+    /// Most distinct job shapes that get a backfill reservation per pass; 0 = no bound.
+    pub backfill_max_reservations: Option<u32>,
     pub priority_max_age: Option<String>,
     pub priority_favor_small: Option<bool>,
     pub fairshare_half_life: Option<String>,
@@ -265,7 +276,10 @@ pub struct QosFile {
     pub preempt: Vec<String>,
     /// "requeue" (default) or "cancel".
     pub preempt_mode: Option<String>,
-    pub grace_time: Option<String>,
+    /// Seconds (Slurm's `GraceTime` unit, not a time string): how long a job of this QOS
+    /// keeps running after it is selected for preemption and sent SIGTERM as notice.
+    #[serde(default, deserialize_with = "grace_seconds")]
+    pub grace_time: Option<u32>,
     pub max_jobs_per_user: Option<u32>,
     pub max_submit_per_user: Option<u32>,
     pub max_jobs_per_account: Option<u32>,
@@ -320,6 +334,34 @@ pub struct BillingFile {
 
 fn one() -> u32 {
     1
+}
+
+/// `grace_time`: an integer of seconds. A string is refused with a message that says why,
+/// since every other time in the file is a Slurm string where `"30"` means 30 minutes.
+fn grace_seconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    use serde::de::Error;
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Seconds(i64),
+        Text(String),
+        Other(serde::de::IgnoredAny),
+    }
+    match Raw::deserialize(d)? {
+        Raw::Seconds(n) => u32::try_from(n).map(Some).map_err(|_| {
+            D::Error::custom(format!(
+                "grace_time: {n} is not a number of seconds (0 to {})",
+                u32::MAX
+            ))
+        }),
+        Raw::Text(s) => Err(D::Error::custom(format!(
+            "grace_time: whole seconds as an integer (grace_time = 30), as Slurm's GraceTime; \
+             not the time string {s:?}"
+        ))),
+        Raw::Other(_) => Err(D::Error::custom(
+            "grace_time: whole seconds as an integer (grace_time = 30)",
+        )),
+    }
 }
 
 impl ConfigFile {
@@ -420,10 +462,7 @@ impl ConfigFile {
                     ));
                 }
             };
-            qos.grace_time_s = dur(&format!("qos {} grace_time", q.name), &q.grace_time)?
-                .unwrap_or(0)
-                .try_into()
-                .map_err(|_| format!("qos {}: grace_time too large", q.name))?;
+            qos.grace_time_s = q.grace_time.unwrap_or(0);
             qos.limits = QosLimits {
                 max_jobs_per_user: q.max_jobs_per_user,
                 max_submit_per_user: q.max_submit_per_user,
@@ -447,6 +486,8 @@ impl ConfigFile {
                     grp_jobs: a.grp_jobs,
                     max_jobs_per_user: a.max_jobs_per_user,
                 },
+                description: String::new(),
+                organization: String::new(),
             });
         }
         for u in self.user {
@@ -473,6 +514,9 @@ impl ConfigFile {
         }
         if let Some(v) = self.backfill {
             s.backfill = v;
+        }
+        if let Some(v) = self.backfill_max_reservations {
+            s.max_reservations = v;
         }
         if let Some(age) = dur("priority_max_age", &self.priority_max_age)? {
             c.priority.max_age_s = age;
@@ -596,6 +640,7 @@ mod tests {
             preempt = ["normal"]
             preempt_mode = "cancel"
             max_wall = "60"
+            grace_time = 90
             [[account]]
             name = "physics"
             shares = 70
@@ -614,6 +659,8 @@ mod tests {
         assert_eq!(gpu.max_nodes, Some(4));
         let high = c.qos("high").unwrap();
         assert_eq!(high.limits.max_wall, Some(3600));
+        // GraceTime is seconds, while other times are Slurm strings where "60" is minutes.
+        assert_eq!(high.grace_time_s, 90);
         assert!(c.qos("normal").is_some());
         assert_eq!(c.accounts[0].shares, 70);
         assert!(c.users[0].default);
@@ -633,6 +680,10 @@ mod tests {
                 "[[qos]]\nname = \"q\"\npreempt_mode = \"suspend\"",
                 "preempt_mode",
             ),
+            // Seconds as an integer; a time string is refused, not read as minutes.
+            ("[[qos]]\nname = \"q\"\ngrace_time = \"0:30\"", "grace_time"),
+            ("[[qos]]\nname = \"q\"\ngrace_time = -1", "grace_time"),
+            ("[[qos]]\nname = \"q\"\ngrace_time = 1.5", "grace_time"),
             (
                 "[[partition]]\nname = \"a\"\ndefault = true\n[[partition]]\nname = \"b\"\ndefault = true",
                 "exactly one",

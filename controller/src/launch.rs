@@ -2,8 +2,9 @@
 //! environment, and output paths with the controller's share of `%` patterns expanded.
 //!
 //! Everything here is pure. The worker adds node-local variables (`SLURMD_NODENAME`,
-//! `SLURM_NODEID`, `SLURM_PROCID`, `SLURM_LOCALID`, `SLURM_CPUS_ON_NODE`,
-//! `SLURM_GPUS_ON_NODE`, `CUDA_VISIBLE_DEVICES`) and expands `%N`.
+//! `SLURM_NODEID`, `SLURM_PROCID`, `SLURM_LOCALID`, `SLURM_GPUS_ON_NODE`,
+//! `CUDA_VISIBLE_DEVICES`) and expands `%N` and `%%`. `SLURM_CPUS_ON_NODE` is set here, from
+//! the job's CPUs on the batch node.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -24,6 +25,42 @@ pub struct Payload {
     pub stderr: String,
     pub submit_host: String,
     pub comment: String,
+    /// `--input` pattern as submitted; empty = `/dev/null`.
+    pub stdin: String,
+    /// `--open-mode=append`.
+    pub open_append: bool,
+    /// `--signal`.
+    pub signal: Option<WarnSignal>,
+}
+
+/// `--signal`: a signal the worker sends ahead of the time limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WarnSignal {
+    pub number: i32,
+    pub before_s: u32,
+    pub batch_only: bool,
+}
+
+/// Linux's highest signal number (`SIGRTMAX`).
+const MAX_SIGNAL: i32 = 64;
+
+impl WarnSignal {
+    /// From the wire form, where a signal number of 0 means no `--signal`.
+    pub fn from_proto(
+        number: i32,
+        before_s: u32,
+        batch_only: bool,
+    ) -> Result<Option<WarnSignal>, String> {
+        match number {
+            0 => Ok(None),
+            1..=MAX_SIGNAL => Ok(Some(WarnSignal {
+                number,
+                before_s,
+                batch_only,
+            })),
+            n => Err(format!("{n} is not a signal number")),
+        }
+    }
 }
 
 impl Payload {
@@ -39,6 +76,11 @@ impl Payload {
             stderr: self.stderr,
             submit_host: self.submit_host,
             comment: self.comment,
+            stdin: self.stdin,
+            open_mode_append: self.open_append,
+            signal_number: self.signal.map_or(0, |w| w.number),
+            signal_before_s: self.signal.map_or(0, |w| w.before_s),
+            signal_batch_only: self.signal.is_some_and(|w| w.batch_only),
             ..Default::default()
         }
         .encode_to_vec()
@@ -46,6 +88,11 @@ impl Payload {
 
     pub fn decode(bytes: &[u8]) -> Result<Self, prost::DecodeError> {
         let s = v1::JobSpec::decode(bytes)?;
+        // Validated at submit; a stored payload that no longer passes just loses the signal.
+        let signal =
+            WarnSignal::from_proto(s.signal_number, s.signal_before_s, s.signal_batch_only)
+                .ok()
+                .flatten();
         Ok(Self {
             script: s.script,
             argv: s.argv,
@@ -55,6 +102,9 @@ impl Payload {
             stderr: s.stderr,
             submit_host: s.submit_host,
             comment: s.comment,
+            stdin: s.stdin,
+            open_append: s.open_mode_append,
+            signal,
         })
     }
 }
@@ -97,6 +147,8 @@ pub struct LaunchFacts {
     pub array: Option<ArrayFacts>,
     pub start_time: i64,
     pub time_limit_s: Option<u64>,
+    /// Times the job went back to the queue and ran again (requeue, preemption).
+    pub restarts: u32,
 }
 
 /// Slurm's compressed count list: `[4,4,8]` -> `4(x2),8`.
@@ -127,6 +179,8 @@ pub fn job_environment(
     nodelist: &str,
 ) -> BTreeMap<String, String> {
     let mut env = payload.environment.clone();
+    // A first run must not see a count exported from the restarted job that submitted it.
+    env.remove("SLURM_RESTART_COUNT");
     let mut set = |k: &str, v: String| {
         env.insert(k.to_owned(), v);
     };
@@ -154,6 +208,11 @@ pub fn job_environment(
         "SLURM_JOB_CPUS_PER_NODE",
         compress_counts(&facts.cpus_per_node),
     );
+    // The job's share of the batch node, not the node's size (the worker's fallback) and
+    // not a value exported from a submitting shell inside another allocation.
+    if let Some(cpus) = facts.cpus_per_node.first() {
+        set("SLURM_CPUS_ON_NODE", cpus.to_string());
+    }
     if facts.mem_per_node_mb > 0 {
         set("SLURM_MEM_PER_NODE", facts.mem_per_node_mb.to_string());
     }
@@ -169,6 +228,10 @@ pub fn job_environment(
     set("SLURM_JOB_UID", facts.uid.to_string());
     set("SLURM_JOB_GID", facts.gid.to_string());
     set("SLURM_JOB_START_TIME", facts.start_time.to_string());
+    // Slurm sets it only on a run after a requeue.
+    if facts.restarts > 0 {
+        set("SLURM_RESTART_COUNT", facts.restarts.to_string());
+    }
     if let Some(limit) = facts.time_limit_s {
         set(
             "SLURM_JOB_END_TIME",
@@ -202,8 +265,12 @@ pub fn job_environment(
     env
 }
 
-/// Expands `%j %A %a %x %u %J %%` (with optional zero padding, `%4a`) in an output pattern.
-/// `%N` and unknown letters are left for the worker, which knows the node.
+/// Expands `%j %A %a %x %u %J` (with optional zero padding, `%4a`) in an output pattern.
+/// `%N`, `%%` and unknown letters are left for the worker, which knows the node.
+///
+/// The worker expands the result once more, so nothing here may leave a `%` it would read
+/// again: `%%` stays `%%` (the worker makes it one `%`), and a `%` inside a job or user name
+/// is written as `%%` (a job named `a%N` must not get the node's name in its file name).
 pub fn expand_output(pattern: &str, facts: &LaunchFacts) -> String {
     let mut out = String::with_capacity(pattern.len() + 16);
     let mut chars = pattern.chars().peekable();
@@ -231,14 +298,14 @@ pub fn expand_output(pattern: &str, facts: &LaunchFacts) -> String {
             None => (facts.job_id, None),
         };
         match spec {
-            '%' => out.push('%'),
+            '%' if width.is_empty() => out.push_str("%%"),
             'j' | 'J' => out.push_str(&pad(facts.job_id.to_string())),
             'A' => out.push_str(&pad(array_job.to_string())),
             // Slurm prints 4294967294 (NO_VAL) for %a outside arrays; "0" is what a user
             // reading the file name would expect less to trip over.
             'a' => out.push_str(&pad(task.map_or_else(|| "0".to_owned(), |t| t.to_string()))),
-            'x' => out.push_str(&facts.name),
-            'u' => out.push_str(&facts.user),
+            'x' => out.push_str(&facts.name.replace('%', "%%")),
+            'u' => out.push_str(&facts.user.replace('%', "%%")),
             other => {
                 out.push('%');
                 out.push_str(&width);
@@ -268,20 +335,27 @@ pub fn output_paths(facts: &LaunchFacts, payload: &Payload) -> (String, String) 
     } else {
         &payload.stderr
     };
-    let resolve = |p: String| -> String {
-        if p.starts_with('/') || payload.workdir.is_empty() {
-            p
-        } else {
-            Path::new(&payload.workdir)
-                .join(p)
-                .to_string_lossy()
-                .into_owned()
-        }
-    };
     (
-        resolve(expand_output(stdout_pat, facts)),
-        resolve(expand_output(stderr_pat, facts)),
+        in_workdir(expand_output(stdout_pat, facts), &payload.workdir),
+        in_workdir(expand_output(stderr_pat, facts), &payload.workdir),
     )
+}
+
+/// The batch script's standard input (`--input`), expanded like the output paths; empty
+/// stays empty (`/dev/null`).
+pub fn input_path(facts: &LaunchFacts, payload: &Payload) -> String {
+    if payload.stdin.is_empty() {
+        return String::new();
+    }
+    in_workdir(expand_output(&payload.stdin, facts), &payload.workdir)
+}
+
+fn in_workdir(path: String, workdir: &str) -> String {
+    if path.starts_with('/') || workdir.is_empty() {
+        path
+    } else {
+        Path::new(workdir).join(path).to_string_lossy().into_owned()
+    }
 }
 
 #[cfg(test)]
@@ -310,6 +384,7 @@ mod tests {
             array: None,
             start_time: 1000,
             time_limit_s: Some(60),
+            restarts: 0,
         }
     }
 
@@ -344,6 +419,7 @@ mod tests {
             ("SLURM_TASKS_PER_NODE", "2(x2)"),
             ("SLURM_CPUS_PER_TASK", "4"),
             ("SLURM_JOB_CPUS_PER_NODE", "8(x2)"),
+            ("SLURM_CPUS_ON_NODE", "8"),
             ("SLURM_MEM_PER_NODE", "4096"),
             ("SLURM_JOB_PARTITION", "gpu"),
             ("SLURM_JOB_ACCOUNT", "physics"),
@@ -362,6 +438,21 @@ mod tests {
             assert_eq!(env.get(k).map(String::as_str), Some(v), "{k}");
         }
         assert!(!env.contains_key("SLURM_ARRAY_JOB_ID"));
+        assert!(!env.contains_key("SLURM_RESTART_COUNT"), "a first run");
+    }
+
+    #[test]
+    fn requeued_run_gets_its_restart_count_and_a_first_run_none() {
+        let mut f = facts();
+        f.restarts = 2;
+        let env = job_environment(&f, &payload(), "gpu-01");
+        assert_eq!(env["SLURM_RESTART_COUNT"], "2");
+        // Submitted from inside a restarted job: the stale count does not carry over.
+        let mut p = payload();
+        p.environment
+            .insert("SLURM_RESTART_COUNT".to_owned(), "3".to_owned());
+        let env = job_environment(&facts(), &p, "gpu-01");
+        assert!(!env.contains_key("SLURM_RESTART_COUNT"), "{env:?}");
     }
 
     #[test]
@@ -393,7 +484,9 @@ mod tests {
         let f = facts();
         let cases = [
             ("%x-%j.out", "train-42.out"),
-            ("%u/%%j_%N.log", "alice/%j_%N.log"),
+            ("%u/%%j_%N.log", "alice/%%j_%N.log"),
+            ("100%%", "100%%"),
+            ("%5%", "%5%"),
             ("%5j", "00042"),
             ("%A_%a", "42_0"),
             ("tail%", "tail%"),
@@ -414,6 +507,59 @@ mod tests {
     }
 
     #[test]
+    fn cpus_on_node_is_the_jobs_share_of_the_batch_node() {
+        let mut f = facts();
+        f.cpus_per_node = vec![6, 8];
+        let mut p = payload();
+        // Exported from a submitting shell inside another allocation.
+        p.environment
+            .insert("SLURM_CPUS_ON_NODE".to_owned(), "99".to_owned());
+        let env = job_environment(&f, &p, "gpu-[01-02]");
+        assert_eq!(env["SLURM_CPUS_ON_NODE"], "6");
+        assert_eq!(env["SLURM_JOB_CPUS_PER_NODE"], "6,8");
+    }
+
+    #[test]
+    fn percent_signs_survive_the_second_expansion_on_the_worker() {
+        let mut f = facts();
+        f.name = "run%N".into();
+        // What the controller sends keeps every `%` the worker must not expand escaped.
+        assert_eq!(expand_output("%x-%%N.out", &f), "run%%N-%%N.out");
+        assert_eq!(expand_output("%%%j", &f), "%%42");
+    }
+
+    #[test]
+    fn input_path_expands_like_output_and_defaults_to_nothing() {
+        let f = facts();
+        assert_eq!(input_path(&f, &payload()), "");
+        let p = Payload {
+            stdin: "in-%j.txt".into(),
+            ..payload()
+        };
+        assert_eq!(input_path(&f, &p), "/home/alice/run/in-42.txt");
+        let p = Payload {
+            stdin: "/data/%x.in".into(),
+            ..payload()
+        };
+        assert_eq!(input_path(&f, &p), "/data/train.in");
+    }
+
+    #[test]
+    fn warn_signal_from_the_wire() {
+        assert_eq!(WarnSignal::from_proto(0, 60, true), Ok(None));
+        assert_eq!(
+            WarnSignal::from_proto(10, 120, true),
+            Ok(Some(WarnSignal {
+                number: 10,
+                before_s: 120,
+                batch_only: true
+            }))
+        );
+        assert!(WarnSignal::from_proto(-1, 60, false).is_err());
+        assert!(WarnSignal::from_proto(65, 60, false).is_err());
+    }
+
+    #[test]
     fn counts_compress_like_slurm() {
         assert_eq!(compress_counts(&[4, 4, 8]), "4(x2),8");
         assert_eq!(compress_counts(&[1]), "1");
@@ -424,6 +570,17 @@ mod tests {
     #[test]
     fn payload_round_trips() {
         let p = payload();
+        assert_eq!(Payload::decode(&p.clone().into_bytes()).unwrap(), p);
+        let p = Payload {
+            stdin: "in.txt".into(),
+            open_append: true,
+            signal: Some(WarnSignal {
+                number: 12,
+                before_s: 30,
+                batch_only: true,
+            }),
+            ..payload()
+        };
         assert_eq!(Payload::decode(&p.clone().into_bytes()).unwrap(), p);
     }
 }

@@ -20,7 +20,8 @@
 //! - The actor never waits for the disk: while one transaction is fsynced it applies the
 //!   next commands, which form the next (group) commit.
 //! - Passes are event driven (end, node change, cancel, update set `pass_wanted`; a submit
-//!   does when some node has free resources or its QOS may preempt); triggers during a pass
+//!   does when some node has free resources or its QOS may preempt, unless the job is held
+//!   or begins later, so a flood of held submits costs no pass); triggers during a pass
 //!   coalesce into one more pass. A pass starts no sooner than its predecessor's duration
 //!   after it ended, bounding scheduling to half the actor's time under a flood of events
 //!   while keeping an idle cluster's submit-to-start immediate. A slow timer adds a pass for
@@ -41,7 +42,7 @@ use tandem_proto::auth::{ClusterKey, Identity, Role};
 use tandem_proto::v1::{self, controller_message, worker_message};
 use tandem_sched::cycle::{PassObserver, Phase};
 use tandem_sched::effect::{Effect as CoreEffect, RunRecord};
-use tandem_sched::job::{Job, JobOutcome, JobSpec, JobState};
+use tandem_sched::job::{Hold, Job, JobOutcome, JobSpec, JobState};
 use tandem_sched::node::Health;
 use tandem_sched::state::{JobSelector, NodeRegistration, Requester};
 use tandem_sched::{JobId, State};
@@ -49,6 +50,10 @@ use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 use tracing::{debug, info, warn};
 
+mod accounting;
+pub use accounting::{AcctCommand, Change};
+
+use crate::api::convert::{JobFields, job_field};
 use crate::api::{authz, convert};
 use crate::config::Config;
 use crate::launch::{self, ArrayFacts, LaunchFacts, Payload};
@@ -150,6 +155,8 @@ pub enum Command {
     Barrier {
         reply: Reply<()>,
     },
+    /// sacctmgr changes, and the association, QOS, sshare and sprio views.
+    Accounting(AcctCommand),
     /// Stop after flushing what is queued.
     Shutdown,
 }
@@ -466,6 +473,7 @@ impl Actor {
                 info!(node = %node, "worker stream closed");
             }
             Command::Barrier { reply } => self.reply_after_commit(reply, ()),
+            Command::Accounting(cmd) => self.accounting(cmd),
             Command::Shutdown => self.stopping = true,
         }
     }
@@ -516,15 +524,17 @@ impl Actor {
                     self.idem.insert(k, (id, now));
                 }
                 self.metrics.submitted(1);
-                let preempts = self
-                    .st
-                    .job(id)
-                    .and_then(|j| self.st.config().qos(&j.spec.qos))
-                    .is_some_and(|q| !q.preempt.is_empty());
-                if preempts {
-                    self.pass_wanted = true;
-                } else {
-                    self.pass_if_capacity = true;
+                if let Some(job) = self.st.job(id) {
+                    let preempts = self
+                        .st
+                        .config()
+                        .qos(&job.spec.qos)
+                        .is_some_and(|q| !q.preempt.is_empty());
+                    match submit_pass_trigger(job, preempts, now) {
+                        PassTrigger::Now => self.pass_wanted = true,
+                        PassTrigger::IfCapacity => self.pass_if_capacity = true,
+                        PassTrigger::None => {}
+                    }
                 }
                 self.reply_after_commit(
                     reply,
@@ -716,8 +726,14 @@ impl Actor {
     }
 
     fn job_info(&self, job: &Job) -> v1::JobInfo {
-        let mut info = convert::job_info(&self.st, job);
-        if let Some(steps) = self.steps.get(&job.id) {
+        self.job_info_with(job, JobFields::ALL)
+    }
+
+    fn job_info_with(&self, job: &Job, want: JobFields) -> v1::JobInfo {
+        let mut info = convert::job_info_with(&self.st, job, want);
+        if want.has(job_field::STEPS)
+            && let Some(steps) = self.steps.get(&job.id)
+        {
             let st = convert::state_to_proto(job.state);
             info.steps = steps.iter().map(|s| s.info(st)).collect();
         }
@@ -735,8 +751,15 @@ impl Actor {
             .iter()
             .map(|s| convert::state_from_proto(*s))
             .collect::<Result<_, _>>()?;
+        let want = JobFields::from_names(&req.fields)?;
         let any = |v: &[String], x: &str| v.is_empty() || v.iter().any(|s| s == x);
-        let mut out = Vec::new();
+        // Sized for "every job" up front: growing a vector of 100,000 records copies it
+        // several times over, and untouched capacity costs no memory.
+        let mut out = Vec::with_capacity(if selectors.is_empty() {
+            self.st.jobs().size_hint().0
+        } else {
+            0
+        });
         let mut consider = |job: &Job| {
             if !any(&req.users, &job.spec.user)
                 || !any(&req.partitions, &job.spec.partition)
@@ -758,7 +781,7 @@ impl Actor {
                     if !states.is_empty() && !states.contains(&JobState::Pending) {
                         return;
                     }
-                    let info = self.job_info(job);
+                    let info = self.job_info_with(job, want);
                     if req.fold_arrays {
                         out.push(info);
                     } else {
@@ -775,7 +798,7 @@ impl Actor {
                     if !states.is_empty() && !states.contains(&job.state) {
                         return;
                     }
-                    out.push(self.job_info(job));
+                    out.push(self.job_info_with(job, want));
                 }
             }
         };
@@ -807,7 +830,7 @@ impl Actor {
                                 && (states.is_empty() || states.contains(&JobState::Pending))
                             {
                                 // A pending index has no record of its own yet.
-                                let mut t = self.job_info(job);
+                                let mut t = self.job_info_with(job, want);
                                 t.array_task_id = i64::from(i);
                                 t.array_pending = String::new();
                                 t.state = v1::JobState::Pending as i32;
@@ -912,6 +935,7 @@ impl Actor {
                 task_ids: p.task_ids.clone(),
                 gpus: p.gpus.clone(),
                 node_index: u32::try_from(p.node).unwrap_or(u32::MAX),
+                cpus: nodes[p.node].cpus,
             })
             .collect();
         let (uid, gid) = (job.spec.uid, job.spec.gid);
@@ -1076,7 +1100,7 @@ impl Actor {
         // Ends reported for the time the link was down come first, so those jobs are not
         // mistaken for jobs lost with the node.
         for ended in &reg.ended_while_disconnected {
-            self.job_ended(ended, now);
+            self.job_ended(reg.node_name.trim(), ended, now);
         }
         let registration = NodeRegistration {
             name: reg.node_name.clone(),
@@ -1116,7 +1140,10 @@ impl Actor {
         Ok(name)
     }
 
-    fn job_ended(&mut self, e: &v1::JobEnded, now: i64) {
+    /// A worker's report of a batch script's end. Only the job's current batch node may end
+    /// it: a worker back from the dead may report a run that was requeued and restarted
+    /// elsewhere meanwhile.
+    fn job_ended(&mut self, node: &str, e: &v1::JobEnded, now: i64) {
         let outcome = JobOutcome {
             exit_code: e.exit_code,
             signal: e.signal,
@@ -1125,7 +1152,7 @@ impl Actor {
             launch_error: (!e.launch_error.is_empty()).then(|| e.launch_error.clone()),
         };
         let end = if e.end_time > 0 { e.end_time } else { now };
-        match self.st.job_ended(JobId(e.job_id), outcome, end) {
+        match self.st.job_ended_on(node, JobId(e.job_id), outcome, end) {
             Ok(effects) => {
                 self.apply_effects(effects);
                 self.timeout_signalled.remove(&JobId(e.job_id));
@@ -1153,7 +1180,7 @@ impl Actor {
                     debug!(job_id = s.job_id, error = %e, "ignoring job start");
                 }
             }
-            worker_message::Msg::JobEnded(e) => self.job_ended(&e, now),
+            worker_message::Msg::JobEnded(e) => self.job_ended(node, &e, now),
             worker_message::Msg::StepEnded(s) => {
                 let worker = Identity::worker(node, 0, 0);
                 let _ = self.complete_step(&worker, s.job_id, s.step_id, s.exit_code, s.signal);
@@ -1167,6 +1194,7 @@ impl Actor {
             signal,
             batch_only,
             reason: reason.to_owned(),
+            grace_s: 0,
         });
         if !self.workers.send(node, msg) {
             debug!(node = %node, job_id = job.0, "signal not sent: worker not connected");
@@ -1178,7 +1206,10 @@ impl Actor {
         for e in effects {
             match e {
                 CoreEffect::Terminate {
-                    job, nodes, reason, ..
+                    job,
+                    nodes,
+                    reason,
+                    grace_s,
                 } => {
                     for n in nodes {
                         if let Some(name) = self.st.node(n).map(|x| x.name.clone()) {
@@ -1189,6 +1220,7 @@ impl Actor {
                                     signal: 0,
                                     batch_only: false,
                                     reason: reason.name().to_owned(),
+                                    grace_s,
                                 }),
                             );
                         }
@@ -1374,6 +1406,9 @@ impl Actor {
                             signal: 0,
                             batch_only: false,
                             reason: "preempt".into(),
+                            // The victim's QOS GraceTime: the worker sends SIGTERM now
+                            // and starts the KillWait countdown only after it.
+                            grace_s: p.grace_s,
                         }),
                     );
                 }
@@ -1447,6 +1482,7 @@ impl Actor {
                 }
             };
             let (stdout, stderr) = launch::output_paths(&facts, &payload);
+            let stdin = launch::input_path(&facts, &payload);
             let environment = launch::job_environment(&facts, &payload, &nodelist);
             let msg = v1::LaunchJob {
                 job_id: job_id.0,
@@ -1464,6 +1500,11 @@ impl Actor {
                 gpus,
                 kill_wait_s: kill_wait,
                 start_time: facts.start_time,
+                stdin,
+                open_append: payload.open_append,
+                signal_number: payload.signal.map_or(0, |w| w.number),
+                signal_before_s: payload.signal.map_or(0, |w| w.before_s),
+                signal_batch_only: payload.signal.is_some_and(|w| w.batch_only),
             };
             let sent = tx.is_some_and(|tx| {
                 tx.send(Ok(v1::ControllerMessage {
@@ -1518,6 +1559,7 @@ impl Actor {
             array,
             start_time: job.start_time.unwrap_or(now),
             time_limit_s: job.time_limit,
+            restarts: job.restarts,
         }
     }
 
@@ -1607,11 +1649,38 @@ impl Actor {
         let mut demand: BTreeMap<String, Demand> = BTreeMap::new();
         for j in self.st.pending_jobs() {
             let n = j.array.as_ref().map_or(1, |a| a.pending.len());
-            let d = demand.entry(j.spec.partition.clone()).or_default();
+            // Look up before inserting: one key allocation per partition, not per job.
+            let d = match demand.get_mut(&j.spec.partition) {
+                Some(d) => d,
+                None => demand.entry(j.spec.partition.clone()).or_default(),
+            };
             d.pending_jobs += n;
             d.pending_gpus += n * u64::from(j.shape.total().gpus);
         }
         self.metrics.set_demand(&demand);
+    }
+}
+
+/// What a newly submitted job asks of the scheduling loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PassTrigger {
+    /// It cannot start now: no pass.
+    None,
+    /// A pass only if some node has free resources.
+    IfCapacity,
+    /// A pass even on a full cluster: its QOS may preempt.
+    Now,
+}
+
+/// A held job, or one that begins later, cannot start now, so it triggers no pass (a release
+/// triggers one, the periodic pass covers begin times). Passes walk every pending job: a
+/// flood of held submits that each caused one would make submit cost grow with the queue.
+fn submit_pass_trigger(job: &Job, preempts: bool, now: i64) -> PassTrigger {
+    let may_start = job.hold == Hold::None && job.spec.begin.is_none_or(|b| b <= now);
+    match (may_start, preempts) {
+        (false, _) => PassTrigger::None,
+        (true, true) => PassTrigger::Now,
+        (true, false) => PassTrigger::IfCapacity,
     }
 }
 
@@ -1687,5 +1756,33 @@ fn record_row(job: &Job, run: u32, info: &v1::JobInfo, batch_host: &str) -> JobR
             unix_now()
         },
         record: info.encode_to_vec(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_jobs_that_may_start_now_trigger_a_pass() {
+        let now = 1_000;
+        let plain = Job::test(JobId(1), JobSpec::test());
+        assert_eq!(
+            submit_pass_trigger(&plain, false, now),
+            PassTrigger::IfCapacity
+        );
+        assert_eq!(submit_pass_trigger(&plain, true, now), PassTrigger::Now);
+        let mut held = Job::test(JobId(2), JobSpec::test());
+        held.hold = Hold::User;
+        assert_eq!(submit_pass_trigger(&held, true, now), PassTrigger::None);
+        held.hold = Hold::Admin;
+        assert_eq!(submit_pass_trigger(&held, false, now), PassTrigger::None);
+        let later = Job::test(JobId(3), JobSpec::test().begin(now + 60));
+        assert_eq!(submit_pass_trigger(&later, false, now), PassTrigger::None);
+        let due = Job::test(JobId(4), JobSpec::test().begin(now));
+        assert_eq!(
+            submit_pass_trigger(&due, false, now),
+            PassTrigger::IfCapacity
+        );
     }
 }

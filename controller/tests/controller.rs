@@ -563,6 +563,59 @@ async fn arrays_launch_tasks_with_array_variables() {
     ctl.stop().await;
 }
 
+/// `--signal`, `--open-mode` and `--input` travel from the submit to the worker's launch,
+/// `SLURM_CPUS_ON_NODE` is the job's share, and only the job's batch node may end it.
+#[tokio::test]
+async fn launch_options_reach_the_worker_and_only_the_batch_node_ends_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = Controller::start(dir.path(), |_| {}).await;
+    let mut n1 = FakeWorker::attach(&ctl, "n1", 8, vec![]).await;
+    let mut jobs = ctl.jobs(&alice()).await;
+    let mut s = spec("opts");
+    s.cpus_per_task = 3;
+    s.signal_number = 10;
+    s.signal_before_s = 90;
+    s.signal_batch_only = true;
+    s.open_mode_append = true;
+    s.stdin = "in-%j-%%N.txt".into();
+    s.stdout = "out-%x-%%.log".into();
+    s.environment
+        .insert("SLURM_CPUS_ON_NODE".into(), "64".into());
+    let id = submit(&mut jobs, s).await;
+    let l = n1.expect_launch().await;
+    assert_eq!(l.job_id, id);
+    assert_eq!(
+        (l.signal_number, l.signal_before_s, l.signal_batch_only),
+        (10, 90, true)
+    );
+    assert!(l.open_append);
+    assert_eq!(l.stdin, format!("/tmp/work/in-{id}-%%N.txt"));
+    assert_eq!(
+        l.stdout, "/tmp/work/out-opts-%%.log",
+        "%% is left for the worker"
+    );
+    assert_eq!(l.environment["SLURM_CPUS_ON_NODE"], "3");
+
+    let mut bad = spec("bad-signal");
+    bad.signal_number = 99;
+    let err = jobs
+        .submit(v1::SubmitRequest { spec: Some(bad) })
+        .await
+        .unwrap_err();
+    assert!(err.message().contains("signal"), "{}", err.message());
+
+    // Another node reporting the job's end (a stale report from a worker that lost it) is
+    // ignored; the batch node's report ends it.
+    let n2 = FakeWorker::attach(&ctl, "n2", 8, vec![]).await;
+    n2.end(id, 1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let j = job(&mut jobs, id).await.unwrap();
+    assert_eq!(j.state, v1::JobState::Running as i32, "{j:?}");
+    n1.end(id, 0).await;
+    wait_state(&mut jobs, id, v1::JobState::Completed).await;
+    ctl.stop().await;
+}
+
 #[tokio::test]
 async fn steps_holds_and_node_administration() {
     let dir = tempfile::tempdir().unwrap();
@@ -692,5 +745,247 @@ async fn steps_holds_and_node_administration() {
     );
     drop(w1);
     drop(w2);
+    ctl.stop().await;
+}
+
+/// `info` with only the fields numbered `keep`, cut at the wire level so the test does not
+/// restate which struct field is which.
+fn only_fields(info: &v1::JobInfo, keep: &[u32]) -> v1::JobInfo {
+    use prost::Message as _;
+    fn varint(buf: &mut &[u8]) -> u64 {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = buf[0];
+            *buf = &buf[1..];
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                break;
+            }
+        }
+        v
+    }
+    let bytes = info.encode_to_vec();
+    let mut rest = bytes.as_slice();
+    let mut kept = Vec::new();
+    while !rest.is_empty() {
+        let field = rest;
+        let key = varint(&mut rest);
+        match key & 7 {
+            0 => {
+                varint(&mut rest);
+            }
+            2 => {
+                let len = usize::try_from(varint(&mut rest)).unwrap();
+                rest = &rest[len..];
+            }
+            wire => panic!("JobInfo uses no wire type {wire}"),
+        }
+        if keep.contains(&u32::try_from(key >> 3).unwrap()) {
+            kept.extend_from_slice(&field[..field.len() - rest.len()]);
+        }
+    }
+    v1::JobInfo::decode(kept.as_slice()).unwrap()
+}
+
+#[tokio::test]
+async fn list_jobs_fills_only_the_fields_asked_for() {
+    use tandem_controller::api::convert::{JOB_INFO_FIELDS, job_field};
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = Controller::start(dir.path(), |_| {}).await;
+    let mut n1 = FakeWorker::attach(&ctl, "n1", 8, vec![]).await;
+    let mut jobs = ctl.jobs(&alice()).await;
+    let mut running = spec("running");
+    running.gpus_per_node = 1;
+    running.comment = "a comment".into();
+    let run_id = submit(&mut jobs, running).await;
+    n1.expect_launch().await;
+    let mut held = spec("held");
+    held.hold = true;
+    held.dependency = format!("afterok:{run_id}");
+    submit(&mut jobs, held).await;
+    wait_state(&mut jobs, run_id, v1::JobState::Running).await;
+
+    let list = |fields: Vec<String>| {
+        let mut jobs = jobs.clone();
+        async move {
+            jobs.list_jobs(v1::ListJobsRequest {
+                fields,
+                ..Default::default()
+            })
+            .await
+            .map(|r| r.into_inner().jobs)
+        }
+    };
+    let full = list(Vec::new()).await.unwrap();
+    assert_eq!(full.len(), 2);
+    // The fixture exercises the costly fields: allocation, GPUs, payload, dependency.
+    let (r, h) = (&full[0], &full[1]);
+    assert!(!r.nodelist.is_empty() && !r.gpu_binding.is_empty() && r.tres.is_some());
+    assert_eq!(
+        (r.workdir.as_str(), r.comment.as_str()),
+        ("/tmp/work", "a comment")
+    );
+    assert_eq!(
+        (h.reason.as_str(), h.dependency.is_empty()),
+        ("JobHeldUser", false)
+    );
+
+    let always = [
+        job_field::JOB_ID,
+        job_field::ARRAY_JOB_ID,
+        job_field::ARRAY_TASK_ID,
+        job_field::ARRAY_PENDING,
+        job_field::STATE,
+    ];
+    for (name, number) in JOB_INFO_FIELDS {
+        let masked = list(vec![(*name).to_string()]).await.unwrap();
+        let mut keep = always.to_vec();
+        keep.push(*number);
+        let want: Vec<v1::JobInfo> = full.iter().map(|j| only_fields(j, &keep)).collect();
+        assert_eq!(masked, want, "fields = [{name:?}]");
+    }
+    let two = list(vec!["user".into(), "nodelist".into()]).await.unwrap();
+    assert_eq!((two[0].user.as_str(), two[0].name.as_str()), ("alice", ""));
+    assert_eq!(two[0].nodelist, r.nodelist);
+
+    let err = list(vec!["name".into(), "colour".into()])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("\"colour\""), "{}", err.message());
+    ctl.stop().await;
+}
+
+/// sacct lists every job exactly once while jobs end under it. Regression: the store was
+/// read before the jobs in memory, so a job that ended between the two reads was in
+/// neither and vanished from that listing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_records_list_each_job_once_while_jobs_end() {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    const JOBS: u64 = 150;
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = Controller::start(dir.path(), |_| {}).await;
+    let mut w = FakeWorker::attach(&ctl, "n1", 64, vec![]).await;
+    // The worker ends each job the moment it is launched.
+    let worker = tokio::spawn(async move {
+        for _ in 0..JOBS {
+            let id = w.expect_launch().await.job_id;
+            w.end(id, 0).await;
+        }
+        w
+    });
+    // Highest id whose submit has returned; ids are handed out in order from 1.
+    let submitted = Arc::new(AtomicU64::new(0));
+    let submitter_done = Arc::new(AtomicBool::new(false));
+    let submitter = {
+        let mut jobs = ctl.jobs(&alice()).await;
+        let submitted = Arc::clone(&submitted);
+        tokio::spawn(async move {
+            for _ in 0..JOBS {
+                let id = submit(&mut jobs, spec("quick")).await;
+                submitted.fetch_max(id, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+    // Several listers at once: each listing has a short window for the race.
+    let mut listers = Vec::new();
+    for _ in 0..4 {
+        let mut acct = AccountingClient::new(ctl.channel(&alice()).await);
+        let submitted = Arc::clone(&submitted);
+        let submitter_done = Arc::clone(&submitter_done);
+        listers.push(tokio::spawn(async move {
+            let mut listings = 0;
+            loop {
+                let done = submitter_done.load(Ordering::SeqCst);
+                let known = submitted.load(Ordering::SeqCst);
+                let recs = acct
+                    .list_job_records(v1::ListJobRecordsRequest {
+                        include_active: true,
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .jobs;
+                let mut seen: BTreeMap<u64, Vec<i32>> = BTreeMap::new();
+                for r in &recs {
+                    seen.entry(r.job_id).or_default().push(r.state);
+                }
+                for id in 1..=known {
+                    let states = seen.get(&id).map_or(&[][..], Vec::as_slice);
+                    assert_eq!(
+                        states.len(),
+                        1,
+                        "listing {listings}: job {id} listed {} times: {states:?}",
+                        states.len()
+                    );
+                }
+                listings += 1;
+                if done {
+                    return listings;
+                }
+            }
+        }));
+    }
+    submitter.await.unwrap();
+    submitter_done.store(true, Ordering::SeqCst);
+    let mut listings = 0;
+    for l in listers {
+        listings += l.await.unwrap();
+    }
+    drop(tokio::time::timeout(WAIT, worker).await.unwrap().unwrap());
+    assert!(
+        listings > 20,
+        "only {listings} listings overlapped the jobs"
+    );
+    ctl.stop().await;
+}
+
+/// A preemption carries the victim QOS's GraceTime to the worker, which sends SIGTERM at
+/// once and starts KillWait only after the grace (the worker's side is tested in
+/// `worker/tests/batch.rs`, the whole story in `cli/tests/policy.rs`).
+#[tokio::test]
+async fn preemption_signal_carries_the_victims_qos_grace_time() {
+    use tandem_sched::qos::Qos;
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = Controller::start(dir.path(), |c| {
+        let mut low = Qos::new("low");
+        low.grace_time_s = 7;
+        let mut high = Qos::new("high");
+        high.priority = 100;
+        high.preempt = vec!["low".into()];
+        c.cluster.qos.extend([low, high]);
+    })
+    .await;
+    let mut w = FakeWorker::attach(&ctl, "n1", 4, vec![]).await;
+    let mut jobs = ctl.jobs(&alice()).await;
+    let mut victim = spec("victim");
+    victim.qos = "low".into();
+    victim.gpus_per_node = 2;
+    let victim = submit(&mut jobs, victim).await;
+    assert_eq!(w.expect_launch().await.job_id, victim);
+    w.send(worker_message::Msg::JobStarted(v1::JobStarted {
+        job_id: victim,
+        pid: 42,
+        start_time: 0,
+    }))
+    .await;
+    let mut urgent = spec("urgent");
+    urgent.qos = "high".into();
+    urgent.gpus_per_node = 2;
+    submit(&mut jobs, urgent).await;
+    match w.next().await {
+        controller_message::Msg::SignalJob(s) => {
+            assert_eq!(
+                (s.job_id, s.signal, s.reason.as_str(), s.grace_s),
+                (victim, 0, "preempt", 7),
+                "{s:?}"
+            );
+        }
+        other => panic!("expected SignalJob, got {other:?}"),
+    }
     ctl.stop().await;
 }

@@ -4,7 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::core::v1::{
+    ContainerStateTerminated, ContainerStatus, Event, Pod, PodCondition,
+};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use tandem_e2e::testkit::{
     self, PodFixture, TestCluster, exit_code, phase, wait_for, wait_for_deletion, wait_for_log,
@@ -18,10 +20,43 @@ async fn cluster(test: &str) -> Option<(TestCluster, Api<Pod>)> {
     Some((cluster, pods))
 }
 
-fn condition<'a>(
-    pod: &'a Pod,
-    type_: &str,
-) -> Option<&'a k8s_openapi::api::core::v1::PodCondition> {
+/// The usual stage: a kubelet cluster with one plain node, `node-a` (4 CPUs, 8 GiB, no GPUs).
+async fn cluster_with_node_a(test: &str) -> Option<(TestCluster, Api<Pod>)> {
+    let (cluster, pods) = cluster(test).await?;
+    cluster.declare_node("node-a", "4", "8Gi", 0).await.unwrap();
+    Some((cluster, pods))
+}
+
+async fn create(pods: &Api<Pod>, pod: PodFixture) {
+    pods.create(&PostParams::default(), &pod.build())
+        .await
+        .unwrap();
+}
+
+/// Waits for the pod to reach `want` (Running, Succeeded, Failed) and returns it.
+async fn wait_for_phase(pods: &Api<Pod>, name: &str, want: &str) -> Pod {
+    wait_for(pods, name, &format!("to be {want}"), WAIT, |p| {
+        phase(p) == want
+    })
+    .await
+    .unwrap()
+}
+
+/// The pod's whole current log, read once.
+async fn log(pods: &Api<Pod>, name: &str) -> String {
+    pods.logs(name, &LogParams::default()).await.unwrap()
+}
+
+/// Deletes the pod with its own grace period and waits until the kubelet has removed it;
+/// returns the last status written and how long the removal took.
+async fn delete_and_time(pods: &Api<Pod>, name: &str) -> (Pod, Duration) {
+    let began = Instant::now();
+    pods.delete(name, &DeleteParams::default()).await.unwrap();
+    let last = wait_for_deletion(pods, name, WAIT).await.unwrap().unwrap();
+    (last, began.elapsed())
+}
+
+fn condition<'a>(pod: &'a Pod, type_: &str) -> Option<&'a PodCondition> {
     pod.status
         .as_ref()?
         .conditions
@@ -30,35 +65,55 @@ fn condition<'a>(
         .find(|c| c.type_ == type_)
 }
 
-#[tokio::test]
-async fn failing_pod_reports_exit_code_and_logs_its_node_name() {
-    let Some((cluster, pods)) =
-        cluster("failing_pod_reports_exit_code_and_logs_its_node_name").await
-    else {
-        return;
-    };
-    cluster.declare_node("node-a", "4", "8Gi", 0).await.unwrap();
-    let pod = PodFixture::new("echo-node")
-        .node("node-a")
-        .env_field("NODE", "spec.nodeName")
-        .sh("echo $NODE; exit 3");
-    pods.create(&PostParams::default(), &pod.build())
-        .await
-        .unwrap();
+fn is_ready(pod: &Pod) -> bool {
+    condition(pod, "Ready").is_some_and(|c| c.status == "True")
+}
 
-    let done = wait_for(&pods, "echo-node", "to fail", WAIT, |p| {
-        phase(p) == "Failed"
-    })
-    .await
-    .unwrap();
-    assert_eq!(exit_code(&done), Some(3));
-    let status = &done
-        .status
+/// The status of the pod's first (here: only) container; panics when there is none yet.
+fn first_container(pod: &Pod) -> &ContainerStatus {
+    &pod.status
         .as_ref()
         .unwrap()
         .container_statuses
         .as_ref()
-        .unwrap()[0];
+        .unwrap()[0]
+}
+
+/// How the first container's previous run ended.
+fn last_terminated(status: &ContainerStatus) -> &ContainerStateTerminated {
+    status
+        .last_state
+        .as_ref()
+        .unwrap()
+        .terminated
+        .as_ref()
+        .unwrap()
+}
+
+/// The first container's waiting state, once the kubelet has reported one.
+fn first_container_waiting(pod: &Pod) -> Option<k8s_openapi::api::core::v1::ContainerStateWaiting> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs[0].state.as_ref()?.waiting.clone())
+}
+
+#[tokio::test]
+async fn failing_pod_reports_exit_code_and_logs_its_node_name() {
+    let Some((_cluster, pods)) =
+        cluster_with_node_a("failing_pod_reports_exit_code_and_logs_its_node_name").await
+    else {
+        return;
+    };
+    let pod = PodFixture::new("echo-node")
+        .node("node-a")
+        .env_field("NODE", "spec.nodeName")
+        .sh("echo $NODE; exit 3");
+    create(&pods, pod).await;
+
+    let done = wait_for_phase(&pods, "echo-node", "Failed").await;
+    assert_eq!(exit_code(&done), Some(3));
+    let status = first_container(&done);
     let terminated = status.state.as_ref().unwrap().terminated.as_ref().unwrap();
     assert_eq!(terminated.reason.as_deref(), Some("Error"));
     assert!(terminated.started_at.is_some() && terminated.finished_at.is_some());
@@ -72,17 +127,16 @@ async fn failing_pod_reports_exit_code_and_logs_its_node_name() {
         Some("127.0.0.1")
     );
 
-    let logs = pods.logs("echo-node", &LogParams::default()).await.unwrap();
-    assert_eq!(logs, "node-a\n");
+    assert_eq!(log(&pods, "echo-node").await, "node-a\n");
 }
 
 #[tokio::test]
 async fn running_pod_has_ready_conditions_and_downward_env() {
-    let Some((cluster, pods)) = cluster("running_pod_has_ready_conditions_and_downward_env").await
+    let Some((cluster, pods)) =
+        cluster_with_node_a("running_pod_has_ready_conditions_and_downward_env").await
     else {
         return;
     };
-    cluster.declare_node("node-a", "4", "8Gi", 0).await.unwrap();
     let pod = PodFixture::new("envy")
         .node("node-a")
         .label("team", "ml")
@@ -93,15 +147,11 @@ async fn running_pod_has_ready_conditions_and_downward_env() {
         .env_field("IP", "status.podIP")
         .env_field("TEAM", "metadata.labels['team']")
         .sh("echo \"$SAID $POD $NS $IP $TEAM\"; exec sleep 30");
-    pods.create(&PostParams::default(), &pod.build())
+    create(&pods, pod).await;
+
+    let running = wait_for(&pods, "envy", "to be ready", WAIT, is_ready)
         .await
         .unwrap();
-
-    let running = wait_for(&pods, "envy", "to be ready", WAIT, |p| {
-        condition(p, "Ready").is_some_and(|c| c.status == "True")
-    })
-    .await
-    .unwrap();
     assert_eq!(phase(&running), "Running");
     for type_ in ["Initialized", "ContainersReady", "PodScheduled"] {
         assert_eq!(
@@ -110,13 +160,7 @@ async fn running_pod_has_ready_conditions_and_downward_env() {
             "{type_}"
         );
     }
-    let cs = &running
-        .status
-        .as_ref()
-        .unwrap()
-        .container_statuses
-        .as_ref()
-        .unwrap()[0];
+    let cs = first_container(&running);
     assert!(
         cs.ready
             && cs
@@ -177,12 +221,11 @@ async fn running_pod_has_ready_conditions_and_downward_env() {
 /// grace period ends. Either way the kubelet writes the final status, then removes the pod.
 #[tokio::test]
 async fn deletion_sends_sigterm_then_sigkill_after_the_grace_period() {
-    let Some((cluster, pods)) =
-        cluster("deletion_sends_sigterm_then_sigkill_after_the_grace_period").await
+    let Some((_cluster, pods)) =
+        cluster_with_node_a("deletion_sends_sigterm_then_sigkill_after_the_grace_period").await
     else {
         return;
     };
-    cluster.declare_node("node-a", "4", "8Gi", 0).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mark = dir.path().join("got-term");
     let trap = PodFixture::new("traps-term")
@@ -196,12 +239,8 @@ async fn deletion_sends_sigterm_then_sigkill_after_the_grace_period() {
         .node("node-a")
         .grace(2)
         .sh("trap '' TERM; echo ready; while true; do sleep 0.1; done");
-    pods.create(&PostParams::default(), &trap.build())
-        .await
-        .unwrap();
-    pods.create(&PostParams::default(), &ignore.build())
-        .await
-        .unwrap();
+    create(&pods, trap).await;
+    create(&pods, ignore).await;
     wait_for_log(&pods, "traps-term", "ready", WAIT)
         .await
         .unwrap();
@@ -209,15 +248,7 @@ async fn deletion_sends_sigterm_then_sigkill_after_the_grace_period() {
         .await
         .unwrap();
 
-    let began = Instant::now();
-    pods.delete("traps-term", &DeleteParams::default())
-        .await
-        .unwrap();
-    let last = wait_for_deletion(&pods, "traps-term", WAIT)
-        .await
-        .unwrap()
-        .unwrap();
-    let took = began.elapsed();
+    let (last, took) = delete_and_time(&pods, "traps-term").await;
     assert!(
         took < Duration::from_secs(5),
         "a trapping pod ends well inside its 10 s grace, took {took:?}"
@@ -230,15 +261,7 @@ async fn deletion_sends_sigterm_then_sigkill_after_the_grace_period() {
     assert_eq!(exit_code(&last), Some(0));
     assert_eq!(phase(&last), "Succeeded");
 
-    let began = Instant::now();
-    pods.delete("ignores-term", &DeleteParams::default())
-        .await
-        .unwrap();
-    let last = wait_for_deletion(&pods, "ignores-term", WAIT)
-        .await
-        .unwrap()
-        .unwrap();
-    let took = began.elapsed();
+    let (last, took) = delete_and_time(&pods, "ignores-term").await;
     assert!(
         took >= Duration::from_millis(1900),
         "SIGKILL came before the 2 s grace ended: {took:?}"
@@ -266,25 +289,15 @@ async fn gpu_request_beyond_free_allocatable_fails_with_out_of_nvidia_gpu() {
         .node("gpu-01")
         .gpus(2)
         .sh("exec sleep 30");
-    pods.create(&PostParams::default(), &holder.build())
-        .await
-        .unwrap();
-    wait_for(&pods, "holder", "to run", WAIT, |p| phase(p) == "Running")
-        .await
-        .unwrap();
+    create(&pods, holder).await;
+    wait_for_phase(&pods, "holder", "Running").await;
 
     let late = PodFixture::new("late")
         .node("gpu-01")
         .gpus(1)
         .sh("echo should not run");
-    pods.create(&PostParams::default(), &late.build())
-        .await
-        .unwrap();
-    let rejected = wait_for(&pods, "late", "to be rejected", WAIT, |p| {
-        phase(p) == "Failed"
-    })
-    .await
-    .unwrap();
+    create(&pods, late).await;
+    let rejected = wait_for_phase(&pods, "late", "Failed").await;
     let status = rejected.status.as_ref().unwrap();
     assert_eq!(status.reason.as_deref(), Some("OutOfnvidia.com/gpu"));
     assert_eq!(
@@ -316,24 +329,17 @@ async fn gpu_request_beyond_free_allocatable_fails_with_out_of_nvidia_gpu() {
     .unwrap();
     wait_for_deletion(&pods, "holder", WAIT).await.unwrap();
     let next = PodFixture::new("next").node("gpu-01").gpus(2).sh("exit 0");
-    pods.create(&PostParams::default(), &next.build())
-        .await
-        .unwrap();
-    wait_for(&pods, "next", "to succeed", WAIT, |p| {
-        phase(p) == "Succeeded"
-    })
-    .await
-    .unwrap();
+    create(&pods, next).await;
+    wait_for_phase(&pods, "next", "Succeeded").await;
 }
 
 #[tokio::test]
 async fn on_failure_restarts_with_backoff_and_keeps_the_previous_log() {
-    let Some((cluster, pods)) =
-        cluster("on_failure_restarts_with_backoff_and_keeps_the_previous_log").await
+    let Some((_cluster, pods)) =
+        cluster_with_node_a("on_failure_restarts_with_backoff_and_keeps_the_previous_log").await
     else {
         return;
     };
-    cluster.declare_node("node-a", "4", "8Gi", 0).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let counter = dir.path().join("n");
     let pod = PodFixture::new("flaky")
@@ -341,37 +347,14 @@ async fn on_failure_restarts_with_backoff_and_keeps_the_previous_log() {
         .restart("OnFailure")
         .env("F", counter.to_str().unwrap())
         .sh("n=$(cat \"$F\" 2>/dev/null || echo 0); n=$((n+1)); echo $n > \"$F\"; echo attempt $n; [ $n -ge 3 ]");
-    pods.create(&PostParams::default(), &pod.build())
-        .await
-        .unwrap();
+    create(&pods, pod).await;
 
-    let done = wait_for(&pods, "flaky", "to succeed on its third try", WAIT, |p| {
-        phase(p) == "Succeeded"
-    })
-    .await
-    .unwrap();
-    let cs = &done
-        .status
-        .as_ref()
-        .unwrap()
-        .container_statuses
-        .as_ref()
-        .unwrap()[0];
+    // Succeeds on its third try.
+    let done = wait_for_phase(&pods, "flaky", "Succeeded").await;
+    let cs = first_container(&done);
     assert_eq!(cs.restart_count, 2);
-    assert_eq!(
-        cs.last_state
-            .as_ref()
-            .unwrap()
-            .terminated
-            .as_ref()
-            .unwrap()
-            .exit_code,
-        1
-    );
-    assert_eq!(
-        pods.logs("flaky", &LogParams::default()).await.unwrap(),
-        "attempt 3\n"
-    );
+    assert_eq!(last_terminated(cs).exit_code, 1);
+    assert_eq!(log(&pods, "flaky").await, "attempt 3\n");
     let previous = LogParams {
         previous: true,
         ..LogParams::default()
@@ -381,24 +364,18 @@ async fn on_failure_restarts_with_backoff_and_keeps_the_previous_log() {
 
 #[tokio::test]
 async fn unknown_image_waits_in_image_pull_back_off() {
-    let Some((cluster, pods)) = cluster("unknown_image_waits_in_image_pull_back_off").await else {
+    let Some((_cluster, pods)) =
+        cluster_with_node_a("unknown_image_waits_in_image_pull_back_off").await
+    else {
         return;
     };
-    cluster.declare_node("node-a", "4", "8Gi", 0).await.unwrap();
     let pod = PodFixture::new("nope")
         .node("node-a")
         .image("example.com/no-such-image:1")
         .sh("true");
-    pods.create(&PostParams::default(), &pod.build())
-        .await
-        .unwrap();
+    create(&pods, pod).await;
     let waiting = wait_for(&pods, "nope", "to back off pulling", WAIT, |p| {
-        let reason = p
-            .status
-            .as_ref()
-            .and_then(|s| s.container_statuses.as_ref())
-            .and_then(|cs| cs[0].state.as_ref()?.waiting.as_ref()?.reason.clone());
-        reason.as_deref() == Some("ImagePullBackOff")
+        first_container_waiting(p).and_then(|w| w.reason).as_deref() == Some("ImagePullBackOff")
     })
     .await
     .unwrap();
@@ -452,11 +429,10 @@ async fn declaring_a_node_registers_it_ready_with_a_lease() {
 #[tokio::test]
 async fn init_containers_run_first_and_yaml_manifests_create_pods() {
     let Some((cluster, pods)) =
-        cluster("init_containers_run_first_and_yaml_manifests_create_pods").await
+        cluster_with_node_a("init_containers_run_first_and_yaml_manifests_create_pods").await
     else {
         return;
     };
-    cluster.declare_node("node-a", "4", "8Gi", 0).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let shared = dir.path().join("handoff");
     let manifest = format!(
@@ -485,11 +461,7 @@ spec:
     testkit::create_all(&cluster.client(), "default", &objects)
         .await
         .unwrap();
-    let done = wait_for(&pods, "staged", "to succeed", WAIT, |p| {
-        phase(p) == "Succeeded"
-    })
-    .await
-    .unwrap();
+    let done = wait_for_phase(&pods, "staged", "Succeeded").await;
     let init = &done
         .status
         .as_ref()
@@ -518,18 +490,15 @@ spec:
 #[tokio::test]
 async fn always_restarts_even_after_success_and_stays_running() {
     let Some((cluster, pods)) =
-        cluster("always_restarts_even_after_success_and_stays_running").await
+        cluster_with_node_a("always_restarts_even_after_success_and_stays_running").await
     else {
         return;
     };
-    cluster.declare_node("node-a", "4", "8Gi", 0).await.unwrap();
     let pod = PodFixture::new("loop")
         .node("node-a")
         .restart("Always")
         .sh("echo run; exit 0");
-    pods.create(&PostParams::default(), &pod.build())
-        .await
-        .unwrap();
+    create(&pods, pod).await;
     let restarted = wait_for(&pods, "loop", "to restart twice", WAIT, |p| {
         let cs = p
             .status
@@ -544,14 +513,7 @@ async fn always_restarts_even_after_success_and_stays_running() {
         "Running",
         "an Always pod never finishes on its own"
     );
-    let cs = &restarted
-        .status
-        .as_ref()
-        .unwrap()
-        .container_statuses
-        .as_ref()
-        .unwrap()[0];
-    let last = cs.last_state.as_ref().unwrap().terminated.as_ref().unwrap();
+    let last = last_terminated(first_container(&restarted));
     assert_eq!(last.reason.as_deref(), Some("Completed"));
     // Back-off keeps the kubelet's traffic low even for a pod that exits at once.
     let sent = cluster.kubelet_requests().unwrap().max_per_second();
@@ -561,18 +523,15 @@ async fn always_restarts_even_after_success_and_stays_running() {
 #[tokio::test]
 async fn following_a_log_streams_lines_until_the_container_exits() {
     use futures::{AsyncBufReadExt, TryStreamExt};
-    let Some((cluster, pods)) =
-        cluster("following_a_log_streams_lines_until_the_container_exits").await
+    let Some((_cluster, pods)) =
+        cluster_with_node_a("following_a_log_streams_lines_until_the_container_exits").await
     else {
         return;
     };
-    cluster.declare_node("node-a", "4", "8Gi", 0).await.unwrap();
     let pod = PodFixture::new("ticker")
         .node("node-a")
         .sh("echo one; sleep 0.5; echo two; sleep 0.5; echo three");
-    pods.create(&PostParams::default(), &pod.build())
-        .await
-        .unwrap();
+    create(&pods, pod).await;
     wait_for_log(&pods, "ticker", "one", WAIT).await.unwrap();
     let follow = LogParams {
         follow: true,
@@ -603,11 +562,11 @@ async fn following_a_log_streams_lines_until_the_container_exits() {
 /// the kubelet's next try starts the container with its values.
 #[tokio::test]
 async fn config_map_env_waits_for_the_config_map_then_runs() {
-    let Some((cluster, pods)) = cluster("config_map_env_waits_for_the_config_map_then_runs").await
+    let Some((cluster, pods)) =
+        cluster_with_node_a("config_map_env_waits_for_the_config_map_then_runs").await
     else {
         return;
     };
-    cluster.declare_node("node-a", "4", "8Gi", 0).await.unwrap();
     // A merge replaces the containers list whole (RFC 7386).
     let pod = PodFixture::new("configured").node("node-a").merge(serde_json::json!({
         "spec": {"containers": [{
@@ -616,16 +575,9 @@ async fn config_map_env_waits_for_the_config_map_then_runs() {
             "envFrom": [{"prefix": "PREFIX_", "configMapRef": {"name": "settings"}}],
         }]}
     }));
-    pods.create(&PostParams::default(), &pod.build())
-        .await
-        .unwrap();
+    create(&pods, pod).await;
     wait_for(&pods, "configured", "to wait for its config", WAIT, |p| {
-        let waiting = p
-            .status
-            .as_ref()
-            .and_then(|s| s.container_statuses.as_ref())
-            .and_then(|cs| cs[0].state.as_ref()?.waiting.clone());
-        waiting.is_some_and(|w| {
+        first_container_waiting(p).is_some_and(|w| {
             w.reason.as_deref() == Some("CreateContainerConfigError")
                 && w.message.as_deref() == Some("configmap \"settings\" not found")
         })
@@ -640,27 +592,17 @@ async fn config_map_env_waits_for_the_config_map_then_runs() {
     }))
     .unwrap();
     maps.create(&PostParams::default(), &cm).await.unwrap();
-    wait_for(&pods, "configured", "to succeed", WAIT, |p| {
-        phase(p) == "Succeeded"
-    })
-    .await
-    .unwrap();
-    assert_eq!(
-        pods.logs("configured", &LogParams::default())
-            .await
-            .unwrap(),
-        "fast eu\n"
-    );
+    wait_for_phase(&pods, "configured", "Succeeded").await;
+    assert_eq!(log(&pods, "configured").await, "fast eu\n");
 }
 
 #[tokio::test]
 async fn service_links_lead_to_the_backing_pods_port_on_loopback() {
     let Some((cluster, pods)) =
-        cluster("service_links_lead_to_the_backing_pods_port_on_loopback").await
+        cluster_with_node_a("service_links_lead_to_the_backing_pods_port_on_loopback").await
     else {
         return;
     };
-    cluster.declare_node("node-a", "4", "8Gi", 0).await.unwrap();
     let services: Api<k8s_openapi::api::core::v1::Service> =
         Api::namespaced(cluster.client(), "default");
     let svc = serde_json::from_value(serde_json::json!({
@@ -676,26 +618,18 @@ async fn service_links_lead_to_the_backing_pods_port_on_loopback() {
             "http://$(TANDEM_CTL_SERVICE_HOST):$(TANDEM_CTL_SERVICE_PORT_GRPC)",
         )
         .sh("echo $ADDR");
-    pods.create(&PostParams::default(), &pod.build())
-        .await
-        .unwrap();
-    wait_for(&pods, "client", "to succeed", WAIT, |p| {
-        phase(p) == "Succeeded"
-    })
-    .await
-    .unwrap();
-    assert_eq!(
-        pods.logs("client", &LogParams::default()).await.unwrap(),
-        "http://127.0.0.1:6817\n"
-    );
+    create(&pods, pod).await;
+    wait_for_phase(&pods, "client", "Succeeded").await;
+    assert_eq!(log(&pods, "client").await, "http://127.0.0.1:6817\n");
 }
 
 #[tokio::test]
 async fn readiness_probe_holds_ready_until_it_passes() {
-    let Some((cluster, pods)) = cluster("readiness_probe_holds_ready_until_it_passes").await else {
+    let Some((_cluster, pods)) =
+        cluster_with_node_a("readiness_probe_holds_ready_until_it_passes").await
+    else {
         return;
     };
-    cluster.declare_node("node-a", "4", "8Gi", 0).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mark = dir.path().join("ready");
     // A merge replaces the containers list whole (RFC 7386).
@@ -706,12 +640,8 @@ async fn readiness_probe_holds_ready_until_it_passes() {
             "env": [{"name": "MARK", "value": mark.to_str().unwrap()}],
             "readinessProbe": {"exec": {"command": ["sh", "-c", "test -f \"$MARK\""]}, "periodSeconds": 1},
         }]}}));
-    pods.create(&PostParams::default(), &pod.build())
-        .await
-        .unwrap();
-    let running = wait_for(&pods, "warming", "to run", WAIT, |p| phase(p) == "Running")
-        .await
-        .unwrap();
+    create(&pods, pod).await;
+    let running = wait_for_phase(&pods, "warming", "Running").await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let unready = pods.get("warming").await.unwrap();
     let ready = condition(&unready, "Ready").unwrap();
@@ -719,15 +649,13 @@ async fn readiness_probe_holds_ready_until_it_passes() {
         (ready.status.as_str(), ready.reason.as_deref()),
         ("False", Some("ContainersNotReady"))
     );
-    assert!(!running.status.unwrap().container_statuses.unwrap()[0].ready);
+    assert!(!first_container(&running).ready);
 
     std::fs::write(&mark, "").unwrap();
     let began = Instant::now();
-    wait_for(&pods, "warming", "to become ready", WAIT, |p| {
-        condition(p, "Ready").is_some_and(|c| c.status == "True")
-    })
-    .await
-    .unwrap();
+    wait_for(&pods, "warming", "to become ready", WAIT, is_ready)
+        .await
+        .unwrap();
     assert!(
         began.elapsed() < Duration::from_secs(4),
         "a 1 s probe noticed within a few periods"
@@ -736,24 +664,19 @@ async fn readiness_probe_holds_ready_until_it_passes() {
 
 #[tokio::test]
 async fn active_deadline_fails_the_pod_with_deadline_exceeded() {
-    let Some((cluster, pods)) =
-        cluster("active_deadline_fails_the_pod_with_deadline_exceeded").await
+    let Some((_cluster, pods)) =
+        cluster_with_node_a("active_deadline_fails_the_pod_with_deadline_exceeded").await
     else {
         return;
     };
-    cluster.declare_node("node-a", "4", "8Gi", 0).await.unwrap();
     let pod = PodFixture::new("slow")
         .node("node-a")
         .grace(1)
         .sh("exec sleep 30")
         .merge(serde_json::json!({"spec": {"activeDeadlineSeconds": 1}}));
-    pods.create(&PostParams::default(), &pod.build())
-        .await
-        .unwrap();
+    create(&pods, pod).await;
     let began = Instant::now();
-    let failed = wait_for(&pods, "slow", "to fail", WAIT, |p| phase(p) == "Failed")
-        .await
-        .unwrap();
+    let failed = wait_for_phase(&pods, "slow", "Failed").await;
     assert!(
         began.elapsed() < Duration::from_secs(5),
         "took {:?}",

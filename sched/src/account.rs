@@ -13,6 +13,12 @@ pub struct AccountConfig {
     pub parent: Option<String>,
     pub shares: u32,
     pub limits: AssocLimits,
+    /// `Description=`; empty shows as the account's name, as Slurm defaults it.
+    #[serde(default)]
+    pub description: String,
+    /// `Organization=`; empty shows as the account's name.
+    #[serde(default)]
+    pub organization: String,
 }
 
 /// A user's association with an account.
@@ -43,6 +49,8 @@ impl AccountConfig {
             parent: None,
             shares,
             limits: AssocLimits::default(),
+            description: String::new(),
+            organization: String::new(),
         }
     }
 }

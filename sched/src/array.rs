@@ -22,17 +22,8 @@ pub struct ArrayError {
 }
 
 fn aerr(input: &str, problem: impl Into<String>) -> ArrayError {
-    let mut i = input.to_string();
-    if i.len() > 64 {
-        let mut end = 64;
-        while !i.is_char_boundary(end) {
-            end -= 1;
-        }
-        i.truncate(end);
-        i.push_str("...");
-    }
     ArrayError {
-        input: i,
+        input: crate::quote::clipped(input),
         problem: problem.into(),
     }
 }

@@ -53,7 +53,8 @@ pub struct SchedParams {
     /// start when they fit without delaying a reservation. A safety bound for queues where
     /// every job differs: on the cycle bench (100k distinct jobs, 10k full 8-GPU nodes) 2000
     /// reservations keep the pass at 0.35-0.45 s on one core, 5000 take it past 1 s (a
-    /// reservation costs more the fuller the node profiles get).
+    /// reservation costs more the fuller the node profiles get). 0 = no bound
+    /// (`backfill_max_reservations = 0` in the cluster config).
     pub max_reservations: u32,
     /// Most GPUs per node accepted at registration (GPU indices are a 64-bit mask).
     pub max_gpus_per_node: u32,

@@ -187,7 +187,10 @@ pub fn schedule_observed(st: &mut State, now: i64, obs: &mut impl PassObserver) 
         let mut memo: HashMap<ShapeKey, Memo> = HashMap::new();
         let mut part_blocked = vec![false; st.config.partitions.len()];
         let backfill = st.config.sched.backfill;
-        let max_resv = st.config.sched.max_reservations as usize;
+        let max_resv = match st.config.sched.max_reservations {
+            0 => usize::MAX,
+            n => n as usize,
+        };
         for c in &cands {
             let job = &st.jobs[&c.id];
             let req = Request::new(st, job, c.part);
@@ -206,23 +209,31 @@ pub fn schedule_observed(st: &mut State, now: i64, obs: &mut impl PassObserver) 
             // How many starts this record may take now (array tasks under the throttle).
             let mut budget = start_budget(job);
             let mut started = 0u64;
+            // Why starting stopped before the budget ran out, if it did.
+            let mut stopped_by: Option<Reason> = None;
             if !known_blocked {
                 while started < budget {
                     let Some(nodes) = planner.pick_now(&req) else {
+                        stopped_by = Some(Reason::Resources);
                         break;
                     };
                     planner.commit_start(&nodes, &req);
                     limits.add(st, job);
                     decisions.push(Decision::Start { job: job.id, nodes });
                     started += 1;
-                    if limits.check(st, job).is_some() {
+                    if let Some(r) = limits.check(st, job) {
                         budget = started;
+                        stopped_by = Some(r);
                     }
                 }
             } else {
                 stats.skipped_same_shape += 1;
             }
             if started > 0 {
+                // An array keeps its other tasks pending: say why now, not a pass later.
+                if let Some(r) = rest_of_array_reason(job, started, stopped_by) {
+                    reasons.push((job.id, r));
+                }
                 continue;
             }
             // Could not start: remember, reserve, explain.
@@ -352,15 +363,15 @@ pub fn schedule_observed(st: &mut State, now: i64, obs: &mut impl PassObserver) 
         }
     }
     // In id order, so the job table is walked in order; stable, so a later reason for the
-    // same record still wins.
+    // same record still wins. Not a recorded change: like priority, a pending reason is
+    // recomputed by every pass (the first one after a restart included), and recording it
+    // would write every new job a second time right after its submit.
     reasons.sort_by_key(|(id, _)| *id);
     for (id, r) in reasons {
         if let Some(j) = st.jobs.get_mut(&id)
             && j.state == JobState::Pending
-            && j.reason != r
         {
             j.reason = r;
-            st.changes.jobs.insert(id);
         }
     }
     stats.started = plan.starts.len();
@@ -370,8 +381,14 @@ pub fn schedule_observed(st: &mut State, now: i64, obs: &mut impl PassObserver) 
     plan
 }
 
-/// Why a pending record cannot be considered now, or `None` if it can.
-fn ineligible_reason(st: &State, job: &Job, singles: &HashSet<JobId>, now: i64) -> Option<Reason> {
+/// Why a pending record cannot be considered now, or `None` if it can. `singles`: pending
+/// singleton jobs that must wait (see [`singleton_blocked`]).
+pub(crate) fn ineligible_reason(
+    st: &State,
+    job: &Job,
+    singles: &HashSet<JobId>,
+    now: i64,
+) -> Option<Reason> {
     match job.hold {
         Hold::User => return Some(Reason::JobHeldUser),
         Hold::Admin => return Some(Reason::JobHeldAdmin),
@@ -463,6 +480,20 @@ fn start_budget(job: &Job) -> u64 {
         (Some(a), None) => a.pending.len(),
         (None, _) => 1,
     }
+}
+
+/// Why an array whose record just started `started` tasks still has pending ones, or `None`
+/// when none remain or the reason is not a simple one (aftercorr's one-at-a-time budget).
+fn rest_of_array_reason(job: &Job, started: u64, stopped_by: Option<Reason>) -> Option<Reason> {
+    let a = job.array.as_ref()?;
+    if a.pending.len() <= started {
+        return None;
+    }
+    if stopped_by.is_some() {
+        return stopped_by;
+    }
+    let throttle = job.spec.array.as_ref().and_then(|s| s.throttle)?;
+    (u64::from(a.active) + started >= u64::from(throttle)).then_some(Reason::JobArrayTaskLimit)
 }
 
 fn prioritise(st: &State, ids: &[JobId], now: i64) -> Vec<Candidate> {

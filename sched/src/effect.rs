@@ -32,8 +32,9 @@ impl SignalReason {
 /// changes of the call that returned it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Effect {
-    /// Terminate the job on these nodes: SIGTERM to the process group, `grace_s` (or the
-    /// controller's kill wait when 0), then SIGKILL. The job ends when the worker reports.
+    /// Terminate the job on these nodes: SIGTERM to the process group, the kill wait, then
+    /// SIGKILL; with `grace_s`, a first SIGTERM as notice and that sequence `grace_s` later.
+    /// The job ends when the worker reports.
     Terminate {
         job: JobId,
         nodes: Vec<NodeId>,
@@ -72,6 +73,8 @@ pub struct Preempt {
     /// The job it makes room for.
     pub by: JobId,
     pub mode: PreemptMode,
+    /// The victim QOS's `GraceTime`: seconds it runs on after a SIGTERM notice before the
+    /// usual end (SIGTERM, kill wait, SIGKILL) begins.
     pub grace_s: u32,
     pub nodes: Vec<NodeId>,
 }

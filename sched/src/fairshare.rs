@@ -437,6 +437,36 @@ impl AssocTree {
             .ok_or_else(|| FairShareError::UnknownAccount(name.to_string()))
     }
 
+    /// Copies each association's own usage from `old` where the same association (the
+    /// same account, or the same user under the same account) exists there. Rebuilding a
+    /// tree from its account and user lists and then carrying usage over keeps the two
+    /// consistent after a restart without forgetting what was charged.
+    pub fn carry_usage_from(&mut self, old: &AssocTree) {
+        for i in 0..self.assocs.len() {
+            let a = &self.assocs[i];
+            if a.removed {
+                continue;
+            }
+            let found = match a.kind {
+                AssocKind::Account => old.account(&a.name),
+                AssocKind::User => {
+                    let parent = a
+                        .parent
+                        .map_or(ROOT_ACCOUNT, |p| &self.assocs[p.index()].name);
+                    old.user(&a.name, parent)
+                }
+            };
+            if let Some(o) = found {
+                let usage = old.own_usage(o);
+                self.assocs[i].usage = if usage.is_finite() {
+                    usage.max(0.0)
+                } else {
+                    0.0
+                };
+            }
+        }
+    }
+
     fn push(&mut self, name: &str, kind: AssocKind, parent: AssocIdx, shares: u32) -> AssocIdx {
         let idx = AssocIdx(self.assocs.len() as u32);
         self.assocs.push(Assoc {
@@ -664,6 +694,29 @@ mod tests {
         assert!(close(a.level_fs, 0.5 / 0.9));
         assert!(fs.get(carol).unwrap().level_fs.is_infinite());
         assert!(close(fs.get(dave).unwrap().norm_shares, 0.25));
+    }
+
+    #[test]
+    fn rebuilt_tree_keeps_usage_of_surviving_associations() {
+        let mut old = AssocTree::new();
+        old.add_account("physics", "root", 60).unwrap();
+        old.add_account("chem", "root", 40).unwrap();
+        let alice = old.add_user("alice", "physics", 1).unwrap();
+        let dave = old.add_user("dave", "chem", 1).unwrap();
+        old.charge(alice, 90.0);
+        old.charge(dave, 100.0);
+
+        // chem and dave are gone, bio is new, alice moved nowhere.
+        let mut t = AssocTree::new();
+        t.add_account("physics", "root", 10).unwrap();
+        t.add_account("bio", "root", 1).unwrap();
+        let a2 = t.add_user("alice", "physics", 1).unwrap();
+        let d2 = t.add_user("dave", "bio", 1).unwrap();
+        t.carry_usage_from(&old);
+        assert_eq!(t.own_usage(a2), 90.0);
+        // Same user name under another account: a different association, no usage.
+        assert_eq!(t.own_usage(d2), 0.0);
+        assert_eq!(t.compute().get(t.root()).unwrap().raw_usage, 90.0);
     }
 
     /// root

@@ -19,17 +19,8 @@ pub struct HostlistError {
 }
 
 fn herr(input: &str, problem: impl Into<String>) -> HostlistError {
-    let mut i = input.to_string();
-    if i.len() > 64 {
-        let mut end = 64;
-        while !i.is_char_boundary(end) {
-            end -= 1;
-        }
-        i.truncate(end);
-        i.push_str("...");
-    }
     HostlistError {
-        input: i,
+        input: crate::quote::clipped(input),
         problem: problem.into(),
     }
 }

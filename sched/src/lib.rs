@@ -39,10 +39,11 @@
 //! - Event methods validate before changing anything; an `Err` leaves `State` untouched.
 //! - Every change to a field an index depends on (state, allocation, array indices, user,
 //!   account, QOS) goes through `State::with_job`, which keeps the pending/running indexes and
-//!   submit counters right and records the job in `Changes`. The pass sets `reason` and
-//!   `eligible_time` in place (recorded only when they change) and `priority` in place without
-//!   recording it: it is recomputed every pass, so persisting it would rewrite every pending
-//!   job on every pass.
+//!   submit counters right and records the job in `Changes`. The pass sets
+//!   `eligible_time` in place (recorded when it changes: the age factor counts from it, so it
+//!   must survive a restart; a job eligible at submit gets it then) and `reason` and
+//!   `priority` in place without recording them: they are recomputed every pass, the first
+//!   after a restart included, so persisting them would rewrite every pending job.
 //! - A node's `alloc`, `gpus_in_use` and `jobs` are exactly the sum of the allocations of the
 //!   RUNNING jobs that name it; `restore` recomputes them from the jobs.
 //! - An array is one record (its meta) until tasks start; each started task is its own job
@@ -71,6 +72,7 @@ mod preempt;
 pub mod priority;
 mod profile;
 pub mod qos;
+mod quote;
 pub mod ranking;
 mod select;
 pub mod sim;

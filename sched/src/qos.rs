@@ -18,7 +18,8 @@ pub struct Qos {
     pub preempt: Vec<String>,
     /// What happens to this QOS's jobs when they are preempted.
     pub preempt_mode: PreemptMode,
-    /// Seconds between the preemption signal and the kill (`GraceTime`).
+    /// `GraceTime`, seconds: a preempted job gets SIGTERM at once and is ended (SIGTERM,
+    /// KillWait, SIGKILL) only this long after.
     pub grace_time_s: u32,
 }
 

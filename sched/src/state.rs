@@ -5,7 +5,7 @@
 //! after the call to know exactly what to persist. Side effects the controller must carry
 //! out come back as [`Effect`]s.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -206,6 +206,17 @@ pub enum AdminError {
     Invalid(String),
 }
 
+/// Accounts, users, QOS and the tree as they were; see [`State::accounting_snapshot`].
+#[derive(Clone, Debug)]
+pub struct AccountingSnapshot {
+    accounts: Vec<AccountConfig>,
+    users: Vec<UserConfig>,
+    qos: Vec<Qos>,
+    assoc: AssocTree,
+    config_changed: bool,
+    assoc_changed: bool,
+}
+
 /// What a worker reports when it (re)registers.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeRegistration {
@@ -331,8 +342,17 @@ impl State {
             usage_charged_at,
         } = input;
         let mut st = State::new(config)?;
+        // The account and user lists shape the tree (a tree stored before the lists were, or
+        // lists edited since, must not leave jobs charging associations the lists lack); the
+        // stored tree supplies the usage.
         if let Some(tree) = assoc {
-            st.assoc = tree;
+            if tree_matches(&tree, &st.config) {
+                // Kept as stored: same associations, and sshare's order (creation order)
+                // survives the restart.
+                st.assoc = tree;
+            } else {
+                st.assoc.carry_usage_from(&tree);
+            }
         }
         st.usage_charged_at = usage_charged_at;
         nodes.sort_by_key(|n| n.id);
@@ -517,6 +537,32 @@ fn tree_from_config(config: &ClusterConfig) -> Result<AssocTree, FairShareError>
         tree.add_user(&u.user, &u.account, u.shares)?;
     }
     Ok(tree)
+}
+
+/// Whether a stored tree has exactly the accounts and users of the lists, with their
+/// parents and shares.
+fn tree_matches(tree: &AssocTree, config: &ClusterConfig) -> bool {
+    use crate::fairshare::{AssocKind, ROOT_ACCOUNT};
+    let live = tree.walk();
+    let accounts = live
+        .iter()
+        .filter(|(i, _)| tree.kind(*i) == AssocKind::Account)
+        .count();
+    if accounts != config.accounts.len() + 1 || live.len() != accounts + config.users.len() {
+        return false;
+    }
+    let accounts_ok = config.accounts.iter().all(|a| {
+        tree.account(&a.name).is_some_and(|i| {
+            let parent = tree.parent(i).map(|p| tree.name(p));
+            tree.shares(i) == a.shares
+                && parent == Some(a.parent.as_deref().unwrap_or(ROOT_ACCOUNT))
+        })
+    });
+    accounts_ok
+        && config.users.iter().all(|u| {
+            tree.user(&u.user, &u.account)
+                .is_some_and(|i| tree.shares(i) == u.shares)
+        })
 }
 
 // === indexes ===
@@ -873,16 +919,13 @@ impl State {
         let id = JobId(self.next_job_id);
         self.next_job_id += 1;
         let hold = if spec.hold { Hold::User } else { Hold::None };
+        let has_dependency = spec.dependency.is_some();
         let array = spec.array.as_deref().map(|a| Box::new(ArrayState::new(a)));
-        let job = Job {
+        let mut job = Job {
             id,
             spec,
             state: JobState::Pending,
-            reason: if hold == Hold::User {
-                Reason::JobHeldUser
-            } else {
-                Reason::None
-            },
+            reason: Reason::None,
             priority: 0,
             submit_time: now,
             eligible_time: None,
@@ -901,6 +944,24 @@ impl State {
             kill: None,
             preempt_time: None,
         };
+        if has_dependency {
+            // Dependencies are judged by the pass, which sees the whole queue (singleton);
+            // the pass records the job's eligibility when it comes.
+            job.reason = match hold {
+                Hold::None if job.spec.begin.is_some_and(|b| b > now) => Reason::BeginTime,
+                Hold::None => Reason::None,
+                _ => Reason::JobHeldUser,
+            };
+        } else {
+            // Known now, as Slurm shows it at once (a held or later job triggers no pass that
+            // would say why). A job that could be considered right away is eligible from its
+            // submit, so its age counts from now and the first pass has nothing durable to
+            // change about it: one write per submit, not two.
+            match crate::cycle::ineligible_reason(self, &job, &HashSet::new(), now) {
+                Some(r) => job.reason = r,
+                None => job.eligible_time = Some(now),
+            }
+        }
         self.jobs.insert(id, job);
         self.index(id);
         Ok(id)
@@ -1146,7 +1207,12 @@ impl State {
                 self.finish(id, JobState::Cancelled, Reason::None, now, 0, 0);
                 Vec::new()
             }
-            JobState::Running if job.kill.is_none() || job.kill == Some(KillReason::Requeue) => {
+            // A job in its preemption grace is cancelled now, as in Slurm: the grace gives
+            // it time to checkpoint, not a shield against its owner's scancel.
+            JobState::Running
+                if job.kill.is_none()
+                    || matches!(job.kill, Some(KillReason::Requeue | KillReason::Preempt(_))) =>
+            {
                 let nodes = job
                     .alloc
                     .as_ref()
@@ -2014,8 +2080,17 @@ impl State {
         Ok(())
     }
 
-    /// `sacctmgr delete account` (must have no users or sub-accounts).
+    /// `sacctmgr delete account` (must have no users or sub-accounts, and no jobs that
+    /// have not ended).
     pub fn remove_account(&mut self, name: &str) -> Result<(), AdminError> {
+        if self.assoc.account(name).is_some() {
+            let active = self.active_jobs_charging(name, None);
+            if active > 0 {
+                return Err(AdminError::Invalid(format!(
+                    "account {name} has {active} active job(s); cancel them first"
+                )));
+            }
+        }
         self.assoc.remove_account(name)?;
         self.config.accounts.retain(|a| a.name != name);
         self.changes.config = true;
@@ -2052,22 +2127,141 @@ impl State {
         Ok(())
     }
 
-    /// `sacctmgr add user NAME account=A`.
-    pub fn add_user(&mut self, user: UserConfig) -> Result<(), AdminError> {
+    /// `sacctmgr add user NAME account=A`. A user's first association is their default
+    /// account; a new default takes the flag from the old one.
+    pub fn add_user(&mut self, mut user: UserConfig) -> Result<(), AdminError> {
         self.assoc
             .add_user(&user.user, &user.account, user.shares)?;
+        let first = !self.config.users.iter().any(|u| u.user == user.user);
+        user.default |= first;
+        if user.default {
+            for u in self.config.users.iter_mut().filter(|u| u.user == user.user) {
+                u.default = false;
+            }
+        }
         self.config.users.push(user);
         self.changes.config = true;
         self.changes.assoc = true;
         Ok(())
     }
 
-    /// `sacctmgr delete user NAME account=A`.
+    /// `sacctmgr modify account set ...`: replaces an account's settings (shares, limits,
+    /// description); its name and parent stay.
+    pub fn update_account(&mut self, acct: AccountConfig) -> Result<(), AdminError> {
+        let Some(idx) = self.assoc.account(&acct.name) else {
+            return Err(FairShareError::UnknownAccount(acct.name).into());
+        };
+        let Some(cur) = self
+            .config
+            .accounts
+            .iter_mut()
+            .find(|a| a.name == acct.name)
+        else {
+            return Err(AdminError::Invalid(
+                "the root account cannot be modified".into(),
+            ));
+        };
+        if cur.parent != acct.parent {
+            return Err(AdminError::Invalid(format!(
+                "account {}: the parent cannot be changed",
+                acct.name
+            )));
+        }
+        self.assoc.set_shares(idx, acct.shares);
+        *cur = acct;
+        self.changes.config = true;
+        self.changes.assoc = true;
+        Ok(())
+    }
+
+    /// `sacctmgr modify user ... set ...`: replaces one association's settings. Making it
+    /// the default takes the flag from the user's other associations.
+    pub fn update_user(&mut self, user: UserConfig) -> Result<(), AdminError> {
+        let Some(idx) = self.assoc.user(&user.user, &user.account) else {
+            return Err(FairShareError::UnknownUser {
+                user: user.user,
+                account: user.account,
+            }
+            .into());
+        };
+        self.assoc.set_shares(idx, user.shares);
+        for u in self.config.users.iter_mut().filter(|u| u.user == user.user) {
+            if u.account == user.account {
+                u.shares = user.shares;
+                u.default = user.default;
+            } else if user.default {
+                u.default = false;
+            }
+        }
+        self.changes.config = true;
+        self.changes.assoc = true;
+        Ok(())
+    }
+
+    /// Jobs not yet ended that charge `account` (only `user`'s, if given).
+    pub fn active_jobs_charging(&self, account: &str, user: Option<&str>) -> usize {
+        self.jobs
+            .values()
+            .filter(|j| !j.state.is_terminal() && j.spec.account == account)
+            .filter(|j| user.is_none_or(|u| j.spec.user == u))
+            .count()
+    }
+
+    /// What run-time account, user and QOS changes touch, to undo a request that fails
+    /// part-way (`sacctmgr add account a,b` when `b` is bad adds neither).
+    pub fn accounting_snapshot(&self) -> AccountingSnapshot {
+        AccountingSnapshot {
+            accounts: self.config.accounts.clone(),
+            users: self.config.users.clone(),
+            qos: self.config.qos.clone(),
+            assoc: self.assoc.clone(),
+            config_changed: self.changes.config,
+            assoc_changed: self.changes.assoc,
+        }
+    }
+
+    /// Puts back what [`State::accounting_snapshot`] saw.
+    pub fn rollback_accounting(&mut self, snap: AccountingSnapshot) {
+        self.config.accounts = snap.accounts;
+        self.config.users = snap.users;
+        self.config.qos = snap.qos;
+        self.assoc = snap.assoc;
+        self.changes.config = snap.config_changed;
+        self.changes.assoc = snap.assoc_changed;
+    }
+
+    /// Marks the configuration and the account tree changed, so the controller persists
+    /// them: on first start, this makes the store the authority from then on.
+    pub fn mark_accounting_changed(&mut self) {
+        self.changes.config = true;
+        self.changes.assoc = true;
+    }
+
+    /// `sacctmgr delete user NAME account=A` (refused while the association has jobs that
+    /// have not ended).
     pub fn remove_user(&mut self, user: &str, account: &str) -> Result<(), AdminError> {
+        if self.assoc.user(user, account).is_some() {
+            let active = self.active_jobs_charging(account, Some(user));
+            if active > 0 {
+                return Err(AdminError::Invalid(format!(
+                    "user {user} has {active} active job(s) in account {account}; cancel them first"
+                )));
+            }
+        }
         self.assoc.remove_user(user, account)?;
         self.config
             .users
             .retain(|u| !(u.user == user && u.account == account));
+        let mut mine = self.config.users.iter_mut().filter(|u| u.user == user);
+        if let Some(first) = mine.next()
+            && !first.default
+            && !mine.any(|u| u.default)
+        {
+            // The default went with the association: the next one takes over.
+            if let Some(u) = self.config.users.iter_mut().find(|u| u.user == user) {
+                u.default = true;
+            }
+        }
         self.changes.config = true;
         self.changes.assoc = true;
         Ok(())

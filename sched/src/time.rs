@@ -16,21 +16,9 @@ pub struct TimeError {
 
 fn terr(input: &str, problem: impl Into<String>) -> TimeError {
     TimeError {
-        input: truncate(input),
+        input: crate::quote::clipped(input),
         problem: problem.into(),
     }
-}
-
-/// Error messages quote the input; hostile input must not make them huge.
-fn truncate(s: &str) -> String {
-    if s.len() <= 64 {
-        return s.to_string();
-    }
-    let mut end = 64;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}...", &s[..end])
 }
 
 /// Largest duration accepted: 100 years. Anything longer is a typo, and the cap keeps every

@@ -26,7 +26,9 @@ use tracing::{debug, info, warn};
 
 use crate::journal::Journal;
 use crate::launch::env::{NodeLocal, batch_env};
-use crate::launch::limits::{DEFAULT_KILL_WAIT, EndCause, Enforcer, ExitReport};
+use crate::launch::limits::{
+    DEFAULT_KILL_WAIT, Due, EndCause, Enforcer, ExitReport, Target, Warning,
+};
 use crate::launch::process::{self, BatchSpec, RunAs};
 use crate::step::registry::StepRegistry;
 use crate::unix_now;
@@ -42,8 +44,9 @@ pub enum JobEvent {
 #[derive(Debug, Clone, Copy)]
 enum Control {
     /// SIGTERM, kill_wait, SIGKILL: a cancel or preemption, or the controller's safety net
-    /// for a time limit this worker missed (then reported as a timeout).
-    Terminate(EndCause),
+    /// for a time limit this worker missed (then reported as a timeout). A preemption's
+    /// QOS grace time comes first, after a SIGTERM sent as notice.
+    Terminate { cause: EndCause, grace: Duration },
     /// Deliver a signal as is.
     Signal { signal: Signal, batch_only: bool },
     /// SIGKILL now: the controller no longer knows the job, or the worker stops.
@@ -151,10 +154,13 @@ impl Jobs {
     /// Applies the controller's `SignalJob`. Returns false if the job does not run here.
     pub fn signal(&self, req: &SignalJob) -> bool {
         let control = if req.signal == 0 {
-            Control::Terminate(match req.reason.as_str() {
-                "timeout" => EndCause::TimeLimit,
-                _ => EndCause::Cancel,
-            })
+            Control::Terminate {
+                cause: match req.reason.as_str() {
+                    "timeout" => EndCause::TimeLimit,
+                    _ => EndCause::Cancel,
+                },
+                grace: Duration::from_secs(req.grace_s.into()),
+            }
         } else {
             match Signal::try_from(req.signal) {
                 Ok(signal) => Control::Signal {
@@ -184,12 +190,18 @@ impl Jobs {
     fn signal_steps(&self, job_id: u64, control: Control) -> bool {
         let steps = &self.inner.steps;
         let signalled = match control {
-            Control::Terminate(_) => {
+            Control::Terminate { grace, .. } => {
                 let n = steps.signal_job(job_id, Signal::SIGTERM);
                 if n > 0 {
                     let steps = Arc::clone(steps);
                     let wait = self.inner.node.kill_wait.unwrap_or(DEFAULT_KILL_WAIT);
+                    // The batch node's sequence (see `Enforcer::terminate`): the first
+                    // SIGTERM was notice; the end proper begins when the grace is over.
                     tokio::spawn(async move {
+                        if !grace.is_zero() {
+                            tokio::time::sleep(grace).await;
+                            steps.signal_job(job_id, Signal::SIGTERM);
+                        }
                         tokio::time::sleep(wait).await;
                         steps.signal_job(job_id, Signal::SIGKILL);
                     });
@@ -260,6 +272,8 @@ async fn supervise(
                 env: &env,
                 stdout: &job.stdout,
                 stderr: &job.stderr,
+                stdin: &job.stdin,
+                open_append: job.open_append,
                 node_name: &node.name,
                 run_as,
             };
@@ -292,7 +306,8 @@ async fn supervise(
         .or_else(|| (job.kill_wait_s > 0).then(|| Duration::from_secs(job.kill_wait_s.into())))
         .unwrap_or(DEFAULT_KILL_WAIT);
     let limit = (job.time_limit_s > 0).then(|| Duration::from_secs(job.time_limit_s));
-    let mut enforcer = Enforcer::new(Instant::now().into_std(), limit, kill_wait);
+    let start = Instant::now().into_std();
+    let mut enforcer = Enforcer::new(start, limit, kill_wait).with_warning(start, warning_of(&job));
     let apply = |sig: Option<Signal>| {
         if let Some(sig) = sig {
             info!(signal = %sig, "signalling the job's process group");
@@ -307,12 +322,23 @@ async fn supervise(
         let wake = enforcer.next_wakeup().map(Instant::from_std);
         tokio::select! {
             status = started.child.wait() => break status,
-            () = sleep_until(wake) => {
-                apply(enforcer.on_tick(Instant::now().into_std()));
-            }
+            () = sleep_until(wake) => match enforcer.on_tick(Instant::now().into_std()) {
+                Some(Due { signal, to: Target::Job }) => apply(Some(signal)),
+                Some(Due { signal, to: Target::BatchShell }) => {
+                    info!(signal = %signal, "signalling the batch shell (--signal=B:)");
+                    if let Err(e) = kill(pgid, signal) {
+                        debug!(error = %e, "kill failed");
+                    }
+                }
+                Some(Due { signal, to: Target::Steps }) => {
+                    let steps = inner.steps.signal_job(job.job_id, signal);
+                    info!(signal = %signal, steps, "signalling the job's steps (--signal)");
+                }
+                None => {}
+            },
             Some(c) = control.recv() => match c {
-                Control::Terminate(cause) => {
-                    apply(enforcer.terminate(Instant::now().into_std(), cause));
+                Control::Terminate { cause, grace } => {
+                    apply(enforcer.terminate(Instant::now().into_std(), cause, grace));
                 }
                 Control::Kill => apply(enforcer.kill_now()),
                 Control::Signal { signal, batch_only: true } => {
@@ -356,6 +382,27 @@ async fn supervise(
         "batch script ended"
     );
     ended
+}
+
+/// The job's `--signal`, if it asked for one this worker can send.
+fn warning_of(job: &LaunchJob) -> Option<Warning> {
+    if job.signal_number == 0 {
+        return None;
+    }
+    match Signal::try_from(job.signal_number) {
+        Ok(signal) => Some(Warning {
+            signal,
+            before: Duration::from_secs(job.signal_before_s.into()),
+            batch_only: job.signal_batch_only,
+        }),
+        Err(_) => {
+            warn!(
+                signal = job.signal_number,
+                "--signal with a signal this node does not know ignored"
+            );
+            None
+        }
+    }
 }
 
 async fn sleep_until(at: Option<Instant>) {

@@ -124,20 +124,46 @@ async fn cancel_terminates_the_whole_process_group() {
     h.controller.started(10).await;
     let child_pid = wait_for_pid(&pid_file).await;
     assert!(alive(child_pid), "background child runs before the cancel");
-    h.controller
-        .send(controller_message::Msg::SignalJob(SignalJob {
-            job_id: 10,
-            signal: 0,
-            batch_only: false,
-            reason: "cancel".into(),
-        }))
-        .await;
+    h.controller.end_job(10, "cancel", 0).await;
     let ended = h.controller.ended(10).await;
     assert!(ended.cancelled && !ended.timed_out, "{ended:?}");
     assert_eq!(ended.signal, 15, "the shell died of SIGTERM: {ended:?}");
     assert!(
         dies_soon(child_pid),
         "the background sleep died with its group"
+    );
+    h.stop().await;
+}
+
+/// A preemption with a QOS GraceTime: SIGTERM at once as notice, the job keeps running
+/// through the grace, then SIGTERM again and SIGKILL after KillWait (Slurm's sequence).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preemption_grace_keeps_the_job_running_before_the_usual_end() {
+    let mut h = Harness::start().await;
+    let out = h.path("grace.txt");
+    let script =
+        "#!/bin/sh\ntrap 'echo got TERM' TERM\necho ready\nwhile true; do sleep 0.1; done\n";
+    let mut job = h.job(20, script, &out);
+    job.kill_wait_s = 1;
+    h.controller.launch(job).await;
+    h.controller.started(20).await;
+    wait_for_text(&out, "ready").await;
+    let t0 = Instant::now();
+    h.controller.end_job(20, "preempt", 2).await;
+    let ended = h.controller.ended(20).await;
+    let took = t0.elapsed();
+    assert!(ended.cancelled && !ended.timed_out, "{ended:?}");
+    assert_eq!(ended.signal, 9, "killed by SIGKILL at the end: {ended:?}");
+    assert!(
+        took >= Duration::from_secs(3),
+        "SIGKILL before grace (2 s) + KillWait (1 s): {took:?}"
+    );
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(
+        text.matches("got TERM").count(),
+        2,
+        "SIGTERM as notice and again when the grace ended: {text:?}"
     );
     h.stop().await;
 }
@@ -150,14 +176,7 @@ async fn controller_timeout_signal_is_reported_as_a_timeout() {
         .launch(h.job(19, "#!/bin/sh\nsleep 300\n", &h.path("to.txt")))
         .await;
     h.controller.started(19).await;
-    h.controller
-        .send(controller_message::Msg::SignalJob(SignalJob {
-            job_id: 19,
-            signal: 0,
-            batch_only: false,
-            reason: "timeout".into(),
-        }))
-        .await;
+    h.controller.end_job(19, "timeout", 0).await;
     let ended = h.controller.ended(19).await;
     assert!(ended.timed_out && !ended.cancelled, "{ended:?}");
     assert_eq!(ended.signal, 15);
@@ -179,6 +198,7 @@ async fn batch_only_signal_reaches_only_the_shell_and_abandon_kills() {
             signal: 10, // SIGUSR1
             batch_only: true,
             reason: String::new(),
+            grace_s: 0,
         }))
         .await;
     wait_for_text(&out, "shell got USR1").await;
@@ -308,7 +328,7 @@ async fn jobs_run_as_the_submitting_user() {
     assert!(
         ended
             .launch_error
-            .contains("cannot open output files as uid 65534"),
+            .contains("cannot open the input or output files as uid 65534"),
         "{ended:?}"
     );
     assert!(!locked.join("out.txt").exists());
@@ -391,6 +411,156 @@ async fn a_restarted_worker_reports_and_kills_what_its_predecessor_left() {
     // Job 41's end is re-sent too: its stream died before the confirmation window passed.
     assert_eq!(ended, [(40, 0, 9), (41, 6, 0)]);
     assert!(dies_soon(pid), "the orphaned job was killed");
+    h.stop().await;
+}
+
+/// `--signal=B:`: the batch shell gets the warning ahead of the time limit, its children do
+/// not, and the warning does not end the job by itself. Without `B:` only steps get it
+/// (`tests/step.rs`): a job without steps runs on to its limit untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warning_signal_comes_before_the_time_limit() {
+    let mut h = Harness::start().await;
+    // A background child that reports USR1 itself, so it shows whether the group got it.
+    let script = "#!/bin/sh\n\
+        trap 'echo shell got USR1' USR1\n\
+        sh -c 'trap \"echo child got USR1; exit 0\" USR1; while true; do sleep 0.1; done' &\n\
+        wait\n\
+        echo done\n";
+    struct Case {
+        job_id: u64,
+        batch_only: bool,
+        time_limit_s: u64,
+        want_shell: bool,
+        want_timeout: bool,
+    }
+    let cases = [
+        Case {
+            job_id: 30,
+            batch_only: true,
+            time_limit_s: 30,
+            want_shell: true,
+            want_timeout: false,
+        },
+        Case {
+            job_id: 31,
+            batch_only: false,
+            time_limit_s: 3,
+            want_shell: false,
+            want_timeout: true,
+        },
+    ];
+    for case in cases {
+        let out = h.path(&format!("warn-{}.txt", case.job_id));
+        let mut job = h.job(case.job_id, script, &out);
+        job.time_limit_s = case.time_limit_s;
+        job.kill_wait_s = 1;
+        job.signal_number = 10; // SIGUSR1
+        job.signal_before_s = u32::try_from(case.time_limit_s).unwrap() - 1;
+        job.signal_batch_only = case.batch_only;
+        let t0 = Instant::now();
+        h.controller.launch(job).await;
+        let ended = h.controller.ended(case.job_id).await;
+        let took = t0.elapsed();
+        let text = std::fs::read_to_string(&out).unwrap();
+        assert!(
+            took >= Duration::from_millis(900),
+            "job {}: ended {took:?} after the launch, the warning is due at 1 s",
+            case.job_id
+        );
+        assert!(
+            took < Duration::from_secs(10),
+            "job {}: {took:?}",
+            case.job_id
+        );
+        assert_eq!(
+            text.contains("shell got USR1"),
+            case.want_shell,
+            "job {}: {text:?}",
+            case.job_id
+        );
+        assert!(
+            !text.contains("child got USR1"),
+            "job {}: {text:?}",
+            case.job_id
+        );
+        assert_eq!(ended.timed_out, case.want_timeout, "{ended:?}");
+        if !case.want_timeout {
+            assert_eq!((ended.exit_code, ended.signal), (0, 0), "{ended:?}");
+            assert!(text.contains("done"), "{text:?}");
+        }
+    }
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn input_file_and_append_mode() {
+    let mut h = Harness::start().await;
+    let out = h.path("io.txt");
+    std::fs::write(&out, "from an earlier run\n").unwrap();
+    std::fs::write(h.path("in-n1.txt"), "line from the input file\n").unwrap();
+    let mut job = h.job(32, "#!/bin/sh\ncat\necho to-err >&2\n", &out);
+    job.stdin = h.path("in-%N.txt").to_string_lossy().into_owned();
+    job.open_append = true;
+    h.controller.launch(job).await;
+    assert_eq!(h.controller.ended(32).await.exit_code, 0);
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        "from an earlier run\nline from the input file\nto-err\n",
+        "appended, stdin from the %N-expanded file, stderr with stdout"
+    );
+
+    // Without --input the script reads /dev/null, and truncation stays the default.
+    let job = h.job(33, "#!/bin/sh\ncat\necho only-this\n", &out);
+    h.controller.launch(job).await;
+    assert_eq!(h.controller.ended(33).await.exit_code, 0);
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "only-this\n");
+
+    let mut job = h.job(34, "#!/bin/sh\ntrue\n", &h.path("never.txt"));
+    job.stdin = h.path("missing-input.txt").to_string_lossy().into_owned();
+    h.controller.launch(job).await;
+    let ended = h.controller.ended(34).await;
+    assert!(
+        ended.launch_error.contains("cannot open input file"),
+        "{ended:?}"
+    );
+
+    // A root worker opens them through the shell, as the job's user.
+    if nix::unistd::getuid().is_root() {
+        const NOBODY: u32 = 65534;
+        let home = h.path("io-home");
+        std::fs::create_dir(&home).unwrap();
+        std::os::unix::fs::chown(&home, Some(NOBODY), Some(NOBODY)).unwrap();
+        let out = home.join("out.txt");
+        std::fs::write(&out, "kept\n").unwrap();
+        std::os::unix::fs::chown(&out, Some(NOBODY), Some(NOBODY)).unwrap();
+        std::fs::write(home.join("in-n1.txt"), "as nobody\n").unwrap();
+        let as_nobody = |h: &Harness, id: u64, stdin: &str| {
+            let mut job = h.job(id, "#!/bin/sh\ncat\n", &out);
+            job.uid = NOBODY;
+            job.gid = NOBODY;
+            job.workdir = home.to_string_lossy().into_owned();
+            job.stdin = home.join(stdin).to_string_lossy().into_owned();
+            job.open_append = true;
+            job
+        };
+        let job = as_nobody(&h, 35, "in-%N.txt");
+        h.controller.launch(job).await;
+        assert_eq!(h.controller.ended(35).await.exit_code, 0);
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "kept\nas nobody\n");
+        let job = as_nobody(&h, 36, "absent.txt");
+        h.controller.launch(job).await;
+        let ended = h.controller.ended(36).await;
+        assert!(
+            ended.launch_error.contains("as uid 65534")
+                && ended.launch_error.contains("absent.txt"),
+            "{ended:?}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&out).unwrap(),
+            "kept\nas nobody\n",
+            "a failed stdin redirection leaves the output alone"
+        );
+    }
     h.stop().await;
 }
 

@@ -10,9 +10,7 @@ use support::{Harness, WAIT};
 use tandem_proto::auth::Identity;
 use tandem_proto::endpoint;
 use tandem_proto::v1::step_launcher_client::StepLauncherClient;
-use tandem_proto::v1::{
-    LaunchTasksRequest, SignalJob, SignalTasksRequest, TaskOutput, controller_message, task_output,
-};
+use tandem_proto::v1::{LaunchTasksRequest, SignalTasksRequest, TaskOutput, task_output};
 use tonic::Streaming;
 
 fn me() -> (u32, u32) {
@@ -20,6 +18,12 @@ fn me() -> (u32, u32) {
         nix::unistd::getuid().as_raw(),
         nix::unistd::getgid().as_raw(),
     )
+}
+
+/// The test's own user: the only one the worker lets launch as itself.
+fn tester() -> Identity {
+    let (uid, gid) = me();
+    Identity::user("tester", uid, gid)
 }
 
 async fn client(h: &Harness, who: &Identity) -> StepLauncherClient<endpoint::AuthChannel> {
@@ -47,6 +51,55 @@ fn request(
         uid,
         gid,
         ..Default::default()
+    }
+}
+
+async fn launch(
+    c: &mut StepLauncherClient<endpoint::AuthChannel>,
+    req: LaunchTasksRequest,
+) -> Streaming<TaskOutput> {
+    c.launch_tasks(req).await.unwrap().into_inner()
+}
+
+/// The step's first output message (the tasks are running once it comes).
+async fn first_output(stream: &mut Streaming<TaskOutput>) -> TaskOutput {
+    tokio::time::timeout(WAIT, stream.message())
+        .await
+        .expect("step output stalled")
+        .unwrap()
+        .expect("the step ended without output")
+}
+
+/// Launches one task that sleeps until signalled; returns once it is running (it has
+/// printed its first line).
+async fn launch_sleeper(
+    h: &Harness,
+    c: &mut StepLauncherClient<endpoint::AuthChannel>,
+    job_id: u64,
+    step_id: u32,
+) -> Streaming<TaskOutput> {
+    let req = request(
+        h,
+        job_id,
+        step_id,
+        &["sh", "-c", "echo up; exec sleep 300"],
+        &[0],
+    );
+    let mut stream = launch(c, req).await;
+    let first = first_output(&mut stream).await;
+    assert!(
+        matches!(first.event, Some(task_output::Event::Stdout(_))),
+        "{first:?}"
+    );
+    stream
+}
+
+fn signal_step(job_id: u64, step_id: u32, signal: i32) -> SignalTasksRequest {
+    SignalTasksRequest {
+        job_id,
+        step_id,
+        signal,
+        launch_token: String::new(),
     }
 }
 
@@ -82,8 +135,7 @@ async fn collect(mut stream: Streaming<TaskOutput>) -> BTreeMap<u32, TaskResult>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_get_their_rank_gpus_and_report_output_and_exit() {
     let h = Harness::start().await;
-    let (uid, gid) = me();
-    let mut c = client(&h, &Identity::user("tester", uid, gid)).await;
+    let mut c = client(&h, &tester()).await;
     let mut req = request(
         &h,
         30,
@@ -98,7 +150,7 @@ async fn tasks_get_their_rank_gpus_and_report_output_and_exit() {
     req.node_index = 1;
     req.gpus = vec![0, 1];
     req.ntasks_total = 4;
-    let stream = c.launch_tasks(req).await.unwrap().into_inner();
+    let stream = launch(&mut c, req).await;
     let results = collect(stream).await;
     assert_eq!(results.len(), 2);
     let t2 = &results[&2];
@@ -114,10 +166,9 @@ async fn tasks_get_their_rank_gpus_and_report_output_and_exit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_program_is_a_task_failure() {
     let h = Harness::start().await;
-    let (uid, gid) = me();
-    let mut c = client(&h, &Identity::user("tester", uid, gid)).await;
+    let mut c = client(&h, &tester()).await;
     let req = request(&h, 31, 0, &["/no/such/program"], &[0]);
-    let results = collect(c.launch_tasks(req).await.unwrap().into_inner()).await;
+    let results = collect(launch(&mut c, req).await).await;
     let t = &results[&0];
     assert_eq!(t.exit, Some((2, 0)));
     assert!(t.stderr.contains("/no/such/program"), "{t:?}");
@@ -156,37 +207,17 @@ async fn users_cannot_launch_as_someone_else_or_without_a_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn signal_tasks_reaches_the_step() {
     let h = Harness::start().await;
-    let (uid, gid) = me();
-    let who = Identity::user("tester", uid, gid);
-    let mut c = client(&h, &who).await;
-    let req = request(&h, 33, 1, &["sh", "-c", "echo up; exec sleep 300"], &[0]);
-    let mut stream = c.launch_tasks(req).await.unwrap().into_inner();
-    // Wait until the task runs before signalling it.
-    let first = tokio::time::timeout(WAIT, stream.message())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert!(matches!(first.event, Some(task_output::Event::Stdout(_))));
+    let mut c = client(&h, &tester()).await;
+    let stream = launch_sleeper(&h, &mut c, 33, 1).await;
     let stranger = client(&h, &Identity::user("mallory", 4242, 4242))
         .await
-        .signal_tasks(SignalTasksRequest {
-            job_id: 33,
-            step_id: 1,
-            signal: 9,
-            launch_token: String::new(),
-        })
+        .signal_tasks(signal_step(33, 1, 9))
         .await
         .unwrap_err();
     assert_eq!(stranger.code(), tonic::Code::PermissionDenied);
-    client(&h, &who)
+    client(&h, &tester())
         .await
-        .signal_tasks(SignalTasksRequest {
-            job_id: 33,
-            step_id: 1,
-            signal: 15,
-            launch_token: String::new(),
-        })
+        .signal_tasks(signal_step(33, 1, 15))
         .await
         .unwrap();
     let results = collect(stream).await;
@@ -197,15 +228,10 @@ async fn signal_tasks_reaches_the_step() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_die_when_srun_goes_away() {
     let h = Harness::start().await;
-    let (uid, gid) = me();
-    let mut c = client(&h, &Identity::user("tester", uid, gid)).await;
+    let mut c = client(&h, &tester()).await;
     let req = request(&h, 34, 0, &["sh", "-c", "echo $$; exec sleep 300"], &[0]);
-    let mut stream = c.launch_tasks(req).await.unwrap().into_inner();
-    let first = tokio::time::timeout(WAIT, stream.message())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let mut stream = launch(&mut c, req).await;
+    let first = first_output(&mut stream).await;
     let Some(task_output::Event::Stdout(b)) = first.event else {
         panic!("expected the pid first, got {first:?}");
     };
@@ -233,25 +259,40 @@ async fn tasks_die_when_srun_goes_away() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_the_job_ends_its_steps_on_this_node() {
     let h = Harness::start().await;
-    let (uid, gid) = me();
-    let mut c = client(&h, &Identity::user("tester", uid, gid)).await;
-    let req = request(&h, 35, 0, &["sh", "-c", "echo up; exec sleep 300"], &[0]);
-    let mut stream = c.launch_tasks(req).await.unwrap().into_inner();
-    let first = tokio::time::timeout(WAIT, stream.message())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert!(matches!(first.event, Some(task_output::Event::Stdout(_))));
-    h.controller
-        .send(controller_message::Msg::SignalJob(SignalJob {
-            job_id: 35,
-            signal: 0,
-            batch_only: false,
-            reason: "cancel".into(),
-        }))
-        .await;
+    let mut c = client(&h, &tester()).await;
+    let stream = launch_sleeper(&h, &mut c, 35, 0).await;
+    h.controller.end_job(35, "cancel", 0).await;
     let results = collect(stream).await;
     assert_eq!(results[&0].exit, Some((0, 15)));
+    h.stop().await;
+}
+
+/// `--signal` without `B:`: the job's steps get the warning, the batch shell does not (it
+/// would die of a signal it does not trap, as Slurm's rule avoids).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warning_signal_reaches_the_steps_but_not_the_batch_shell() {
+    let mut h = Harness::start().await;
+    let out = h.path("warned.txt");
+    let mut job = h.job(
+        41,
+        "#!/bin/sh\ntrap 'echo shell got USR1' USR1\necho ready\nsleep 300 &\nwait\necho shell woke\n",
+        &out,
+    );
+    job.time_limit_s = 30;
+    job.signal_number = 10; // SIGUSR1
+    job.signal_before_s = 28;
+    h.controller.launch(job).await;
+    h.controller.started(41).await;
+    let mut c = client(&h, &tester()).await;
+    let script = "trap 'echo step got USR1; exit 0' USR1; while true; do sleep 0.1; done";
+    let req = request(&h, 41, 0, &["sh", "-c", script], &[0]);
+    let stream = launch(&mut c, req).await;
+    let results = tokio::time::timeout(WAIT, collect(stream)).await.unwrap();
+    assert_eq!(results[&0].stdout, "step got USR1\n");
+    assert_eq!(results[&0].exit, Some((0, 0)));
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(text, "ready\n", "the batch shell was spared");
+    h.controller.end_job(41, "cancel", 0).await;
+    assert!(h.controller.ended(41).await.cancelled);
     h.stop().await;
 }

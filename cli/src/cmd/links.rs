@@ -6,7 +6,8 @@ use anyhow::{Context as _, bail};
 
 use crate::{Exit, SLURM_COMMANDS};
 
-/// Create sbatch, squeue, scancel, sinfo, sacct, scontrol and srun links in DIR.
+/// Create sbatch, squeue, scancel, sinfo, sacct, scontrol, srun, sacctmgr, sshare and sprio
+/// links in DIR.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Directory for the links (created if missing), e.g. ~/.local/bin.

@@ -1,18 +1,22 @@
 //! One module per command. Each has an `Args` (clap derive; doc comments are the help text)
 //! and an async or plain `run(Args) -> Exit`.
 
+pub mod acct_table;
 pub mod controller;
 pub mod demo;
 pub mod down;
 pub mod links;
 pub mod sacct;
+pub mod sacctmgr;
 pub mod sbatch;
 pub mod scancel;
 pub mod scontrol;
 pub mod sim;
 pub mod sinfo;
+pub mod sprio;
 pub mod squeue;
 pub mod srun;
+pub mod sshare;
 pub mod up;
 pub mod worker;
 

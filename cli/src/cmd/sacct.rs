@@ -165,15 +165,12 @@ pub async fn run(args: Args) -> Exit {
 }
 
 /// A requeued job has one record per run; like Slurm's sacct without `-D`, keep only the
-/// most recent run of each job id (latest start, then latest end with "still running" last,
-/// then the controller's order).
+/// most recent run of each job id: the active one (pending again after a requeue, or
+/// running) if any, else the latest start, then the latest end, then the controller's order.
 pub fn latest_runs(jobs: Vec<tandem_proto::v1::JobInfo>) -> Vec<tandem_proto::v1::JobInfo> {
-    let key = |j: &tandem_proto::v1::JobInfo| {
-        (
-            j.start_time,
-            if j.end_time > 0 { j.end_time } else { i64::MAX },
-        )
-    };
+    // A requeued job waiting to run again has no start time, yet it is newer than every
+    // run that ended: ranking by start alone showed it as its last run's PREEMPTED.
+    let key = |j: &tandem_proto::v1::JobInfo| (j.end_time == 0, j.start_time, j.end_time);
     let mut best: std::collections::HashMap<u64, (usize, tandem_proto::v1::JobInfo)> =
         std::collections::HashMap::new();
     for (i, j) in jobs.into_iter().enumerate() {
@@ -240,6 +237,8 @@ mod tests {
             run(1, 100, 130, JobState::Completed),
             run(3, 10, 20, JobState::NodeFail),
             run(3, 30, 0, JobState::Running),
+            run(4, 10, 20, JobState::Preempted),
+            run(4, 0, 0, JobState::Pending),
         ];
         let kept: Vec<(u64, JobState)> = latest_runs(jobs)
             .iter()
@@ -250,7 +249,8 @@ mod tests {
             [
                 (2, JobState::Completed),
                 (1, JobState::Completed),
-                (3, JobState::Running)
+                (3, JobState::Running),
+                (4, JobState::Pending)
             ]
         );
     }

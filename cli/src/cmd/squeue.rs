@@ -1,12 +1,14 @@
 //! `squeue`: pending and running jobs.
 
+use std::io::Write as _;
+
 use clap::Parser;
-use tandem_proto::v1::ListJobsRequest;
+use tandem_proto::v1::{JobInfo, ListJobsRequest};
 
 use crate::Exit;
 use crate::client::{Client, RpcResult as _};
-use crate::format::columns::{SQUEUE_LONG, squeue_format, squeue_named};
-use crate::format::view::JobView;
+use crate::format::columns::{JobField, SQUEUE_LONG, squeue_format, squeue_named};
+use crate::format::view::{elapsed_s, state_name};
 use crate::format::{Columns, Human, Json, Output};
 
 /// Show queued and running jobs.
@@ -53,7 +55,12 @@ pub struct Args {
     #[arg(short = 'r', long = "array")]
     pub array: bool,
     /// Sort keys: %-field letters, comma separated, '-' for descending (default: job id).
-    #[arg(short = 'S', long = "sort", value_name = "KEYS")]
+    #[arg(
+        short = 'S',
+        long = "sort",
+        value_name = "KEYS",
+        allow_hyphen_values = true
+    )]
     pub sort: Option<String>,
     /// Print JSON instead of a table.
     #[arg(long)]
@@ -64,7 +71,7 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> Exit {
-    let output = output_of(&args)?;
+    let (output, fields) = output_of(&args)?;
     let mut users = super::split_commas(&args.users);
     if args.me {
         users.push(crate::client::user_name());
@@ -81,22 +88,33 @@ pub async fn run(args: Args) -> Exit {
         accounts: super::split_commas(&args.accounts),
         include_finished: false,
         fold_arrays: !args.array,
+        fields,
     };
+    let keys = sort_keys(args.sort.as_deref())?;
     let mut client = Client::connect().await?;
     let resp = client.jobs.list_jobs(req).await.rpc()?;
-    let mut views: Vec<JobView> = resp
-        .jobs
-        .iter()
-        .map(|j| JobView::from_job(j, resp.now))
-        .collect();
-    sort(&mut views, args.sort.as_deref())?;
-    crate::emit(&output.jobs(&views)?)?;
-    Ok(0)
+    let mut jobs: Vec<&JobInfo> = resp.jobs.iter().collect();
+    sort(&mut jobs, &keys, resp.now);
+    let mut out = std::io::stdout().lock();
+    match output
+        .write_jobs(&jobs, resp.now, &mut out)
+        .and_then(|()| Ok(out.flush()?))
+    {
+        // `squeue | head` closes the pipe early: the reader has what it wanted.
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            Ok(0)
+        }
+        r => r.map(|()| 0),
+    }
 }
 
-fn output_of(args: &Args) -> anyhow::Result<Box<dyn Output>> {
+/// How the jobs are printed, and the `JobInfo` fields that needs (none named: all of them).
+fn output_of(args: &Args) -> anyhow::Result<(Box<dyn Output>, Vec<String>)> {
     if args.json {
-        return Ok(Box::new(Json));
+        return Ok((Box::new(Json), Vec::new()));
     }
     let columns = match (&args.format, &args.named, args.long) {
         (Some(f), _, _) => {
@@ -110,17 +128,33 @@ fn output_of(args: &Args) -> anyhow::Result<Box<dyn Output>> {
         (None, None, true) => Some(Columns::Percent(SQUEUE_LONG.to_string())),
         (None, None, false) => None,
     };
-    Ok(Box::new(Human::new(columns, !args.noheader)))
+    let human = Human::new(columns, !args.noheader);
+    // Sort keys are column letters too (`sort_keys` refuses the others).
+    let sort_keys = args.sort.as_deref().unwrap_or("").chars();
+    let mut fields: Vec<String> = human
+        .job_format()?
+        .fields()
+        .chain(sort_keys.filter_map(JobField::from_letter))
+        .flat_map(JobField::wire_fields)
+        .map(|f| (*f).to_string())
+        .collect();
+    fields.sort_unstable();
+    fields.dedup();
+    if fields.is_empty() {
+        // An empty mask means every field; the ids alone are always sent.
+        fields.push("job_id".to_string());
+    }
+    Ok((Box::new(human), fields))
 }
 
-/// Sorts by job id unless keys are given; keys are squeue's letters (`i`, `P`, `t`, `u`, `j`,
-/// `Q`, `M`, `S`, `V`, `D`), `-` reverses one.
-fn sort(jobs: &mut [JobView], keys: Option<&str>) -> anyhow::Result<()> {
-    let id_key = |j: &JobView| (j.array_job_id.unwrap_or(j.job_id_raw), j.job_id_raw);
-    jobs.sort_by_key(id_key);
-    let Some(keys) = keys else { return Ok(()) };
+/// `-S` keys: squeue's letters (`i`, `P`, `t`, `u`, `j`, `Q`, `M`, `S`, `V`, `D`), comma
+/// separated, `-` for descending. Checked before anything is asked of the controller.
+fn sort_keys(keys: Option<&str>) -> anyhow::Result<Vec<(bool, char)>> {
     let mut parsed = Vec::new();
-    for k in keys.split(',').map(str::trim).filter(|k| !k.is_empty()) {
+    for k in keys.unwrap_or("").split(',').map(str::trim) {
+        if k.is_empty() {
+            continue;
+        }
         let (desc, letter) = match k.strip_prefix('-') {
             Some(l) => (true, l),
             None => (false, k.strip_prefix('+').unwrap_or(k)),
@@ -134,19 +168,41 @@ fn sort(jobs: &mut [JobView], keys: Option<&str>) -> anyhow::Result<()> {
         }
         parsed.push((desc, c));
     }
+    Ok(parsed)
+}
+
+/// Sorts by job id, then by `keys` (from [`sort_keys`]). Works on the wire records: a view
+/// per job would cost more than the sort.
+fn sort(jobs: &mut [&JobInfo], keys: &[(bool, char)], now: i64) {
+    // An array's records (pending meta and started tasks) sort under the array's id.
+    let id_key = |j: &JobInfo| {
+        let base = if j.array_job_id > 0 {
+            j.array_job_id
+        } else {
+            j.job_id
+        };
+        (base, j.job_id)
+    };
+    jobs.sort_by_key(|j| id_key(j));
+    if keys.is_empty() {
+        return;
+    }
+    let state = |j: &JobInfo| state_name(j.state());
+    let elapsed = |j: &JobInfo| elapsed_s(j.start_time, j.end_time, now);
     jobs.sort_by(|a, b| {
-        for (desc, c) in &parsed {
+        for (desc, c) in keys {
             let ord = match c {
                 'i' => id_key(a).cmp(&id_key(b)),
-                'P' => a.partition.cmp(b.partition),
-                't' | 'T' => a.state.cmp(b.state),
-                'u' => a.user.cmp(b.user),
-                'j' => a.name.cmp(b.name),
+                'P' => a.partition.cmp(&b.partition),
+                't' | 'T' => state(a).cmp(state(b)),
+                'u' => a.user.cmp(&b.user),
+                'j' => a.name.cmp(&b.name),
                 'Q' => a.priority.cmp(&b.priority),
-                'M' => a.elapsed_s.cmp(&b.elapsed_s),
-                'S' => a.start_time.cmp(&b.start_time),
-                'V' => a.submit_time.cmp(&b.submit_time),
-                _ => a.nodes.cmp(&b.nodes),
+                'M' => elapsed(a).cmp(&elapsed(b)),
+                // Unset times (0) first, as None sorts before Some.
+                'S' => a.start_time.max(0).cmp(&b.start_time.max(0)),
+                'V' => a.submit_time.max(0).cmp(&b.submit_time.max(0)),
+                _ => a.num_nodes.cmp(&b.num_nodes),
             };
             let ord = if *desc { ord.reverse() } else { ord };
             if ord.is_ne() {
@@ -155,5 +211,69 @@ fn sort(jobs: &mut [JobView], keys: Option<&str>) -> anyhow::Result<()> {
         }
         std::cmp::Ordering::Equal
     });
-    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields_for(argv: &[&str]) -> Vec<String> {
+        let args = Args::try_parse_from(std::iter::once("squeue").chain(argv.iter().copied()));
+        output_of(&args.unwrap()).unwrap().1
+    }
+
+    #[test]
+    fn asks_for_the_columns_and_sort_keys_it_uses() {
+        assert_eq!(
+            fields_for(&[]),
+            [
+                "end_time",
+                "name",
+                "nodelist",
+                "num_nodes",
+                "partition",
+                "reason",
+                "start_time",
+                "user"
+            ]
+        );
+        assert_eq!(
+            fields_for(&["-o", "%i %u", "-S", "-Q"]),
+            ["priority", "user"]
+        );
+        assert_eq!(fields_for(&["-O", "jobid,state"]), ["job_id"]);
+        // JSON carries every field.
+        assert!(fields_for(&["--json"]).is_empty());
+    }
+
+    fn job(id: u64, array_job_id: u64, priority: u64, user: &str) -> JobInfo {
+        JobInfo {
+            job_id: id,
+            array_job_id,
+            priority,
+            user: user.into(),
+            ..JobInfo::default()
+        }
+    }
+
+    #[test]
+    fn sorts_by_id_with_array_records_together_then_by_keys() {
+        let records = [
+            job(9, 0, 5, "bob"),
+            job(12, 3, 1, "alice"),
+            job(3, 3, 7, "alice"),
+            job(4, 0, 7, "carol"),
+        ];
+        let ids = |keys: &str| {
+            let mut jobs: Vec<&JobInfo> = records.iter().collect();
+            sort(&mut jobs, &sort_keys(Some(keys)).unwrap(), 0);
+            jobs.iter().map(|j| j.job_id).collect::<Vec<_>>()
+        };
+        // Task 12 of array 3 sorts with its array.
+        assert_eq!(ids(""), [3, 12, 4, 9]);
+        assert_eq!(ids("-Q"), [3, 4, 9, 12]);
+        assert_eq!(ids("u,-i"), [12, 3, 9, 4]);
+        assert!(sort_keys(Some("x")).is_err());
+        assert!(sort_keys(Some("PP")).is_err());
+    }
 }

@@ -16,7 +16,7 @@ use tandem_proto::v1::step_launcher_client::StepLauncherClient;
 use tandem_proto::v1::task_output::Event;
 use tandem_proto::v1::{
     CancelRequest, CompleteStepRequest, CreateStepRequest, JobRef, JobState, LaunchTasksRequest,
-    ListJobsRequest, SubmitRequest,
+    ListJobsRequest, StepTarget, SubmitRequest,
 };
 
 use crate::Exit;
@@ -38,6 +38,7 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> Exit {
+    refuse_batch_only(&args.opts)?;
     let mut client = Client::connect().await?;
     let inside = std::env::var("SLURM_JOB_ID")
         .ok()
@@ -46,6 +47,21 @@ pub async fn run(args: Args) -> Exit {
         Some(job_id) => run_step(&mut client, job_id, &args).await,
         None => run_with_allocation(&mut client, &args).await,
     }
+}
+
+/// Options srun shares with sbatch through [`JobOpts`] but does not carry out for a step
+/// (Slurm's srun gives `-i`, `--signal` and `--open-mode` per-task meanings Tandem's steps do
+/// not have yet): refused before any RPC rather than silently ignored.
+fn refuse_batch_only(opts: &JobOpts) -> anyhow::Result<()> {
+    let given = [
+        ("--signal", opts.signal.is_some()),
+        ("--open-mode", opts.open_mode.is_some()),
+        ("--input", opts.input.is_some()),
+    ];
+    if let Some((name, _)) = given.iter().find(|(_, set)| *set) {
+        bail!("{name} is not supported by srun (it applies to sbatch batch jobs)");
+    }
+    Ok(())
 }
 
 /// The batch script of an allocation made by srun: it holds the nodes until srun signals
@@ -224,7 +240,7 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args) -> Exit {
             step_id: step.step_id,
             argv: args.command.clone(),
             workdir: workdir.clone(),
-            environment: env.clone(),
+            environment: target_env(&env, target),
             task_ids: target.task_ids.clone(),
             gpus: target.gpus.clone(),
             node_index: target.node_index,
@@ -313,6 +329,16 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args) -> Exit {
     })
 }
 
+/// The step environment for one node: `SLURM_CPUS_ON_NODE` is the job's CPUs there, not the
+/// batch node's value inherited from the batch script.
+fn target_env(env: &HashMap<String, String>, target: &StepTarget) -> HashMap<String, String> {
+    let mut env = env.clone();
+    if target.cpus > 0 {
+        env.insert("SLURM_CPUS_ON_NODE".into(), target.cpus.to_string());
+    }
+    env
+}
+
 fn label_line(task: u32, line: &[u8], label: bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(line.len() + 8);
     if label {
@@ -342,4 +368,39 @@ fn write_labelled<W: std::io::Write>(
         out.write_all(&label_line(task, &line, label))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_only_options_are_refused_not_ignored() {
+        for flag in ["--signal=USR1@30", "--open-mode=append", "--input=in.txt"] {
+            let args = Args::try_parse_from(["srun", flag, "true"]).unwrap();
+            let err = refuse_batch_only(&args.opts).unwrap_err().to_string();
+            assert!(err.contains("not supported by srun"), "{flag}: {err}");
+        }
+        let plain = Args::try_parse_from(["srun", "-N2", "true"]).unwrap();
+        assert!(refuse_batch_only(&plain.opts).is_ok());
+    }
+
+    #[test]
+    fn each_node_gets_its_own_cpu_count() {
+        let env: HashMap<String, String> = [
+            ("SLURM_CPUS_ON_NODE".to_owned(), "8".to_owned()),
+            ("PATH".to_owned(), "/bin".to_owned()),
+        ]
+        .into();
+        let target = |cpus| StepTarget {
+            node: "n2".into(),
+            cpus,
+            ..StepTarget::default()
+        };
+        let got = target_env(&env, &target(3));
+        assert_eq!(got["SLURM_CPUS_ON_NODE"], "3", "the job's share on n2");
+        assert_eq!(got["PATH"], "/bin");
+        // A controller that does not say keeps the inherited value.
+        assert_eq!(target_env(&env, &target(0))["SLURM_CPUS_ON_NODE"], "8");
+    }
 }

@@ -3,6 +3,8 @@
 //! with width and alignment. Each field renders from a view ([`super::view`]), the same view
 //! the JSON output serializes.
 
+use std::borrow::Cow;
+
 use thiserror::Error;
 
 use super::table::{Align, fit_into};
@@ -39,6 +41,11 @@ pub struct Format<F> {
 pub trait Field<R>: Copy {
     fn header(self) -> &'static str;
     fn render(self, row: &R, ctx: &RenderCtx) -> String;
+    /// [`Field::render`], borrowing text the row already holds: squeue over 100,000 jobs
+    /// renders close to a million cells, and a string allocated for each one shows.
+    fn cell<'r>(self, row: &'r R, ctx: &RenderCtx) -> Cow<'r, str> {
+        Cow::Owned(self.render(row, ctx))
+    }
 }
 
 /// What rendering needs besides the row.
@@ -52,14 +59,34 @@ impl<F: Copy> Format<F> {
     where
         F: Field<R>,
     {
-        self.line(|f| f.header().to_string())
+        let mut out = String::new();
+        self.line_into(&mut out, |f| Cow::Borrowed(f.header()));
+        out
     }
 
     pub fn row<R>(&self, row: &R, ctx: &RenderCtx) -> String
     where
         F: Field<R>,
     {
-        self.line(|f| f.render(row, ctx))
+        let mut out = String::with_capacity(128);
+        self.row_into(&mut out, row, ctx);
+        out
+    }
+
+    /// [`Format::row`] appended to `out`, without a string per row or per cell.
+    pub fn row_into<R>(&self, out: &mut String, row: &R, ctx: &RenderCtx)
+    where
+        F: Field<R>,
+    {
+        self.line_into(out, |f| f.cell(row, ctx));
+    }
+
+    /// The fields, in order.
+    pub fn fields(&self) -> impl Iterator<Item = F> + '_ {
+        self.pieces.iter().filter_map(|p| match p {
+            Piece::Field { field, .. } => Some(*field),
+            Piece::Text(_) => None,
+        })
     }
 
     /// sacct's dashed line under the header.
@@ -98,8 +125,8 @@ impl<F: Copy> Format<F> {
             .join(sep)
     }
 
-    fn line(&self, mut text: impl FnMut(F) -> String) -> String {
-        let mut out = String::with_capacity(128);
+    fn line_into<'r>(&self, out: &mut String, mut text: impl FnMut(F) -> Cow<'r, str>) {
+        let start = out.len();
         for p in &self.pieces {
             match p {
                 Piece::Text(t) => out.push_str(t),
@@ -107,11 +134,11 @@ impl<F: Copy> Format<F> {
                     field,
                     width,
                     align,
-                } => fit_into(&mut out, &text(*field), *width, *align, self.trunc_mark),
+                } => fit_into(out, &text(*field), *width, *align, self.trunc_mark),
             }
         }
-        out.truncate(out.trim_end().len());
-        out
+        let end = start + out[start..].trim_end().len();
+        out.truncate(end);
     }
 }
 
@@ -315,6 +342,40 @@ impl JobField {
         })
     }
 
+    /// The `JobInfo` fields (proto names) this column reads: squeue asks the controller for
+    /// these only. Ids and the state always come.
+    pub fn wire_fields(self) -> &'static [&'static str] {
+        use JobField::*;
+        match self {
+            JobId | JobIdRaw | ArrayJobId | ArrayTaskId | StateCompact | State => &[],
+            Partition => &["partition"],
+            Name => &["name"],
+            User => &["user"],
+            Uid => &["uid"],
+            TimeUsed => &["start_time", "end_time"],
+            TimeLimit => &["time_limit_s"],
+            TimeLeft => &["time_limit_s", "start_time", "end_time"],
+            StartTime => &["start_time"],
+            EndTime => &["end_time"],
+            Nodes => &["num_nodes"],
+            ReasonOrNodes => &["reason", "nodelist"],
+            NodeList => &["nodelist"],
+            Reason => &["reason"],
+            Cpus => &["num_cpus"],
+            TresPerNode => &["tres", "num_nodes"],
+            Priority => &["priority"],
+            SubmitTime => &["submit_time"],
+            Account => &["account"],
+            Qos => &["qos"],
+            WorkDir => &["workdir"],
+            Command => &["command"],
+            Dependency => &["dependency"],
+            MinMemory => &["tres"],
+            Comment => &["comment"],
+            Features => &["constraint"],
+        }
+    }
+
     /// `squeue -O` names, case-insensitive.
     pub fn from_name(name: &str) -> Option<JobField> {
         use JobField::*;
@@ -394,54 +455,49 @@ impl Field<JobView<'_>> for JobField {
     }
 
     fn render(self, j: &JobView, ctx: &RenderCtx) -> String {
+        self.cell(j, ctx).into_owned()
+    }
+
+    fn cell<'r>(self, j: &'r JobView, ctx: &RenderCtx) -> Cow<'r, str> {
         use JobField::*;
-        let or_na = |s: &str| {
-            if s.is_empty() {
-                "(null)".to_string()
-            } else {
-                s.to_string()
-            }
-        };
+        let or_na = |s: &'r str| Cow::Borrowed(if s.is_empty() { "(null)" } else { s });
+        let owned = |s: String| Cow::Owned(s);
         match self {
-            JobId => j.job_id.clone(),
-            JobIdRaw => j.job_id_raw.to_string(),
-            ArrayJobId => j.array_job_id.unwrap_or(j.job_id_raw).to_string(),
-            ArrayTaskId => j.array_task_id.clone().unwrap_or_else(|| "N/A".to_string()),
-            Partition => j.partition.to_string(),
-            Name => j.name.to_string(),
-            User => j.user.to_string(),
-            Uid => j.uid.to_string(),
-            StateCompact => j.state_compact.to_string(),
-            State => j.state.to_string(),
-            TimeUsed => j.time_used(),
-            TimeLimit => j.time_limit(),
-            TimeLeft => j.time_left(),
-            Nodes => j.nodes.to_string(),
-            ReasonOrNodes => j.reason_or_nodes(),
-            NodeList => j.nodelist.to_string(),
-            Reason => j.reason.to_string(),
-            Cpus => j.cpus.to_string(),
-            TresPerNode => match (j.gpus, j.gpu_type, j.nodes.max(1)) {
-                (0, _, _) => "N/A".to_string(),
-                (g, "", n) => format!("gres/gpu:{}", g / n),
-                (g, t, n) => format!("gres/gpu:{t}:{}", g / n),
-            },
-            Priority => j.priority.to_string(),
-            StartTime => match (j.start_time, j.is_pending()) {
+            JobId => Cow::Borrowed(j.job_id.as_str()),
+            JobIdRaw => owned(j.job_id_raw.to_string()),
+            ArrayJobId => owned(j.array_job_id.unwrap_or(j.job_id_raw).to_string()),
+            ArrayTaskId => Cow::Borrowed(j.array_task_id.as_deref().unwrap_or("N/A")),
+            Partition => Cow::Borrowed(j.partition),
+            Name => Cow::Borrowed(j.name),
+            User => Cow::Borrowed(j.user),
+            Uid => owned(j.uid.to_string()),
+            StateCompact => Cow::Borrowed(j.state_compact),
+            State => Cow::Borrowed(j.state),
+            TimeUsed => owned(j.time_used()),
+            TimeLimit => owned(j.time_limit()),
+            TimeLeft => owned(j.time_left()),
+            Nodes => owned(j.nodes.to_string()),
+            ReasonOrNodes => owned(j.reason_or_nodes()),
+            NodeList => Cow::Borrowed(j.nodelist),
+            Reason => Cow::Borrowed(j.reason),
+            Cpus => owned(j.cpus.to_string()),
+            TresPerNode => owned(j.tres_per_node().unwrap_or_else(|| "N/A".to_string())),
+            Priority => owned(j.priority.to_string()),
+            StartTime => owned(match (j.start_time, j.is_pending()) {
                 (None, true) => "N/A".to_string(),
                 (t, _) => timestamp(t, ctx.utc_offset_s),
-            },
-            SubmitTime => timestamp(j.submit_time, ctx.utc_offset_s),
-            EndTime => match j.end_time {
+            }),
+            SubmitTime => owned(timestamp(j.submit_time, ctx.utc_offset_s)),
+            EndTime => owned(match j.end_time {
                 None => "N/A".to_string(),
                 t => timestamp(t, ctx.utc_offset_s),
-            },
+            }),
             Account => or_na(j.account),
             Qos => or_na(j.qos),
-            WorkDir => j.workdir.to_string(),
-            Command => j.command.to_string(),
+            WorkDir => Cow::Borrowed(j.workdir),
+            Command => Cow::Borrowed(j.command),
             Dependency => or_na(j.dependency),
-            MinMemory => tandem_sched::tres::format_mem_mb(j.mem_mb),
+            MinMemory => owned(tandem_sched::tres::format_mem_mb(j.mem_mb)),
             Comment => or_na(j.comment),
             Features => or_na(j.constraint),
         }
@@ -846,6 +902,108 @@ mod tests {
             })),
             161,
         )
+    }
+
+    /// `info` with only the fields named in `keep` and those always sent, cut at the wire
+    /// level as a controller honouring `ListJobsRequest.fields` would leave it.
+    fn as_sent(info: &JobInfo, keep: &[&str]) -> JobInfo {
+        use prost::Message as _;
+        use tandem_controller::api::convert::JOB_INFO_FIELDS;
+        let number = |name: &str| {
+            let found = JOB_INFO_FIELDS.iter().find(|(n, _)| *n == name);
+            found
+                .unwrap_or_else(|| panic!("JobInfo has no field {name:?}"))
+                .1
+        };
+        let always = [
+            "job_id",
+            "array_job_id",
+            "array_task_id",
+            "array_pending",
+            "state",
+        ];
+        let keep: Vec<u32> = keep.iter().chain(&always).map(|n| number(n)).collect();
+        let varint = |buf: &mut &[u8]| {
+            let mut v = 0u64;
+            for shift in (0..64).step_by(7) {
+                let b = buf[0];
+                *buf = &buf[1..];
+                v |= u64::from(b & 0x7f) << shift;
+                if b & 0x80 == 0 {
+                    break;
+                }
+            }
+            v
+        };
+        let bytes = info.encode_to_vec();
+        let (mut rest, mut kept) = (bytes.as_slice(), Vec::new());
+        while !rest.is_empty() {
+            let field = rest;
+            let key = varint(&mut rest);
+            if key & 7 == 2 {
+                let len = varint(&mut rest) as usize;
+                rest = &rest[len..];
+            } else {
+                varint(&mut rest);
+            }
+            if keep.contains(&((key >> 3) as u32)) {
+                kept.extend_from_slice(&field[..field.len() - rest.len()]);
+            }
+        }
+        JobInfo::decode(kept.as_slice()).unwrap()
+    }
+
+    #[test]
+    fn every_squeue_column_renders_from_the_fields_it_asks_for() {
+        let full = JobInfo {
+            job_id: 7,
+            array_job_id: 5,
+            array_task_id: 2,
+            name: "train".into(),
+            user: "alice".into(),
+            uid: 1000,
+            account: "ml".into(),
+            partition: "gpu".into(),
+            qos: "high".into(),
+            state: JobState::Running as i32,
+            reason: "None".into(),
+            priority: 42,
+            submit_time: 1_000,
+            start_time: 1_100,
+            time_limit_s: 3_600,
+            nodelist: "n[1-2]".into(),
+            num_nodes: 2,
+            num_cpus: 16,
+            tres: Some(tandem_proto::v1::Tres {
+                cpus: 16,
+                mem_mb: 4096,
+                gpus: 4,
+                gpu_type: "a100".into(),
+            }),
+            workdir: "/w".into(),
+            command: "/bin/sh".into(),
+            dependency: "afterok:3".into(),
+            comment: "c".into(),
+            constraint: "fast".into(),
+            ..JobInfo::default()
+        };
+        let ctx = RenderCtx::default();
+        let letters = "iAFKPjuUtTMlLDRNrCbQSVeaqZoEmkf";
+        for letter in letters.chars() {
+            let field = JobField::from_letter(letter).unwrap();
+            let sent = as_sent(&full, field.wire_fields());
+            assert_eq!(
+                field.render(&JobView::from_job(&sent, 2_000), &ctx),
+                field.render(&JobView::from_job(&full, 2_000), &ctx),
+                "%{letter} reads a field it does not ask for"
+            );
+        }
+        // The check has teeth: a column asking for nothing loses its value.
+        let bare = as_sent(&full, &[]);
+        assert_ne!(
+            JobField::User.render(&JobView::from_job(&bare, 2_000), &ctx),
+            "alice"
+        );
     }
 
     #[test]

@@ -37,11 +37,7 @@ fn job(j: &JobView, ctx: &RenderCtx) -> String {
         first.push(("ArrayTaskId", j.array_task_id.clone().unwrap_or_default()));
     }
     first.push(("JobName", j.name.to_string()));
-    let gres = match (j.gpus, j.gpu_type) {
-        (0, _) => "(null)".to_string(),
-        (g, "") => format!("gres/gpu:{g}"),
-        (g, t) => format!("gres/gpu:{t}:{g}"),
-    };
+    let gres = j.tres_per_node().unwrap_or_else(|| "(null)".to_string());
     block(&[
         first,
         vec![
@@ -224,5 +220,34 @@ mod tests {
         assert!(text.contains("\n   NodeList=node-[1-2]\n"));
         assert!(text.contains(" JobState=RUNNING "));
         assert!(text.ends_with("\n\n"));
+    }
+
+    /// `-N 2 --gpus-per-node=2`: the job holds 4 GPUs, 2 on each node.
+    #[test]
+    fn tres_per_node_is_the_per_node_share() {
+        let tres = |gpus, gpu_type: &str| tandem_proto::v1::Tres {
+            cpus: 2,
+            mem_mb: 0,
+            gpus,
+            gpu_type: gpu_type.into(),
+        };
+        let cases = [
+            (2, tres(4, ""), "TresPerNode=gres/gpu:2"),
+            (2, tres(16, "h100"), "TresPerNode=gres/gpu:h100:8"),
+            (1, tres(3, ""), "TresPerNode=gres/gpu:3"),
+            (2, tres(0, ""), "TresPerNode=(null)"),
+        ];
+        for (nodes, t, want) in cases {
+            let info = JobInfo {
+                job_id: 3,
+                array_task_id: -1,
+                state: JobState::Running as i32,
+                num_nodes: nodes,
+                tres: Some(t),
+                ..JobInfo::default()
+            };
+            let text = jobs(&[JobView::from_job(&info, 0)], &RenderCtx::default());
+            assert!(text.contains(&format!("\n   {want}\n")), "{want}: {text}");
+        }
     }
 }

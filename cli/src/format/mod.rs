@@ -15,15 +15,24 @@ pub mod detail;
 pub mod table;
 pub mod view;
 
+use std::io::Write;
+
 use columns::{
     AcctField, Format, FormatError, JobField, RenderCtx, SACCT_DEFAULT, SQUEUE_DEFAULT, SinfoRow,
 };
+use tandem_proto::v1::JobInfo;
 use view::{JobView, NodeView, PartitionView};
 
 /// Prints the answer of a query command.
 pub trait Output {
     /// squeue.
     fn jobs(&self, jobs: &[JobView]) -> Result<String, FormatError>;
+    /// squeue over wire records, written to `out` as they are rendered.
+    fn write_jobs(&self, jobs: &[&JobInfo], now: i64, out: &mut dyn Write) -> anyhow::Result<()> {
+        let views: Vec<JobView> = jobs.iter().map(|j| JobView::from_job(j, now)).collect();
+        out.write_all(self.jobs(&views)?.as_bytes())?;
+        Ok(())
+    }
     /// sacct: jobs and their steps.
     fn records(&self, rows: &[JobView]) -> Result<String, FormatError>;
     /// sinfo: one row per partition and node group.
@@ -84,6 +93,9 @@ impl Human {
             }
             return out;
         }
+        // Rows are mostly shorter than this; one allocation up front instead of a dozen
+        // regrowths of a multi-megabyte buffer.
+        out.reserve(rows.len() * 80);
         if self.header {
             out.push_str(&f.header::<R>());
             out.push('\n');
@@ -93,13 +105,14 @@ impl Human {
             }
         }
         for r in rows {
-            out.push_str(&f.row(r, &self.ctx));
+            f.row_into(&mut out, r, &self.ctx);
             out.push('\n');
         }
         out
     }
 
-    fn job_format(&self) -> Result<Format<JobField>, FormatError> {
+    /// The `squeue` columns this output prints.
+    pub fn job_format(&self) -> Result<Format<JobField>, FormatError> {
         match &self.columns {
             None => columns::squeue_format(SQUEUE_DEFAULT),
             Some(Columns::Percent(s)) => columns::squeue_format(s),
@@ -115,9 +128,38 @@ impl Human {
     }
 }
 
+/// Rows rendered between two writes by [`Human::write_jobs`].
+const ROWS_PER_WRITE: usize = 1024;
+
 impl Output for Human {
     fn jobs(&self, jobs: &[JobView]) -> Result<String, FormatError> {
         Ok(self.table(&self.job_format()?, jobs, false))
+    }
+
+    /// One view and one output line at a time: 100,000 jobs never hold 100,000 views (over
+    /// 40 MB) nor their whole text at once, and the first lines leave before the last are made.
+    fn write_jobs(&self, jobs: &[&JobInfo], now: i64, out: &mut dyn Write) -> anyhow::Result<()> {
+        let f = self.job_format()?;
+        if self.delimited.is_some() {
+            let views: Vec<JobView> = jobs.iter().map(|j| JobView::from_job(j, now)).collect();
+            out.write_all(self.table(&f, &views, false).as_bytes())?;
+            return Ok(());
+        }
+        let mut text = String::with_capacity(ROWS_PER_WRITE * 100);
+        if self.header {
+            text.push_str(&f.header::<JobView>());
+            text.push('\n');
+        }
+        for chunk in jobs.chunks(ROWS_PER_WRITE) {
+            for j in chunk {
+                f.row_into(&mut text, &JobView::from_job(j, now), &self.ctx);
+                text.push('\n');
+            }
+            out.write_all(text.as_bytes())?;
+            text.clear();
+        }
+        out.write_all(text.as_bytes())?;
+        Ok(())
     }
 
     fn records(&self, rows: &[JobView]) -> Result<String, FormatError> {

@@ -53,11 +53,21 @@ pub fn fit_into(
     }
     let pad = width - len;
     if align == Align::Right {
-        out.extend(std::iter::repeat_n(' ', pad));
+        push_spaces(out, pad);
     }
     out.push_str(text);
     if align == Align::Left {
-        out.extend(std::iter::repeat_n(' ', pad));
+        push_spaces(out, pad);
+    }
+}
+
+/// Appends `n` spaces a slice at a time rather than one character at a time.
+fn push_spaces(out: &mut String, mut n: usize) {
+    const SPACES: &str = "                                ";
+    while n > 0 {
+        let k = n.min(SPACES.len());
+        out.push_str(&SPACES[..k]);
+        n -= k;
     }
 }
 
@@ -79,6 +89,8 @@ mod tests {
             ("abcdef", Some(4), Align::Left, true),
             ("héllo", Some(6), Align::Right, false),
             ("x", None, Align::Left, false),
+            ("wide", Some(70), Align::Right, false),
+            ("wide", Some(33), Align::Left, false),
         ] {
             let mut out = String::from(">");
             fit_into(&mut out, text, width, align, mark);

@@ -127,6 +127,15 @@ fn opt_time(t: i64) -> Option<i64> {
     (t > 0).then_some(t)
 }
 
+/// Seconds a job or step has run: to its end, or to `now` while it runs.
+pub fn elapsed_s(start_time: i64, end_time: i64, now: i64) -> u64 {
+    match (opt_time(start_time), opt_time(end_time)) {
+        (Some(s), Some(e)) => (e - s).max(0) as u64,
+        (Some(s), None) => (now - s).max(0) as u64,
+        _ => 0,
+    }
+}
+
 /// What a job or step holds, printed as sacct's AllocTRES (`cpu=4,mem=2G,node=1,gres/gpu=2`).
 /// Formatted only when shown: squeue over many jobs never needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,11 +211,7 @@ impl<'a> JobView<'a> {
         } else {
             (j.job_id.to_string(), None, None)
         };
-        let elapsed_s = match (opt_time(j.start_time), opt_time(j.end_time)) {
-            (Some(s), Some(e)) => (e - s).max(0) as u64,
-            (Some(s), None) => (now - s).max(0) as u64,
-            _ => 0,
-        };
+        let elapsed_s = elapsed_s(j.start_time, j.end_time, now);
         JobView {
             job_id,
             job_id_raw: j.job_id,
@@ -268,11 +273,7 @@ impl<'a> JobView<'a> {
     /// A step row for sacct: it inherits the job's identity and reports its own use.
     pub fn from_step(job: &JobView<'a>, s: &'a StepInfo, now: i64) -> JobView<'a> {
         let tres = s.tres.clone().unwrap_or_default();
-        let elapsed_s = match (opt_time(s.start_time), opt_time(s.end_time)) {
-            (Some(a), Some(b)) => (b - a).max(0) as u64,
-            (Some(a), None) => (now - a).max(0) as u64,
-            _ => 0,
-        };
+        let elapsed_s = elapsed_s(s.start_time, s.end_time, now);
         let nodes = if s.nodelist.is_empty() {
             0
         } else {
@@ -326,6 +327,18 @@ impl<'a> JobView<'a> {
 
     pub fn time_used(&self) -> String {
         format_duration(Some(self.elapsed_s))
+    }
+
+    /// GPUs on each node of the job as Slurm's TRES string (`gres/gpu:2`,
+    /// `gres/gpu:h100:2`), `None` without GPUs. `gpus` is the whole job's; every node of a
+    /// job gets the same share, so the per-node figure is the total over the nodes.
+    pub fn tres_per_node(&self) -> Option<String> {
+        let per_node = self.gpus / self.nodes.max(1);
+        match (self.gpus, self.gpu_type) {
+            (0, _) => None,
+            (_, "") => Some(format!("gres/gpu:{per_node}")),
+            (_, t) => Some(format!("gres/gpu:{t}:{per_node}")),
+        }
     }
 
     pub fn time_limit(&self) -> String {

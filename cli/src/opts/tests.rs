@@ -177,6 +177,13 @@ fn bad_options_fail_with_one_line() {
         (&["--array=x"], "\"x\""),
         (&["--dependency=afterok:abc"], "abc"),
         (&["-d", "sometime"], "sometime"),
+        (&["--signal=NOPE"], "Unknown job signal"),
+        (&["--signal=USR1@-5"], "0 to 65535"),
+        (&["--signal=USR1@70000"], "0 to 65535"),
+        (&["--signal=X:USR1"], "R: or B:"),
+        (&["--signal=BB:USR1"], "R: or B:"),
+        (&["--signal=:USR1"], "R: or B:"),
+        (&["--open-mode=sideways"], "append or truncate"),
     ];
     for (args, want) in cases {
         let msg = cli_err(args);
@@ -288,4 +295,71 @@ fn sbatch_environment_variables_sit_between_script_and_command_line() {
     let bad = vec![("SBATCH_TIMELIMIT".to_string(), "soon".to_string())];
     let err = JobOpts::from_env(&bad).unwrap_err().to_string();
     assert!(err.starts_with("SBATCH_TIMELIMIT: "), "{err}");
+}
+
+#[test]
+fn signal_open_mode_and_input_reach_the_spec() {
+    struct Case {
+        args: &'static [&'static str],
+        want_signal: (i32, u32, bool),
+    }
+    let cases = [
+        Case {
+            args: &["--signal=USR1"],
+            want_signal: (10, 60, false),
+        },
+        Case {
+            args: &["--signal=B:SIGUSR2@120"],
+            want_signal: (12, 120, true),
+        },
+        Case {
+            args: &["--signal=R:10@0"],
+            want_signal: (10, 0, false),
+        },
+        Case {
+            args: &["--signal=RB:term@5"],
+            want_signal: (15, 5, true),
+        },
+        Case {
+            args: &[],
+            want_signal: (0, 0, false),
+        },
+    ];
+    for case in cases {
+        let s = spec_of("#!/bin/sh\n", case.args);
+        assert_eq!(
+            (s.signal_number, s.signal_before_s, s.signal_batch_only),
+            case.want_signal,
+            "args {:?}",
+            case.args
+        );
+    }
+    let s = spec_of(
+        "#!/bin/sh\n#SBATCH --open-mode=append\n#SBATCH -i in-%j.txt\n",
+        &[],
+    );
+    assert!(s.open_mode_append);
+    assert_eq!(s.stdin, "/work/alice/in-%j.txt", "relative to the workdir");
+    let s = spec_of(
+        "#!/bin/sh\n#SBATCH --open-mode=append\n",
+        &["--open-mode=t", "--input=/dev/null"],
+    );
+    assert!(!s.open_mode_append, "the command line wins");
+    assert_eq!(s.stdin, "/dev/null");
+    let s = spec_of("#!/bin/sh\n", &[]);
+    assert_eq!((s.open_mode_append, s.stdin.as_str()), (false, ""));
+    let env = vec![
+        ("SBATCH_SIGNAL".to_string(), "B:USR1@30".to_string()),
+        ("SBATCH_OPEN_MODE".to_string(), "append".to_string()),
+    ];
+    let from_env = JobOpts::from_env(&env).unwrap();
+    assert_eq!(
+        from_env.signal,
+        Some(WarnSignal {
+            number: 10,
+            before_s: 30,
+            batch_only: true
+        })
+    );
+    assert_eq!(from_env.open_mode, Some(OpenMode::Append));
 }

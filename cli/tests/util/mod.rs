@@ -25,10 +25,20 @@ impl Cluster {
     }
 
     pub fn start_with(nodes: u32, extra: &[&str]) -> Cluster {
-        let dir = tempfile::Builder::new()
-            .prefix("tandem-test-")
-            .tempdir()
-            .expect("temp dir");
+        Cluster::launch(temp_dir(), nodes, extra)
+    }
+
+    /// Like [`Cluster::start`], with `toml` as the controller's config file (`tandem up
+    /// --config`: partitions, QOS, accounts, users, priority and fair-share settings).
+    pub fn start_with_config(nodes: u32, toml: &str) -> Cluster {
+        let dir = temp_dir();
+        let path = dir.path().join("cluster.toml");
+        std::fs::write(&path, toml).unwrap();
+        let path = path.to_str().unwrap().to_owned();
+        Cluster::launch(dir, nodes, &["--config", &path])
+    }
+
+    fn launch(dir: tempfile::TempDir, nodes: u32, extra: &[&str]) -> Cluster {
         let work = dir.path().join("work");
         std::fs::create_dir_all(&work).unwrap();
         let nodes = nodes.to_string();
@@ -151,6 +161,54 @@ impl Cluster {
         v["jobs"].as_array().cloned().unwrap_or_default()
     }
 
+    /// Every run of every job of every user (`sacct -D`: a requeued job has one record per
+    /// run).
+    pub fn all_runs(&self) -> Vec<Value> {
+        let out = self.ok(&["sacct", "-X", "-a", "-D", "-S", "now-1days", "--json"]);
+        let v: Value = serde_json::from_str(&out).expect("sacct --json");
+        v["jobs"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// The runs of one job, oldest first (`sacct -D -j ID`).
+    pub fn runs(&self, id: u64) -> Vec<Value> {
+        let out = self.ok(&["sacct", "-X", "-D", "-j", &id.to_string(), "--json"]);
+        let v: Value = serde_json::from_str(&out).expect("sacct --json");
+        let mut runs = v["jobs"].as_array().cloned().unwrap_or_default();
+        // The active run (pending or running: no end yet) is always the newest.
+        runs.sort_by_key(|r| {
+            (
+                r["end_time"].as_i64().is_none(),
+                r["start_time"].as_i64(),
+                r["end_time"].as_i64(),
+            )
+        });
+        runs
+    }
+
+    /// The job's line in `squeue -h -o FORMAT`, trimmed; empty once it left the queue.
+    pub fn squeue_job(&self, id: u64, format: &str) -> String {
+        self.ok(&["squeue", "-h", "-j", &id.to_string(), "-o", format])
+            .trim()
+            .to_string()
+    }
+
+    /// Polls `squeue -o FORMAT` for the job until it prints `want`.
+    pub fn wait_squeue(&self, id: u64, format: &str, want: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let mut last = String::new();
+        while Instant::now() < deadline {
+            last = self.squeue_job(id, format);
+            if last == want {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "squeue -o {format:?} for job {id} never showed {want:?}; last {last:?}\n{}",
+            self.controller_log()
+        );
+    }
+
     /// Polls until the job's state is `state`; returns its record. Fails at once if the job
     /// ended in another state.
     pub fn wait_state(&self, id: u64, state: &str, timeout: Duration) -> Value {
@@ -221,6 +279,13 @@ impl Cluster {
     }
 }
 
+fn temp_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("tandem-test-")
+        .tempdir()
+        .expect("temp dir")
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
         let _ = Command::new(TANDEM)
@@ -230,6 +295,23 @@ impl Drop for Cluster {
             .stderr(Stdio::null())
             .status();
     }
+}
+
+/// Runs `tandem links <bin>`: one link per command name, for argv[0] dispatch.
+pub fn tandem_links(bin: &Path) -> Output {
+    Command::new(TANDEM).arg("links").arg(bin).output().unwrap()
+}
+
+/// `tandem links` into `<parent>/bin`, which must succeed; returns that folder.
+pub fn make_links(parent: &Path) -> PathBuf {
+    let bin = parent.join("bin");
+    let out = tandem_links(&bin);
+    assert!(
+        out.status.success(),
+        "tandem links: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bin
 }
 
 /// Asserts a failed command printed exactly one `<cmd>: error: ...` line mentioning `needle`.

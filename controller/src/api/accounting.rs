@@ -1,6 +1,8 @@
 //! `tandem.v1.Accounting`: sacct over finished runs in the store, plus (on request) the jobs
-//! still in memory.
+//! still in memory; sacctmgr changes and views, sshare and sprio, answered by the state actor
+//! (`state::accounting`). Changes need an operator ([`authz::may_change_accounting`]).
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use prost::Message;
@@ -9,8 +11,8 @@ use tandem_proto::v1::{self, accounting_server::Accounting};
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
-use super::convert;
-use crate::state::{Command, Handle};
+use super::{authz, convert};
+use crate::state::{AcctCommand, Change, Command, Handle};
 use crate::store::{RecordFilter, Store};
 
 /// Most records one query returns; sacct over a long history asks with a time window.
@@ -48,8 +50,173 @@ fn matches(j: &v1::JobInfo, req: &v1::ListJobRecordsRequest, states: &[String]) 
         && (req.end_time == 0 || j.submit_time <= req.end_time)
 }
 
+impl AccountingService {
+    /// An operator's change, applied by the actor; answers once it is durable.
+    async fn change(
+        &self,
+        who: &tandem_proto::auth::Identity,
+        change: Change,
+    ) -> Result<Response<v1::AccountingChangeResponse>, Status> {
+        if !authz::may_change_accounting(who) {
+            return Err(Status::permission_denied(format!(
+                "user {} is not an operator: only operators and root may change accounts, users and QOS",
+                who.user
+            )));
+        }
+        tracing::info!(user = %who.user, change = ?change, "accounting change");
+        let resp = self
+            .handle
+            .call(|reply| Command::Accounting(AcctCommand::Change { change, reply }))
+            .await?;
+        Ok(Response::new(resp))
+    }
+}
+
 #[tonic::async_trait]
 impl Accounting for AccountingService {
+    #[instrument(skip_all)]
+    async fn add_account(
+        &self,
+        request: Request<v1::AddAccountRequest>,
+    ) -> Result<Response<v1::AccountingChangeResponse>, Status> {
+        let who = identity(&request)?.clone();
+        self.change(&who, Change::AddAccount(request.into_inner()))
+            .await
+    }
+
+    #[instrument(skip_all)]
+    async fn modify_account(
+        &self,
+        request: Request<v1::ModifyAccountRequest>,
+    ) -> Result<Response<v1::AccountingChangeResponse>, Status> {
+        let who = identity(&request)?.clone();
+        self.change(&who, Change::ModifyAccount(request.into_inner()))
+            .await
+    }
+
+    #[instrument(skip_all)]
+    async fn delete_account(
+        &self,
+        request: Request<v1::DeleteAccountRequest>,
+    ) -> Result<Response<v1::AccountingChangeResponse>, Status> {
+        let who = identity(&request)?.clone();
+        self.change(&who, Change::DeleteAccount(request.into_inner()))
+            .await
+    }
+
+    #[instrument(skip_all)]
+    async fn add_user(
+        &self,
+        request: Request<v1::AddUserRequest>,
+    ) -> Result<Response<v1::AccountingChangeResponse>, Status> {
+        let who = identity(&request)?.clone();
+        self.change(&who, Change::AddUser(request.into_inner()))
+            .await
+    }
+
+    #[instrument(skip_all)]
+    async fn modify_user(
+        &self,
+        request: Request<v1::ModifyUserRequest>,
+    ) -> Result<Response<v1::AccountingChangeResponse>, Status> {
+        let who = identity(&request)?.clone();
+        self.change(&who, Change::ModifyUser(request.into_inner()))
+            .await
+    }
+
+    #[instrument(skip_all)]
+    async fn delete_user(
+        &self,
+        request: Request<v1::DeleteUserRequest>,
+    ) -> Result<Response<v1::AccountingChangeResponse>, Status> {
+        let who = identity(&request)?.clone();
+        self.change(&who, Change::DeleteUser(request.into_inner()))
+            .await
+    }
+
+    #[instrument(skip_all)]
+    async fn add_qos(
+        &self,
+        request: Request<v1::AddQosRequest>,
+    ) -> Result<Response<v1::AccountingChangeResponse>, Status> {
+        let who = identity(&request)?.clone();
+        self.change(&who, Change::AddQos(request.into_inner()))
+            .await
+    }
+
+    #[instrument(skip_all)]
+    async fn modify_qos(
+        &self,
+        request: Request<v1::ModifyQosRequest>,
+    ) -> Result<Response<v1::AccountingChangeResponse>, Status> {
+        let who = identity(&request)?.clone();
+        self.change(&who, Change::ModifyQos(request.into_inner()))
+            .await
+    }
+
+    #[instrument(skip_all)]
+    async fn delete_qos(
+        &self,
+        request: Request<v1::DeleteQosRequest>,
+    ) -> Result<Response<v1::AccountingChangeResponse>, Status> {
+        let who = identity(&request)?.clone();
+        self.change(&who, Change::DeleteQos(request.into_inner()))
+            .await
+    }
+
+    #[instrument(skip_all)]
+    async fn list_associations(
+        &self,
+        request: Request<v1::ListAssociationsRequest>,
+    ) -> Result<Response<v1::ListAssociationsResponse>, Status> {
+        identity(&request)?;
+        let resp = self
+            .handle
+            .call(|reply| Command::Accounting(AcctCommand::Associations { reply }))
+            .await?;
+        Ok(Response::new(resp))
+    }
+
+    #[instrument(skip_all)]
+    async fn list_qos(
+        &self,
+        request: Request<v1::ListQosRequest>,
+    ) -> Result<Response<v1::ListQosResponse>, Status> {
+        identity(&request)?;
+        let resp = self
+            .handle
+            .call(|reply| Command::Accounting(AcctCommand::Qos { reply }))
+            .await?;
+        Ok(Response::new(resp))
+    }
+
+    #[instrument(skip_all)]
+    async fn list_shares(
+        &self,
+        request: Request<v1::ListSharesRequest>,
+    ) -> Result<Response<v1::ListSharesResponse>, Status> {
+        identity(&request)?;
+        let resp = self
+            .handle
+            .call(|reply| Command::Accounting(AcctCommand::Shares { reply }))
+            .await?;
+        Ok(Response::new(resp))
+    }
+
+    #[instrument(skip_all)]
+    async fn list_priorities(
+        &self,
+        request: Request<v1::ListPrioritiesRequest>,
+    ) -> Result<Response<v1::ListPrioritiesResponse>, Status> {
+        identity(&request)?;
+        let req = request.into_inner();
+        let resp = self
+            .handle
+            .call(|reply| Command::Accounting(AcctCommand::Priorities { req, reply }))
+            .await?;
+        Ok(Response::new(resp))
+    }
+
     #[instrument(skip_all, fields(jobs = request.get_ref().jobs.len()))]
     async fn list_job_records(
         &self,
@@ -82,6 +249,16 @@ impl Accounting for AccountingService {
             started_before: (req.end_time > 0).then_some(req.end_time),
             limit: Some(MAX_RECORDS),
         };
+        // The active jobs first, the store second: a run that ends between the two reads
+        // is then in the store (and dropped from the active part by `merge_runs`) instead
+        // of in neither.
+        let active = if req.include_active {
+            self.handle
+                .call(|reply| Command::ActiveJobs { reply })
+                .await?
+        } else {
+            Vec::new()
+        };
         // Everything the actor has applied (a job that just ended) is durable before the
         // store is read.
         self.handle.call(|reply| Command::Barrier { reply }).await?;
@@ -96,29 +273,81 @@ impl Accounting for AccountingService {
         })
         .await
         .map_err(|e| Status::internal(e.to_string()))??;
-        let mut jobs = Vec::with_capacity(rows.len());
+        let mut stored = Vec::with_capacity(rows.len());
         for r in rows {
             match v1::JobInfo::decode(r.record.as_slice()) {
-                Ok(info) => jobs.push(info),
+                Ok(info) => stored.push((r.id, r.run, info)),
                 Err(e) => tracing::warn!(job_id = r.id, error = %e, "undecodable job record"),
             }
         }
-        if req.include_active {
-            let active = self
-                .handle
-                .call(|reply| Command::ActiveJobs { reply })
-                .await?;
-            jobs.extend(
-                active
-                    .into_iter()
-                    .filter(|j| !tandem_sched_terminal(j.state) && matches(j, &req, &states)),
-            );
-        }
+        let active = active
+            .into_iter()
+            .filter(|j| !tandem_sched_terminal(j.state) && matches(j, &req, &states));
+        let jobs = merge_runs(stored, active);
         Ok(Response::new(v1::ListJobRecordsResponse { jobs }))
     }
+}
+
+/// sacct's lines: the stored runs `(job id, run, record)`, then each active job whose
+/// current run has no stored record. The active list was read before the store, so a run
+/// that ended in between has both; the stored record, the later word, wins. A job's run
+/// number is its restart count during that run, as `JobInfo::restarts` shows it.
+fn merge_runs(
+    stored: Vec<(u64, u32, v1::JobInfo)>,
+    active: impl IntoIterator<Item = v1::JobInfo>,
+) -> Vec<v1::JobInfo> {
+    let recorded: HashSet<(u64, u32)> = stored.iter().map(|(id, run, _)| (*id, *run)).collect();
+    let mut jobs: Vec<v1::JobInfo> = stored.into_iter().map(|(_, _, info)| info).collect();
+    jobs.extend(
+        active
+            .into_iter()
+            .filter(|j| !recorded.contains(&(j.job_id, j.restarts))),
+    );
+    jobs
 }
 
 /// Terminal jobs still in memory already have their record in the store.
 fn tandem_sched_terminal(state: i32) -> bool {
     convert::state_from_proto(state).is_ok_and(|s| s.is_terminal())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(id: u64, state: v1::JobState, restarts: u32) -> v1::JobInfo {
+        v1::JobInfo {
+            job_id: id,
+            state: state as i32,
+            restarts,
+            ..Default::default()
+        }
+    }
+
+    /// A job seen running (or pending) in memory whose run ended before the store was
+    /// read is listed once, as its record; a requeued job's earlier runs do not hide the
+    /// run it waits for now.
+    #[test]
+    fn a_run_recorded_meanwhile_replaces_its_active_entry() {
+        use v1::JobState::{Completed, Pending, Preempted, Running};
+        let stored = vec![(1, 0, info(1, Completed, 0)), (2, 0, info(2, Preempted, 1))];
+        let active = vec![
+            info(1, Running, 0), // ended between the reads
+            info(2, Pending, 1), // requeued: run 1 is still to come
+            info(3, Running, 0), // still running
+        ];
+        let got: Vec<(u64, i32)> = merge_runs(stored, active)
+            .iter()
+            .map(|j| (j.job_id, j.state))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (1, Completed as i32),
+                (2, Preempted as i32),
+                (2, Pending as i32),
+                (3, Running as i32),
+            ]
+        );
+    }
 }

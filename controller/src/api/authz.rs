@@ -51,6 +51,12 @@ pub fn may_update_node(who: &Identity) -> bool {
     who.is_admin()
 }
 
+/// Accounts, users and QOS (sacctmgr add/modify/delete): operators only, as Slurm's
+/// AdminLevel=Operator. Reading them (show, sshare, sprio) is open to every user.
+pub fn may_change_accounting(who: &Identity) -> bool {
+    who.is_admin()
+}
+
 /// The WorkerLink stream is for node agents (and admins, for tests and tools).
 pub fn may_connect_worker(who: &Identity) -> bool {
     matches!(who.role, Role::Worker | Role::Admin)
@@ -119,6 +125,8 @@ mod tests {
     #[test]
     fn nodes_priorities_and_worker_links() {
         assert!(!may_update_node(&alice()) && may_update_node(&root()));
+        assert!(!may_change_accounting(&alice()) && may_change_accounting(&root()));
+        assert!(!may_change_accounting(&worker()));
         assert!(!may_set_priority(&alice()) && may_set_priority(&root()));
         assert!(may_connect_worker(&worker()) && may_connect_worker(&root()));
         assert!(!may_connect_worker(&alice()));

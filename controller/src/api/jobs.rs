@@ -11,7 +11,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
-use super::convert;
+use super::convert::{self, JobFields, PAYLOAD_FIELDS};
 use crate::launch::Payload;
 use crate::state::{Command, DETAIL_LIMIT, Handle};
 use crate::store::{RecordFilter, Store};
@@ -37,9 +37,11 @@ impl JobsService {
     }
 }
 
-/// Fills workdir, output paths and command from the stored payloads of a few jobs.
-pub async fn add_payloads(reader: &Arc<Mutex<Store>>, jobs: &mut [v1::JobInfo]) {
-    if jobs.is_empty() || jobs.len() > DETAIL_LIMIT {
+/// Fills the wanted payload fields (workdir, output paths, command, ...) of a few jobs from
+/// their stored payloads.
+pub async fn add_payloads(reader: &Arc<Mutex<Store>>, jobs: &mut [v1::JobInfo], want: JobFields) {
+    if jobs.is_empty() || jobs.len() > DETAIL_LIMIT || !PAYLOAD_FIELDS.iter().any(|f| want.has(*f))
+    {
         return;
     }
     let ids: Vec<u64> = jobs
@@ -71,14 +73,16 @@ pub async fn add_payloads(reader: &Arc<Mutex<Store>>, jobs: &mut [v1::JobInfo]) 
     .unwrap_or_default();
     for (info, p) in jobs.iter_mut().zip(loaded) {
         if let Some(p) = p {
-            convert::add_payload(info, &p);
+            convert::add_payload(info, &p, want);
         }
     }
 }
 
 #[tonic::async_trait]
 impl Jobs for JobsService {
-    #[instrument(skip_all, fields(user, job_id))]
+    // Debug level: at the default log level a span per submit is measurable overhead at
+    // tens of thousands of submits per second.
+    #[instrument(level = "debug", skip_all, fields(user, job_id))]
     async fn submit(
         &self,
         request: Request<v1::SubmitRequest>,
@@ -129,11 +133,12 @@ impl Jobs for JobsService {
     ) -> Result<Response<v1::ListJobsResponse>, Status> {
         identity(&request)?;
         let req = request.into_inner();
+        let want = JobFields::from_names(&req.fields)?;
         let mut resp = self
             .handle
             .call(|reply| Command::ListJobs { req, reply })
             .await?;
-        add_payloads(&self.reader, &mut resp.jobs).await;
+        add_payloads(&self.reader, &mut resp.jobs, want).await;
         Ok(Response::new(resp))
     }
 

@@ -17,11 +17,22 @@
 //! `redb` would also do (pure Rust, MVCC, crash safe); SQLite won on ad-hoc indexed queries
 //! for accounting and on being inspectable with the `sqlite3` shell during an incident.
 //!
+//! # Record encoding
+//!
+//! Job, node and configuration records are JSON (serde): about 0.9 KB per pending job.
+//! Profiled under a submit flood, all JSON work (records plus token claims) is under 2% of
+//! the controller's CPU per submit, against ~5% for SQLite itself and most of the rest in
+//! HTTP/2 and the kernel, so a binary encoding would buy little and lose what JSON gives: rows
+//! readable with the `sqlite3` shell, and fields added with `#[serde(default)]` that old
+//! stores load without a migration.
+//!
 //! # Layout
 //!
 //! - [`sqlite`]: schema, the one-transaction [`Batch`] write, loads and queries.
 //! - [`commit`]: the committer thread that merges queued batches into one transaction
 //!   (group commit) and runs each batch's after-commit effects in order.
+//! - [`checkpoint`]: with `--durability process`, copies the WAL back into the database file
+//!   on its own thread, so no commit waits for it.
 //! - [`recover`]: rebuilds the scheduling core's `State` from the store on start.
 //!
 //! # Invariants
@@ -31,6 +42,7 @@
 //! - Job payloads (script, environment, ...) live only here, never in the controller's memory
 //!   except while a launch message is built.
 
+pub mod checkpoint;
 pub mod commit;
 pub mod recover;
 pub mod sqlite;

@@ -8,6 +8,10 @@
 //! Configuration: partitions and scheduling parameters always come from this start's
 //! config file (like slurm.conf); QOS, accounts and users come from the store when it has
 //! them, because `sacctmgr`-style changes made at run time live there (like slurmdbd).
+//! The config file seeds an empty store: the first start persists its QOS, accounts and
+//! users at once, and from then on the store is authoritative (a later edit of those
+//! sections is logged and ignored; change them with `sacctmgr`). The stored tree supplies
+//! usage; its shape always follows the stored account and user lists.
 
 use std::collections::HashMap;
 
@@ -57,8 +61,17 @@ fn decode<T: serde::de::DeserializeOwned>(
 /// Rebuilds everything from what [`super::Store::load`] read.
 pub fn recover(loaded: Loaded, mut config: ClusterConfig) -> Result<Recovered, RecoverError> {
     let meta = &loaded.meta;
+    let seeded = meta.contains_key("cluster_config");
     if let Some(text) = meta.get("cluster_config") {
         let stored: ClusterConfig = decode("config", || "cluster_config".into(), text.as_bytes())?;
+        if (&config.qos, &config.accounts, &config.users)
+            != (&stored.qos, &stored.accounts, &stored.users)
+        {
+            tracing::warn!(
+                "the config file's QOS, accounts or users differ from the store's; the store's \
+                 (changed with sacctmgr) are used"
+            );
+        }
         config.qos = stored.qos;
         config.accounts = stored.accounts;
         config.users = stored.users;
@@ -91,7 +104,7 @@ pub fn recover(loaded: Loaded, mut config: ClusterConfig) -> Result<Recovered, R
     for (name, bytes) in &loaded.nodes {
         nodes.push(decode::<Node>("node", || name.clone(), bytes)?);
     }
-    let state = State::restore(RestoreInput {
+    let mut state = State::restore(RestoreInput {
         config,
         jobs,
         nodes,
@@ -99,6 +112,10 @@ pub fn recover(loaded: Loaded, mut config: ClusterConfig) -> Result<Recovered, R
         assoc,
         usage_charged_at,
     })?;
+    if !seeded {
+        // First start on this store: persist the config file's accounts, users and QOS now.
+        state.mark_accounting_changed();
+    }
     let mut steps: HashMap<JobId, Vec<StepRec>> = HashMap::new();
     for (job, step, bytes) in &loaded.steps {
         let rec: StepRec = decode("step", || format!("{job}.{step}"), bytes)?;

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use rusqlite::wal::CheckpointMode;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Transaction, params, params_from_iter};
 
 /// Bumped when the schema changes incompatibly; a store with another version is refused
@@ -101,6 +102,8 @@ pub enum StoreError {
     },
     #[error("store committer is gone (controller shutting down)")]
     Closed,
+    #[error("cannot start the store's checkpoint thread")]
+    Thread(#[source] std::io::Error),
 }
 
 fn sql(operation: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
@@ -209,6 +212,7 @@ pub struct RecordFilter {
 pub struct Store {
     conn: Connection,
     path: PathBuf,
+    durability: Durability,
 }
 
 /// When a commit counts as durable.
@@ -287,7 +291,11 @@ impl Store {
             Some(v) if v == SCHEMA_VERSION => {}
             Some(found) => return Err(StoreError::SchemaVersion { path, found }),
         }
-        Ok(Self { conn, path })
+        Ok(Self {
+            conn,
+            path,
+            durability,
+        })
     }
 
     /// A second, read-only connection for queries that must not wait for the committer.
@@ -306,11 +314,60 @@ impl Store {
         Ok(Self {
             conn,
             path: self.path.clone(),
+            durability: self.durability,
         })
+    }
+
+    /// A second read-write connection, for the checkpoint thread (see [`super::checkpoint`]).
+    /// It syncs as the writer does: a checkpoint's fsyncs are what make `--durability
+    /// process` commits reach the disk.
+    pub(super) fn open_checkpointer(&self) -> Result<Self, StoreError> {
+        let open_err = |source| StoreError::Open {
+            path: self.path.clone(),
+            source,
+        };
+        let conn = Connection::open(&self.path).map_err(open_err)?;
+        conn.execute_batch(self.durability.pragma())
+            .map_err(open_err)?;
+        // A RESTART checkpoint waits for the writer and readers through this.
+        conn.busy_timeout(Duration::from_secs(10))
+            .map_err(open_err)?;
+        Ok(Self {
+            conn,
+            path: self.path.clone(),
+            durability: self.durability,
+        })
+    }
+
+    /// Calls `f` with the number of frames in the WAL after each commit on this connection.
+    /// This replaces SQLite's automatic checkpoint on it: nothing copies the WAL back unless
+    /// someone checkpoints.
+    pub(super) fn on_wal_commit(
+        &mut self,
+        mut f: impl FnMut(i32) + Send + 'static,
+    ) -> Result<(), StoreError> {
+        self.conn
+            .wal_hook(Some(move |_: &mut rusqlite::hooks::Wal, pages| {
+                f(pages);
+                Ok(())
+            }))
+            .map_err(sql("set wal hook"))
+    }
+
+    /// Copies WAL frames back into the database file. Returns the frames in the WAL and
+    /// those copied back so far.
+    pub(super) fn checkpoint(&self, mode: CheckpointMode) -> Result<(i32, i32), StoreError> {
+        self.conn
+            .wal_checkpoint_v2(rusqlite::DEFAULT_NAME, mode)
+            .map_err(sql("checkpoint"))
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    pub fn durability(&self) -> Durability {
+        self.durability
     }
 
     /// Writes several batches in one transaction: one fsync for all of them.

@@ -71,9 +71,7 @@ pub fn prepare_create(rt: &ResourceType, obj: &mut Value) {
         }
         ("batch", "jobs") => {
             for (f, d) in [("parallelism", 1), ("completions", 1), ("backoffLimit", 6)] {
-                if obj["spec"][f].is_null() {
-                    obj["spec"][f] = json!(d);
-                }
+                default_to(&mut obj["spec"], f, json!(d));
             }
         }
         ("apiextensions.k8s.io", "customresourcedefinitions") => {
@@ -95,6 +93,21 @@ pub fn prepare_create(rt: &ResourceType, obj: &mut Value) {
     default_custom(rt, obj);
 }
 
+/// Sets `obj[key]` to `value` where the client left it unset (null or absent).
+fn default_to(obj: &mut Value, key: &str, value: Value) {
+    if obj[key].is_null() {
+        obj[key] = value;
+    }
+}
+
+/// The elements of the array `obj[key]`; none where it is absent or not an array.
+fn items_mut<'a>(obj: &'a mut Value, key: &str) -> impl Iterator<Item = &'a mut Value> {
+    obj.get_mut(key)
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+}
+
 fn default_pod(obj: &mut Value) {
     let spec = &mut obj["spec"];
     for (f, d) in [
@@ -107,38 +120,20 @@ fn default_pod(obj: &mut Value) {
         ("enableServiceLinks", json!(true)),
         ("priority", json!(0)),
     ] {
-        if spec[f].is_null() {
-            spec[f] = d;
-        }
+        default_to(spec, f, d);
     }
     for list in ["containers", "initContainers"] {
-        for c in spec
-            .get_mut(list)
-            .and_then(Value::as_array_mut)
-            .into_iter()
-            .flatten()
-        {
+        for c in items_mut(spec, list) {
             let image = c["image"].as_str().unwrap_or_default().to_owned();
             if c["imagePullPolicy"].is_null() {
                 let latest = image.ends_with(":latest")
                     || !image.rsplit('/').next().unwrap_or("").contains(':');
                 c["imagePullPolicy"] = json!(if latest { "Always" } else { "IfNotPresent" });
             }
-            if c["terminationMessagePath"].is_null() {
-                c["terminationMessagePath"] = json!("/dev/termination-log");
-            }
-            if c["terminationMessagePolicy"].is_null() {
-                c["terminationMessagePolicy"] = json!("File");
-            }
-            for p in c
-                .get_mut("ports")
-                .and_then(Value::as_array_mut)
-                .into_iter()
-                .flatten()
-            {
-                if p["protocol"].is_null() {
-                    p["protocol"] = json!("TCP");
-                }
+            default_to(c, "terminationMessagePath", json!("/dev/termination-log"));
+            default_to(c, "terminationMessagePolicy", json!("File"));
+            for p in items_mut(c, "ports") {
+                default_to(p, "protocol", json!("TCP"));
             }
         }
     }
@@ -180,27 +175,16 @@ fn qos_class(spec: &Value) -> &'static str {
 
 fn default_service(obj: &mut Value) {
     let spec = &mut obj["spec"];
-    if spec["type"].is_null() {
-        spec["type"] = json!("ClusterIP");
-    }
+    default_to(spec, "type", json!("ClusterIP"));
     if spec["clusterIP"].is_null() {
         let n: u16 = rand::random();
         let ip = format!("10.96.{}.{}", n >> 8, (n & 0xff).max(1));
         spec["clusterIP"] = json!(ip);
         spec["clusterIPs"] = json!([ip]);
     }
-    if spec["sessionAffinity"].is_null() {
-        spec["sessionAffinity"] = json!("None");
-    }
-    for p in spec
-        .get_mut("ports")
-        .and_then(Value::as_array_mut)
-        .into_iter()
-        .flatten()
-    {
-        if p["protocol"].is_null() {
-            p["protocol"] = json!("TCP");
-        }
+    default_to(spec, "sessionAffinity", json!("None"));
+    for p in items_mut(spec, "ports") {
+        default_to(p, "protocol", json!("TCP"));
         if p["targetPort"].is_null() {
             p["targetPort"] = p["port"].clone();
         }

@@ -8,8 +8,9 @@ use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
 };
 use serde_json::{Value, json};
+use tandem_e2e::apiserver::RunningServer;
 
-use super::{api_err, eventually, raw, start};
+use super::{api_err, eventually, merge, merge_status, raw, start};
 
 pub fn widget_crd() -> Value {
     json!({
@@ -55,6 +56,22 @@ fn widget(name: &str, spec: Value) -> DynamicObject {
     serde_json::from_value(json!({"apiVersion": "test.tandem.dev/v1", "kind": "Widget", "metadata": {"name": name}, "spec": spec})).unwrap()
 }
 
+async fn create_widget(
+    api: &Api<DynamicObject>,
+    name: &str,
+    spec: Value,
+) -> kube::Result<DynamicObject> {
+    api.create(&PostParams::default(), &widget(name, spec))
+        .await
+}
+
+/// A server with the Widget CRD installed, and the widget API on it.
+async fn widgets() -> (RunningServer, Api<DynamicObject>) {
+    let (server, client) = start().await;
+    install(&client).await;
+    (server, widget_api(client))
+}
+
 pub async fn install(client: &kube::Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let crd: CustomResourceDefinition = serde_json::from_value(widget_crd()).unwrap();
@@ -73,11 +90,7 @@ async fn custom_resources_are_served_after_the_crd_is_created() {
     let api = widget_api(client.clone());
     assert_eq!(api_err(api.list(&ListParams::default()).await).code, 404);
     install(&client).await;
-    let w = api
-        .create(
-            &PostParams::default(),
-            &widget("w1", json!({"size": "small", "replicas": 1})),
-        )
+    let w = create_widget(&api, "w1", json!({"size": "small", "replicas": 1}))
         .await
         .unwrap();
     assert_eq!(w.metadata.generation, Some(1));
@@ -92,16 +105,9 @@ async fn custom_resources_are_served_after_the_crd_is_created() {
 
 #[tokio::test]
 async fn schema_violations_are_422_naming_the_field() {
-    let (_s, client) = start().await;
-    install(&client).await;
-    let api = widget_api(client);
-    let e = api_err(
-        api.create(
-            &PostParams::default(),
-            &widget("bad", json!({"size": "small", "replicas": "three"})),
-        )
-        .await,
-    );
+    let (_s, api) = widgets().await;
+    let e =
+        api_err(create_widget(&api, "bad", json!({"size": "small", "replicas": "three"})).await);
     assert_eq!((e.code, e.reason.as_str()), (422, "Invalid"));
     let causes = e.details.as_ref().unwrap().causes.clone();
     assert!(
@@ -109,13 +115,7 @@ async fn schema_violations_are_422_naming_the_field() {
         "{causes:?}"
     );
     assert!(e.message.contains("spec.replicas"), "{}", e.message);
-    let e = api_err(
-        api.create(
-            &PostParams::default(),
-            &widget("bad", json!({"replicas": 1})),
-        )
-        .await,
-    );
+    let e = api_err(create_widget(&api, "bad", json!({"replicas": 1})).await);
     assert!(
         e.details
             .unwrap()
@@ -123,13 +123,7 @@ async fn schema_violations_are_422_naming_the_field() {
             .iter()
             .any(|c| c.field == "spec.size" && c.reason == "FieldValueRequired")
     );
-    let e = api_err(
-        api.create(
-            &PostParams::default(),
-            &widget("bad", json!({"size": "huge"})),
-        )
-        .await,
-    );
+    let e = api_err(create_widget(&api, "bad", json!({"size": "huge"})).await);
     assert!(
         e.details
             .unwrap()
@@ -137,97 +131,59 @@ async fn schema_violations_are_422_naming_the_field() {
             .iter()
             .any(|c| c.field == "spec.size")
     );
-    let e = api_err(
-        api.create(
-            &PostParams::default(),
-            &widget("bad", json!({"size": "small", "replicas": -1})),
-        )
-        .await,
-    );
+    let e = api_err(create_widget(&api, "bad", json!({"size": "small", "replicas": -1})).await);
     assert_eq!(e.code, 422);
     assert!(
         api.get_opt("bad").await.unwrap().is_none(),
         "nothing stored"
     );
     // nullable fields accept null.
-    api.create(
-        &PostParams::default(),
-        &widget("ok", json!({"size": "small", "note": null})),
-    )
-    .await
-    .unwrap();
+    create_widget(&api, "ok", json!({"size": "small", "note": null}))
+        .await
+        .unwrap();
     // Updates are validated too.
-    let e = api_err(
-        api.patch(
-            "ok",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"replicas": "x"}})),
-        )
-        .await,
-    );
+    let e = api_err(merge(&api, "ok", json!({"spec": {"replicas": "x"}})).await);
     assert_eq!(e.code, 422);
 }
 
 #[tokio::test]
 async fn unknown_fields_are_pruned_unless_preserved() {
-    let (_s, client) = start().await;
-    install(&client).await;
-    let api = widget_api(client);
-    let w = api
-        .create(
-            &PostParams::default(),
-            &widget(
-                "w",
-                json!({"size": "small", "bogus": 1, "extra": {"anything": [1, 2]}}),
-            ),
-        )
-        .await
-        .unwrap();
+    let (_s, api) = widgets().await;
+    let w = create_widget(
+        &api,
+        "w",
+        json!({"size": "small", "bogus": 1, "extra": {"anything": [1, 2]}}),
+    )
+    .await
+    .unwrap();
     assert!(w.data["spec"].get("bogus").is_none());
     assert_eq!(w.data["spec"]["extra"], json!({"anything": [1, 2]}));
 }
 
 #[tokio::test]
 async fn generation_bumps_on_spec_not_on_status_or_metadata() {
-    let (_s, client) = start().await;
-    install(&client).await;
-    let api = widget_api(client);
-    api.create(
-        &PostParams::default(),
-        &widget("w", json!({"size": "small", "replicas": 1})),
-    )
-    .await
-    .unwrap();
-    let pp = PatchParams::default();
-    let w = api
-        .patch_status(
-            "w",
-            &pp,
-            &Patch::Merge(json!({"status": {"phase": "Ready"}})),
-        )
+    let (_s, api) = widgets().await;
+    create_widget(&api, "w", json!({"size": "small", "replicas": 1}))
+        .await
+        .unwrap();
+    let w = merge_status(&api, "w", json!({"status": {"phase": "Ready"}}))
         .await
         .unwrap();
     assert_eq!(
         (w.metadata.generation, w.data["status"]["phase"].as_str()),
         (Some(1), Some("Ready"))
     );
-    let w = api
-        .patch(
-            "w",
-            &pp,
-            &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
-        )
+    let w = merge(&api, "w", json!({"metadata": {"labels": {"x": "y"}}}))
         .await
         .unwrap();
     assert_eq!(w.metadata.generation, Some(1));
-    let w = api
-        .patch(
-            "w",
-            &pp,
-            &Patch::Merge(json!({"spec": {"size": "large"}, "status": {"phase": "Ignored"}})),
-        )
-        .await
-        .unwrap();
+    let w = merge(
+        &api,
+        "w",
+        json!({"spec": {"size": "large"}, "status": {"phase": "Ignored"}}),
+    )
+    .await
+    .unwrap();
     assert_eq!(w.metadata.generation, Some(2));
     assert_eq!(
         w.data["status"]["phase"], "Ready",
@@ -237,19 +193,14 @@ async fn generation_bumps_on_spec_not_on_status_or_metadata() {
 
 #[tokio::test]
 async fn scale_subresource_reads_and_writes_spec_replicas() {
-    let (_s, client) = start().await;
-    install(&client).await;
-    let api = widget_api(client);
-    api.create(
-        &PostParams::default(),
-        &widget("w", json!({"size": "small", "replicas": 2})),
-    )
-    .await
-    .unwrap();
-    api.patch_status(
+    let (_s, api) = widgets().await;
+    create_widget(&api, "w", json!({"size": "small", "replicas": 2}))
+        .await
+        .unwrap();
+    merge_status(
+        &api,
         "w",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"replicas": 2, "selector": "app=w"}})),
+        json!({"status": {"replicas": 2, "selector": "app=w"}}),
     )
     .await
     .unwrap();
@@ -292,13 +243,8 @@ async fn scale_subresource_reads_and_writes_spec_replicas() {
 
 #[tokio::test]
 async fn table_output_has_printer_columns() {
-    let (s, client) = start().await;
-    install(&client).await;
-    widget_api(client)
-        .create(
-            &PostParams::default(),
-            &widget("w", json!({"size": "small", "replicas": 3})),
-        )
+    let (s, api) = widgets().await;
+    create_widget(&api, "w", json!({"size": "small", "replicas": 3}))
         .await
         .unwrap();
     let accept = [(
@@ -350,12 +296,9 @@ async fn bad_crds_are_rejected_and_deleting_a_crd_removes_its_objects() {
     );
     install(&client).await;
     let api = widget_api(client.clone());
-    api.create(
-        &PostParams::default(),
-        &widget("w", json!({"size": "small"})),
-    )
-    .await
-    .unwrap();
+    create_widget(&api, "w", json!({"size": "small"}))
+        .await
+        .unwrap();
     crds.delete("widgets.test.tandem.dev", &Default::default())
         .await
         .unwrap();

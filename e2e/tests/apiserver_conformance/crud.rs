@@ -6,7 +6,7 @@ use kube::Resource;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use super::{api_err, create, pod_json, raw, start};
+use super::{api_err, create, merge, merge_status, pod_json, raw, start};
 
 /// Without the workload controllers, which would write Deployment status themselves.
 async fn no_controllers() -> (tandem_e2e::apiserver::RunningServer, kube::Client) {
@@ -144,13 +144,7 @@ async fn generation_tracks_spec_changes_only() {
     let api: Api<Deployment> = Api::default_namespaced(client);
     let d = create(&api, deployment("web", 1)).await;
     assert_eq!(d.metadata.generation, Some(1));
-    let pp = PatchParams::default();
-    let d = api
-        .patch(
-            "web",
-            &pp,
-            &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
-        )
+    let d = merge(&api, "web", json!({"metadata": {"labels": {"x": "y"}}}))
         .await
         .unwrap();
     assert_eq!(
@@ -158,21 +152,19 @@ async fn generation_tracks_spec_changes_only() {
         Some(1),
         "metadata changes do not bump generation"
     );
-    let d = api
-        .patch_status(
-            "web",
-            &pp,
-            &Patch::Merge(json!({"status": {"replicas": 1, "observedGeneration": 1}})),
-        )
-        .await
-        .unwrap();
+    let d = merge_status(
+        &api,
+        "web",
+        json!({"status": {"replicas": 1, "observedGeneration": 1}}),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         d.metadata.generation,
         Some(1),
         "status changes do not bump generation"
     );
-    let d = api
-        .patch("web", &pp, &Patch::Merge(json!({"spec": {"replicas": 3}})))
+    let d = merge(&api, "web", json!({"spec": {"replicas": 3}}))
         .await
         .unwrap();
     assert_eq!(d.metadata.generation, Some(2), "spec changes do");
@@ -189,27 +181,24 @@ async fn status_subresource_splits_spec_and_status_writes() {
         d.status.is_none() || d.status.as_ref().unwrap().replicas.is_none(),
         "create ignores status"
     );
-    let pp = PatchParams::default();
     // A status write cannot change the spec...
-    let d = api
-        .patch_status(
-            "web",
-            &pp,
-            &Patch::Merge(json!({"spec": {"replicas": 9}, "status": {"replicas": 2}})),
-        )
-        .await
-        .unwrap();
+    let d = merge_status(
+        &api,
+        "web",
+        json!({"spec": {"replicas": 9}, "status": {"replicas": 2}}),
+    )
+    .await
+    .unwrap();
     assert_eq!(d.spec.as_ref().unwrap().replicas, Some(1));
     assert_eq!(d.status.as_ref().unwrap().replicas, Some(2));
     // ... and a main-resource write cannot change the status.
-    let d = api
-        .patch(
-            "web",
-            &pp,
-            &Patch::Merge(json!({"spec": {"replicas": 4}, "status": {"replicas": 5}})),
-        )
-        .await
-        .unwrap();
+    let d = merge(
+        &api,
+        "web",
+        json!({"spec": {"replicas": 4}, "status": {"replicas": 5}}),
+    )
+    .await
+    .unwrap();
     assert_eq!(d.spec.as_ref().unwrap().replicas, Some(4));
     assert_eq!(d.status.as_ref().unwrap().replicas, Some(2));
 }
@@ -233,10 +222,7 @@ async fn pod_spec_is_immutable_except_image() {
     let api: Api<Pod> = Api::default_namespaced(client);
     create(&api, pod_json("p", json!({}))).await;
     let pp = PatchParams::default();
-    let e = api_err(
-        api.patch("p", &pp, &Patch::Merge(json!({"spec": {"nodeName": "n1"}})))
-            .await,
-    );
+    let e = api_err(merge(&api, "p", json!({"spec": {"nodeName": "n1"}})).await);
     assert_eq!((e.code, e.reason.as_str()), (422, "Invalid"));
     assert!(
         e.message.contains("pod updates may not change fields"),

@@ -5,12 +5,10 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Binding, ConfigMap, Namespace, PersistentVolumeClaim, Pod};
-use kube::api::{
-    Api, DeleteParams, EvictParams, Patch, PatchParams, PostParams, PropagationPolicy,
-};
+use kube::api::{Api, DeleteParams, EvictParams, PostParams, PropagationPolicy};
 use serde_json::{Value, json};
 
-use super::{api_err, create, eventually, pod_json, start};
+use super::{api_err, create, eventually, merge, merge_status, pod_json, run_ready, start};
 
 fn cm(name: &str, extra_meta: Value) -> Value {
     let mut v = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}});
@@ -59,10 +57,10 @@ async fn a_finalizer_holds_deletion_until_removed() {
     assert!(c.metadata.deletion_timestamp.is_some());
     // No new finalizers on a deleting object.
     let e = api_err(
-        api.patch(
+        merge(
+            &api,
             "c",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": ["test.tandem.dev/hold", "other"]}})),
+            json!({"metadata": {"finalizers": ["test.tandem.dev/hold", "other"]}}),
         )
         .await,
     );
@@ -72,13 +70,9 @@ async fn a_finalizer_holds_deletion_until_removed() {
         api.get_opt("c").await.unwrap().is_some(),
         "held by the finalizer"
     );
-    api.patch(
-        "c",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-    )
-    .await
-    .unwrap();
+    merge(&api, "c", json!({"metadata": {"finalizers": null}}))
+        .await
+        .unwrap();
     assert!(
         api.get_opt("c").await.unwrap().is_none(),
         "gone once the last finalizer is removed"
@@ -137,13 +131,9 @@ async fn foreground_deletion_waits_for_dependents() {
             .unwrap()
             .contains(&"foregroundDeletion".to_owned())
     );
-    cms.patch(
-        "dep",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-    )
-    .await
-    .unwrap();
+    merge(&cms, "dep", json!({"metadata": {"finalizers": null}}))
+        .await
+        .unwrap();
     gone(&deps, "own").await;
 }
 
@@ -196,13 +186,9 @@ async fn deleting_a_namespace_deletes_its_content_first() {
         .await,
     );
     assert_eq!(e.code, 403, "no new content in a terminating namespace");
-    cms.patch(
-        "held",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-    )
-    .await
-    .unwrap();
+    merge(&cms, "held", json!({"metadata": {"finalizers": null}}))
+        .await
+        .unwrap();
     gone(&nss, "team").await;
 }
 
@@ -228,13 +214,9 @@ async fn bound_pods_are_deleted_gracefully_and_removed_by_a_zero_grace_delete() 
     assert!(held.metadata.deletion_timestamp.is_some());
     assert_eq!(held.metadata.deletion_grace_period_seconds, Some(30));
     // The kubelet may still write status during the grace period.
-    pods.patch_status(
-        "bound",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"phase": "Failed"}})),
-    )
-    .await
-    .unwrap();
+    merge_status(&pods, "bound", json!({"status": {"phase": "Failed"}}))
+        .await
+        .unwrap();
     assert!(pods.get_opt("bound").await.unwrap().is_some());
     let wrong_uid = DeleteParams {
         grace_period_seconds: Some(0),
@@ -308,10 +290,7 @@ async fn eviction_respects_disruption_budgets() {
     let pdbs: Api<PodDisruptionBudget> = Api::default_namespaced(client);
     for n in ["a", "b"] {
         create(&pods, pod_json(n, json!({"app": "db"}))).await;
-        let ready = json!({"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}});
-        pods.patch_status(n, &PatchParams::default(), &Patch::Merge(ready))
-            .await
-            .unwrap();
+        run_ready(&pods, n).await;
     }
     create(
         &pdbs,

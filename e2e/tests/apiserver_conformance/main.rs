@@ -29,7 +29,8 @@ mod workloads;
 use std::future::Future;
 use std::time::Duration;
 
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tandem_e2e::apiserver::{Config, RunningServer, Server};
@@ -64,12 +65,36 @@ where
         .expect("create")
 }
 
+/// A JSON merge patch (RFC 7386) of `name` with default params.
+pub async fn merge<K>(api: &Api<K>, name: &str, patch: Value) -> kube::Result<K>
+where
+    K: Clone + DeserializeOwned + std::fmt::Debug,
+{
+    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+}
+
+/// A JSON merge patch of `name`'s `status` subresource with default params.
+pub async fn merge_status<K>(api: &Api<K>, name: &str, patch: Value) -> kube::Result<K>
+where
+    K: Clone + DeserializeOwned + std::fmt::Debug,
+{
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+}
+
 pub fn pod_json(name: &str, labels: Value) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "labels": labels},
         "spec": {"containers": [{"name": "main", "image": "busybox:1"}]},
     })
+}
+
+/// Writes what a kubelet would report for a running, ready pod.
+pub async fn run_ready(pods: &Api<Pod>, name: &str) {
+    let status = json!({"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}});
+    merge_status(pods, name, status).await.unwrap();
 }
 
 /// Polls `f` until it returns Some, or panics with `what` after `timeout`.

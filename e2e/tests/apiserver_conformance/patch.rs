@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use super::{api_err, create, start};
+use super::{api_err, create, merge, start};
 
 fn cm(name: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"a": "1", "b": "2"}})
@@ -16,12 +16,7 @@ async fn merge_patch_sets_and_removes_with_null() {
     let (_s, client) = start().await;
     let api: Api<ConfigMap> = Api::default_namespaced(client);
     create(&api, cm("c")).await;
-    let c = api
-        .patch(
-            "c",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"data": {"a": null, "c": "3"}})),
-        )
+    let c = merge(&api, "c", json!({"data": {"a": null, "c": "3"}}))
         .await
         .unwrap();
     assert_eq!(
@@ -36,18 +31,12 @@ async fn merge_patch_with_stale_version_is_409() {
     let api: Api<ConfigMap> = Api::default_namespaced(client);
     let c = create(&api, cm("c")).await;
     let rv = c.metadata.resource_version.unwrap();
-    api.patch(
-        "c",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"data": {"x": "1"}})),
-    )
-    .await
-    .unwrap();
+    merge(&api, "c", json!({"data": {"x": "1"}})).await.unwrap();
     let e = api_err(
-        api.patch(
+        merge(
+            &api,
             "c",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"resourceVersion": rv}, "data": {"x": "2"}})),
+            json!({"metadata": {"resourceVersion": rv}, "data": {"x": "2"}}),
         )
         .await,
     );
@@ -212,14 +201,7 @@ async fn reapplying_or_rewriting_the_same_object_is_a_no_op() {
         replaced.metadata.resource_version,
         first.metadata.resource_version
     );
-    let merged = api
-        .patch(
-            "c",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"data": {"a": "1"}})),
-        )
-        .await
-        .unwrap();
+    let merged = merge(&api, "c", json!({"data": {"a": "1"}})).await.unwrap();
     assert_eq!(
         merged.metadata.resource_version,
         first.metadata.resource_version

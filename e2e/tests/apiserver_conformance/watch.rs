@@ -5,15 +5,89 @@ use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use kube::api::{Api, ListParams, Patch, PatchParams, WatchEvent, WatchParams};
+use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tandem_e2e::apiserver::Config;
 
-use super::{create, pod_json, raw, start, start_with};
+use super::{create, merge, pod_json, raw, start, start_with};
 
 fn cm(name: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"v": "0"}})
+}
+
+type Events<K> = futures::stream::BoxStream<'static, kube::Result<WatchEvent<K>>>;
+
+/// The collection's current resource version, from a list.
+async fn list_version<K>(api: &Api<K>) -> String
+where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    api.list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap()
+}
+
+/// One object's current resource version.
+async fn object_version<K>(api: &Api<K>, name: &str) -> String
+where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let obj = api.get(name).await.unwrap();
+    obj.meta().resource_version.clone().unwrap()
+}
+
+/// Opens a watch from `version`.
+async fn watch_from<K>(api: &Api<K>, params: &WatchParams, version: &str) -> Events<K>
+where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    api.watch(params, version).await.unwrap().boxed()
+}
+
+/// Merge-patches the config map's value.
+async fn set_value(api: &Api<ConfigMap>, name: &str, v: &str) -> kube::Result<ConfigMap> {
+    merge(api, name, json!({"data": {"v": v}})).await
+}
+
+/// Creates the config map `name` (the caller judges the result: churn makes conflicts
+/// normal).
+async fn create_cm(api: &Api<ConfigMap>, name: &str) -> kube::Result<ConfigMap> {
+    let obj: ConfigMap = serde_json::from_value(cm(name)).unwrap();
+    api.create(&Default::default(), &obj).await
+}
+
+/// Merge-patches the pod's `app` label.
+async fn relabel(api: &Api<Pod>, name: &str, app: &str) {
+    merge(api, name, json!({"metadata": {"labels": {"app": app}}}))
+        .await
+        .unwrap();
+}
+
+/// What a cache is compared by: each object's name and resource version.
+fn name_and_version(c: &ConfigMap) -> (String, String) {
+    (
+        c.metadata.name.clone().unwrap(),
+        c.metadata.resource_version.clone().unwrap(),
+    )
+}
+
+/// What the server holds, sorted: every config map's name and resource version.
+async fn server_state(api: &Api<ConfigMap>) -> Vec<(String, String)> {
+    let mut state: Vec<_> = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(name_and_version)
+        .collect();
+    state.sort();
+    state
 }
 
 async fn next<K: Clone + std::fmt::Debug>(
@@ -31,26 +105,10 @@ async fn watch_from_a_list_version_sees_added_modified_deleted_in_order() {
     let (_s, client) = start().await;
     let api: Api<ConfigMap> = Api::default_namespaced(client);
     create(&api, cm("before")).await;
-    let rv = api
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
-    let mut w = api
-        .watch(&WatchParams::default(), &rv)
-        .await
-        .unwrap()
-        .boxed();
+    let rv = list_version(&api).await;
+    let mut w = watch_from(&api, &WatchParams::default(), &rv).await;
     create(&api, cm("a")).await;
-    api.patch(
-        "a",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"data": {"v": "1"}})),
-    )
-    .await
-    .unwrap();
+    set_value(&api, "a", "1").await.unwrap();
     api.delete("a", &Default::default()).await.unwrap();
     let mut last = rv.parse::<u64>().unwrap();
     let mut kinds = Vec::new();
@@ -83,51 +141,19 @@ async fn watch_from_a_version_outside_the_window_is_410_gone() {
     .await;
     let api: Api<ConfigMap> = Api::default_namespaced(client);
     create(&api, cm("a")).await;
-    let old = api
-        .get("a")
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
+    let old = object_version(&api, "a").await;
     for i in 0..10 {
-        api.patch(
-            "a",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"data": {"v": i.to_string()}})),
-        )
-        .await
-        .unwrap();
+        set_value(&api, "a", &i.to_string()).await.unwrap();
     }
-    let mut w = api
-        .watch(&WatchParams::default(), &old)
-        .await
-        .unwrap()
-        .boxed();
+    let mut w = watch_from(&api, &WatchParams::default(), &old).await;
     match next(&mut w).await {
         WatchEvent::Error(e) => assert_eq!((e.code, e.reason.as_str()), (410, "Expired")),
         other => panic!("expected 410, got {other:?}"),
     }
     // A recent version is still fine.
-    let recent = api
-        .get("a")
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
-    let mut w = api
-        .watch(&WatchParams::default(), &recent)
-        .await
-        .unwrap()
-        .boxed();
-    api.patch(
-        "a",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"data": {"v": "x"}})),
-    )
-    .await
-    .unwrap();
+    let recent = object_version(&api, "a").await;
+    let mut w = watch_from(&api, &WatchParams::default(), &recent).await;
+    set_value(&api, "a", "x").await.unwrap();
     assert!(matches!(next(&mut w).await, WatchEvent::Modified(_)));
 }
 
@@ -140,37 +166,17 @@ async fn bookmarks_only_when_asked_and_carry_the_current_version() {
     .await;
     let api: Api<ConfigMap> = Api::default_namespaced(client.clone());
     create(&api, cm("a")).await;
-    let rv = api
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
+    let rv = list_version(&api).await;
     // Changes to another type move the global version; the bookmark reports it.
     let pods: Api<Pod> = Api::default_namespaced(client);
     create(&pods, pod_json("p", json!({}))).await;
-    let global = pods
-        .get("p")
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
-    let mut w = api
-        .watch(&WatchParams::default(), &rv)
-        .await
-        .unwrap()
-        .boxed();
+    let global = object_version(&pods, "p").await;
+    let mut w = watch_from(&api, &WatchParams::default(), &rv).await;
     match next(&mut w).await {
         WatchEvent::Bookmark(b) => assert_eq!(b.metadata.resource_version, global),
         other => panic!("expected a bookmark, got {other:?}"),
     }
-    let mut plain = api
-        .watch(&WatchParams::default().disable_bookmarks(), &rv)
-        .await
-        .unwrap()
-        .boxed();
+    let mut plain = watch_from(&api, &WatchParams::default().disable_bookmarks(), &rv).await;
     let got = tokio::time::timeout(Duration::from_millis(300), plain.next()).await;
     assert!(
         got.is_err(),
@@ -240,18 +246,8 @@ async fn legacy_watch_path_watches_one_object() {
 async fn watch_timeout_seconds_ends_the_stream() {
     let (_s, client) = start().await;
     let api: Api<ConfigMap> = Api::default_namespaced(client);
-    let rv = api
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
-    let mut w = api
-        .watch(&WatchParams::default().timeout(1), &rv)
-        .await
-        .unwrap()
-        .boxed();
+    let rv = list_version(&api).await;
+    let mut w = watch_from(&api, &WatchParams::default().timeout(1), &rv).await;
     let end = tokio::time::timeout(Duration::from_secs(4), w.next())
         .await
         .expect("stream ends in time");
@@ -263,47 +259,33 @@ async fn relabelling_out_of_a_selector_is_seen_as_deleted() {
     let (_s, client) = start().await;
     let api: Api<Pod> = Api::default_namespaced(client);
     create(&api, pod_json("p", json!({"app": "a"}))).await;
-    let rv = api
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
-    let mut w = api
-        .watch(&WatchParams::default().labels("app=a"), &rv)
-        .await
-        .unwrap()
-        .boxed();
-    let pp = PatchParams::default();
-    api.patch(
-        "p",
-        &pp,
-        &Patch::Merge(json!({"metadata": {"labels": {"app": "b"}}})),
-    )
-    .await
-    .unwrap();
+    let rv = list_version(&api).await;
+    let mut w = watch_from(&api, &WatchParams::default().labels("app=a"), &rv).await;
+    relabel(&api, "p", "b").await;
     assert!(matches!(next(&mut w).await, WatchEvent::Deleted(_)));
-    api.patch(
-        "p",
-        &pp,
-        &Patch::Merge(json!({"metadata": {"labels": {"app": "a"}}})),
-    )
-    .await
-    .unwrap();
+    relabel(&api, "p", "a").await;
     assert!(matches!(next(&mut w).await, WatchEvent::Added(_)));
+}
+
+/// A server with a small watch window (so churn expires watches and forces relists) and
+/// frequent bookmarks, and the config map API on it.
+async fn churn_server(
+    watch_window: usize,
+    bookmark_interval: Duration,
+) -> (tandem_e2e::apiserver::RunningServer, Api<ConfigMap>) {
+    let (server, client) = start_with(Config {
+        watch_window,
+        bookmark_interval,
+        ..Config::default()
+    })
+    .await;
+    (server, Api::default_namespaced(client))
 }
 
 /// Runs a kube-runtime reflector through churn that overflows the watch window (forcing
 /// 410 relists) and checks its store converges to exactly what the server holds.
 async fn reflector_converges(streaming: bool) {
-    let (_s, client) = start_with(Config {
-        watch_window: 20,
-        bookmark_interval: Duration::from_millis(100),
-        ..Config::default()
-    })
-    .await;
-    let api: Api<ConfigMap> = Api::default_namespaced(client);
+    let (_s, api) = churn_server(20, Duration::from_millis(100)).await;
     let (reader, writer) = reflector::store::<ConfigMap>();
     let mut cfg = watcher::Config::default().page_size(7);
     if streaming {
@@ -319,26 +301,14 @@ async fn reflector_converges(streaming: bool) {
             futures::future::ready(Ok(()))
         });
     let task = tokio::spawn(rf);
-    let pp = PatchParams::default();
     for round in 0..60 {
         let name = format!("cm-{}", round % 15);
         match round % 4 {
             0 | 1 => {
-                let _ = api
-                    .create(
-                        &Default::default(),
-                        &serde_json::from_value(cm(&name)).unwrap(),
-                    )
-                    .await;
+                let _ = create_cm(&api, &name).await;
             }
             2 => {
-                let _ = api
-                    .patch(
-                        &name,
-                        &pp,
-                        &Patch::Merge(json!({"data": {"v": round.to_string()}})),
-                    )
-                    .await;
+                let _ = set_value(&api, &name, &round.to_string()).await;
             }
             _ => {
                 let _ = api.delete(&name, &Default::default()).await;
@@ -348,18 +318,7 @@ async fn reflector_converges(streaming: bool) {
             tokio::time::sleep(Duration::from_millis(30)).await;
         }
     }
-    let want: Vec<(String, Option<String>)> = {
-        let mut v: Vec<_> = api
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .map(|c| (c.metadata.name.unwrap(), c.metadata.resource_version))
-            .collect();
-        v.sort();
-        v
-    };
+    let want = server_state(&api).await;
     super::eventually(
         "the reflector to match the server",
         Duration::from_secs(10),
@@ -367,16 +326,7 @@ async fn reflector_converges(streaming: bool) {
             let reader = reader.clone();
             let want = want.clone();
             async move {
-                let mut got: Vec<_> = reader
-                    .state()
-                    .iter()
-                    .map(|c| {
-                        (
-                            c.metadata.name.clone().unwrap(),
-                            c.metadata.resource_version.clone(),
-                        )
-                    })
-                    .collect();
+                let mut got: Vec<_> = reader.state().iter().map(|c| name_and_version(c)).collect();
                 got.sort();
                 (got == want).then_some(())
             }
@@ -440,13 +390,7 @@ async fn controller_sees_every_change_through_churn() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
-    let (_s, client) = start_with(Config {
-        watch_window: 30,
-        bookmark_interval: Duration::from_millis(200),
-        ..Config::default()
-    })
-    .await;
-    let api: Api<ConfigMap> = Api::default_namespaced(client);
+    let (_s, api) = churn_server(30, Duration::from_millis(200)).await;
     let seen: Arc<Mutex<HashMap<String, String>>> = Arc::default();
     let reconciles = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let controller = Controller::new(api.clone(), watcher::Config::default().page_size(10));
@@ -469,25 +413,13 @@ async fn controller_sees_every_change_through_churn() {
     );
     let task = tokio::spawn(run.for_each(|_| futures::future::ready(())));
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let pp = PatchParams::default();
     let mut writes = 0usize;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
     while tokio::time::Instant::now() < deadline {
         let name = format!("cm-{}", rng.random_range(0..25));
         let ok = match rng.random_range(0..10) {
-            0..=3 => api
-                .create(
-                    &Default::default(),
-                    &serde_json::from_value(cm(&name)).unwrap(),
-                )
-                .await
-                .is_ok(),
-            4..=7 => api
-                .patch(
-                    &name,
-                    &pp,
-                    &Patch::Merge(json!({"data": {"v": rng.random::<u32>().to_string()}})),
-                )
+            0..=3 => create_cm(&api, &name).await.is_ok(),
+            4..=7 => set_value(&api, &name, &rng.random::<u32>().to_string())
                 .await
                 .is_ok(),
             _ => api.delete(&name, &Default::default()).await.is_ok(),
@@ -497,35 +429,15 @@ async fn controller_sees_every_change_through_churn() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
-    let want: HashMap<String, String> = api
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .map(|c| {
-            (
-                c.metadata.name.unwrap(),
-                c.metadata.resource_version.unwrap(),
-            )
-        })
-        .collect();
+    let want: HashMap<String, String> = server_state(&api).await.into_iter().collect();
     super::eventually(
         "the controller to catch up with the server",
         Duration::from_secs(15),
         || {
             let (seen, cache, want) = (seen.clone(), cache.clone(), want.clone());
             async move {
-                let cached: HashMap<String, String> = cache
-                    .state()
-                    .iter()
-                    .map(|c| {
-                        (
-                            c.metadata.name.clone().unwrap(),
-                            c.metadata.resource_version.clone().unwrap(),
-                        )
-                    })
-                    .collect();
+                let cached: HashMap<String, String> =
+                    cache.state().iter().map(|c| name_and_version(c)).collect();
                 let seen = seen.lock().unwrap();
                 let reconciled_latest = want.iter().all(|(n, rv)| seen.get(n) == Some(rv));
                 (cached == want && reconciled_latest).then_some(())
@@ -555,18 +467,8 @@ async fn controller_sees_every_change_through_churn() {
 async fn shutdown_ends_open_watches() {
     let (s, client) = start().await;
     let api: Api<ConfigMap> = Api::default_namespaced(client);
-    let rv = api
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
-    let mut w = api
-        .watch(&WatchParams::default(), &rv)
-        .await
-        .unwrap()
-        .boxed();
+    let rv = list_version(&api).await;
+    let mut w = watch_from(&api, &WatchParams::default(), &rv).await;
     tokio::time::timeout(Duration::from_secs(6), s.shutdown())
         .await
         .expect("shutdown completes");

@@ -6,11 +6,11 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
 use tandem_e2e::apiserver::Config;
 
-use super::{create, eventually, start, start_with};
+use super::{create, eventually, merge, merge_status, run_ready, start, start_with};
 
 fn template(app: &str, image: &str) -> Value {
     json!({"metadata": {"labels": {"app": app}}, "spec": {"containers": [{"name": "c", "image": image}]}})
@@ -33,14 +33,6 @@ async fn pods_with(api: &Api<Pod>, labels: &str, want: usize) -> Vec<Pod> {
         },
     )
     .await
-}
-
-/// What a kubelet would report for a running, ready pod.
-async fn run_ready(api: &Api<Pod>, name: &str) {
-    let status = json!({"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}});
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
-        .await
-        .unwrap();
 }
 
 #[tokio::test]
@@ -93,19 +85,15 @@ async fn deployments_make_replicasets_that_make_pods() {
         before,
         "controllers keep writing with nothing to do"
     );
-    deps.patch(
-        "web",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"replicas": 1}})),
-    )
-    .await
-    .unwrap();
+    merge(&deps, "web", json!({"spec": {"replicas": 1}}))
+        .await
+        .unwrap();
     pods_with(&pods, "app=web", 1).await;
     // A new template: a new ReplicaSet; the old one goes to 0.
-    deps.patch(
+    merge(
+        &deps,
         "web",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"template": template("web", "x:2")}})),
+        json!({"spec": {"template": template("web", "x:2")}}),
     )
     .await
     .unwrap();
@@ -160,13 +148,9 @@ async fn statefulsets_create_ordinals_in_order_with_claims() {
         both.iter()
             .any(|p| p.metadata.name.as_deref() == Some("db-1"))
     );
-    sts.patch(
-        "db",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"replicas": 1}})),
-    )
-    .await
-    .unwrap();
+    merge(&sts, "db", json!({"spec": {"replicas": 1}}))
+        .await
+        .unwrap();
     let left = pods_with(&pods, "app=db", 1).await;
     assert_eq!(
         left[0].metadata.name.as_deref(),
@@ -205,13 +189,9 @@ async fn jobs_run_to_completion_or_fail_past_the_backoff_limit() {
     let finish = |name: String| {
         let pods = pods.clone();
         async move {
-            pods.patch_status(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": {"phase": "Succeeded"}})),
-            )
-            .await
-            .unwrap();
+            merge_status(&pods, &name, json!({"status": {"phase": "Succeeded"}}))
+                .await
+                .unwrap();
         }
     };
     for p in &two {
@@ -251,20 +231,16 @@ async fn jobs_run_to_completion_or_fail_past_the_backoff_limit() {
     for _ in 0..2 {
         let p = pods_with(&pods, "job-name=flaky,!failed", 1).await;
         let name = p[0].metadata.name.clone().unwrap();
-        pods.patch(
+        merge(
+            &pods,
             &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"failed": "yes"}}})),
+            json!({"metadata": {"labels": {"failed": "yes"}}}),
         )
         .await
         .unwrap();
-        pods.patch_status(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"phase": "Failed"}})),
-        )
-        .await
-        .unwrap();
+        merge_status(&pods, &name, json!({"status": {"phase": "Failed"}}))
+            .await
+            .unwrap();
     }
     eventually("the job to fail", Duration::from_secs(5), || async {
         let st = jobs.get("flaky").await.unwrap().status.unwrap_or_default();

@@ -169,3 +169,68 @@ fn a_hostile_task_selection_is_cheap() {
             .is_empty()
     );
 }
+
+/// Issue #5: an array that started some tasks in a pass showed `(None)` for the rest until
+/// the next pass; the reason must be set in the pass that started them.
+#[test]
+fn an_array_that_started_some_tasks_explains_the_rest_in_the_same_pass() {
+    struct Case {
+        name: &'static str,
+        spec: JobSpec,
+        max_jobs_per_user: Option<u32>,
+        want_started: usize,
+        want_reason: Reason,
+    }
+    let cases = [
+        Case {
+            name: "throttle reached",
+            spec: JobSpec::test().array("0-9%2"),
+            max_jobs_per_user: None,
+            want_started: 2,
+            want_reason: Reason::JobArrayTaskLimit,
+        },
+        Case {
+            name: "node full before the throttle",
+            spec: JobSpec::test().array("0-9%5").cpus_per_task(4),
+            max_jobs_per_user: None,
+            want_started: 2,
+            want_reason: Reason::Resources,
+        },
+        Case {
+            name: "QOS limit before the throttle",
+            spec: JobSpec::test().array("0-9%5"),
+            max_jobs_per_user: Some(3),
+            want_started: 3,
+            want_reason: Reason::QOSMaxJobsPerUserLimit,
+        },
+    ];
+    for case in cases {
+        let mut cfg = crate::config::ClusterConfig::default();
+        if let Some(m) = case.max_jobs_per_user {
+            let mut qos = crate::qos::Qos::new("normal");
+            qos.limits.max_jobs_per_user = Some(m);
+            cfg.qos = vec![qos];
+        }
+        let mut st = State::test_cluster_with(cfg, 1, 8, 8000, 0);
+        let arr = st.submit(case.spec, 0).unwrap();
+        let plan = st.schedule(0);
+        assert_eq!(plan.starts.len(), case.want_started, "case: {}", case.name);
+        let meta = st.job(arr).unwrap();
+        assert_eq!(meta.state, JobState::Pending, "case: {}", case.name);
+        assert_eq!(meta.reason, case.want_reason, "case: {}", case.name);
+        assert!(
+            st.changes.jobs.contains(&arr),
+            "case {}: the reason change must be recorded for persistence",
+            case.name
+        );
+        assert_consistent(&st);
+    }
+}
+
+#[test]
+fn an_array_whose_last_tasks_all_start_gets_no_pending_reason() {
+    let mut st = State::test_cluster(1, 8, 8000, 0);
+    let arr = st.submit(JobSpec::test().array("0-2%3"), 0).unwrap();
+    assert_eq!(st.schedule(0).starts.len(), 3);
+    assert_ne!(state_of(&st, arr), JobState::Pending);
+}

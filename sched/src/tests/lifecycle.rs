@@ -240,10 +240,109 @@ fn held_jobs_wait_and_admin_holds_need_an_operator() {
 fn begin_time_delays_eligibility() {
     let mut st = State::test_cluster(1, 8, 8000, 0);
     let a = st.submit(JobSpec::test().begin(100), 0).unwrap();
+    // Known at submit, before any pass: squeue shows it at once.
+    assert_eq!(st.job(a).unwrap().reason, Reason::BeginTime);
+    let due = st.submit(JobSpec::test().begin(0), 0).unwrap();
+    assert_eq!(st.job(due).unwrap().reason, Reason::None);
+    st.cancel(&JobSelector::job(due), &Requester::admin(), 0)
+        .unwrap();
     assert!(st.schedule(50).starts.is_empty());
     assert_eq!(st.job(a).unwrap().reason, Reason::BeginTime);
     assert_eq!(started(&st.schedule(100)), vec![a]);
     assert_eq!(st.job(a).unwrap().eligible_time, Some(100));
+}
+
+/// What a store would hold: each job record as last written, and how often it was written.
+#[derive(Default)]
+struct Written {
+    records: std::collections::BTreeMap<JobId, crate::Job>,
+    writes: std::collections::BTreeMap<JobId, u32>,
+}
+
+impl Written {
+    fn flush(&mut self, st: &mut State) {
+        for id in st.take_changes().jobs {
+            self.records.insert(id, st.job(id).unwrap().clone());
+            *self.writes.entry(id).or_default() += 1;
+        }
+    }
+}
+
+#[test]
+fn a_waiting_job_is_written_once_across_submit_and_first_pass() {
+    let mut st = State::test_cluster(1, 8, 8000, 0);
+    st.take_changes();
+    let mut disk = Written::default();
+    let runs = st.submit(JobSpec::test().cpus_per_task(8), 5).unwrap();
+    let waits = st.submit(JobSpec::test(), 5).unwrap();
+    let later = st.submit(JobSpec::test().begin(1000), 5).unwrap();
+    disk.flush(&mut st);
+    // Eligible from its submit: the age factor counts from then, and that is durable.
+    assert_eq!(disk.records[&waits].eligible_time, Some(5));
+    assert_eq!(disk.records[&later].eligible_time, None);
+
+    assert_eq!(started(&st.schedule(6)), vec![runs]);
+    disk.flush(&mut st);
+    // squeue reads the live reason; the pass derived it, so it is not rewritten.
+    assert_eq!(st.job(waits).unwrap().reason, Reason::Resources);
+    assert_eq!(st.job(later).unwrap().reason, Reason::BeginTime);
+    assert_eq!(disk.writes[&waits], 1);
+    assert_eq!(disk.writes[&later], 1);
+    // Starting is a durable change.
+    assert_eq!(disk.writes[&runs], 2);
+    // Later passes write nothing for jobs that still wait.
+    st.schedule(7);
+    assert!(st.take_changes().jobs.is_empty());
+
+    // After a restart from what was written, the first pass says why again.
+    let mut restored = State::restore(RestoreInput {
+        config: st.config().clone(),
+        jobs: disk.records.values().cloned().collect(),
+        nodes: st.nodes().cloned().collect(),
+        next_job_id: st.next_job_id(),
+        assoc: Some(st.assoc().clone()),
+        usage_charged_at: st.usage_charged_at(),
+    })
+    .unwrap();
+    assert_eq!(restored.job(waits).unwrap().reason, Reason::None);
+    restored.schedule(8);
+    assert_eq!(restored.job(waits).unwrap().reason, Reason::Resources);
+    assert_eq!(restored.job(waits).unwrap().eligible_time, Some(5));
+}
+
+#[test]
+fn a_job_that_cannot_be_considered_at_submit_says_why_and_is_not_eligible_yet() {
+    let mut config = ClusterConfig::default();
+    config.partitions[0].state = crate::partition::PartitionState::Down;
+    let mut st = State::test_cluster_with(config, 1, 8, 8000, 0);
+    let a = st.submit(JobSpec::test(), 5).unwrap();
+    let job = st.job(a).unwrap();
+    assert_eq!(
+        (job.reason, job.eligible_time),
+        (Reason::PartitionDown, None)
+    );
+}
+
+#[test]
+fn eligibility_that_comes_in_a_pass_is_written() {
+    let mut st = State::test_cluster(1, 8, 8000, 0);
+    let held = st.submit(JobSpec::test().held(), 5).unwrap();
+    // A job with a dependency waits for the pass, which judges it against the whole queue.
+    let dep = st
+        .submit(JobSpec::test().dependency(&format!("afterany:{held}")), 5)
+        .unwrap();
+    for id in [held, dep] {
+        assert_eq!(st.job(id).unwrap().eligible_time, None);
+    }
+    st.schedule(6);
+    assert_eq!(st.job(dep).unwrap().reason, Reason::Dependency);
+    st.take_changes();
+    st.release(&JobSelector::job(held), &Requester::admin())
+        .unwrap();
+    st.take_changes();
+    assert_eq!(started(&st.schedule(9)), vec![held]);
+    assert_eq!(st.job(held).unwrap().eligible_time, Some(9));
+    assert!(st.take_changes().jobs.contains(&held));
 }
 
 #[test]

@@ -4,7 +4,9 @@
 //! - `placement`: backfill reservations, gangs, node modes, preemption, limits
 //! - `arrays`: task splitting, throttle, array dependencies
 //! - `invariants`: property test over random event sequences
+//! - `admin`: run-time account, user and QOS changes (sacctmgr)
 
+mod admin;
 mod arrays;
 mod invariants;
 mod lifecycle;

@@ -278,6 +278,49 @@ fn preempt_config() -> ClusterConfig {
     cfg
 }
 
+/// A scancel during a preemption grace ends the job now (no grace) and for good: it is
+/// CANCELLED, not requeued, and the preemptor starts when it is gone.
+#[test]
+fn cancel_during_a_preemption_grace_ends_the_job_now_as_cancelled() {
+    use crate::Effect;
+    use crate::effect::SignalReason;
+    use crate::state::{JobSelector, Requester};
+    let mut st = State::test_cluster_with(preempt_config(), 1, 32, 64_000, 8);
+    let low = st.submit(JobSpec::test().gpus(8).qos("low"), 0).unwrap();
+    st.schedule(0);
+    let high = st
+        .submit(JobSpec::test().gpus(8).qos("high").user("bob"), 10)
+        .unwrap();
+    assert_eq!(st.schedule(10).preemptions[0].grace_s, 30);
+    let eff = st
+        .cancel(&JobSelector::job(low), &Requester::user("alice"), 12)
+        .unwrap();
+    assert!(
+        matches!(
+            &eff[..],
+            [Effect::Terminate { job, reason: SignalReason::Cancel, grace_s: 0, .. }] if *job == low
+        ),
+        "{eff:?}"
+    );
+    let eff = st
+        .job_ended(
+            low,
+            JobOutcome {
+                cancelled: true,
+                signal: 15,
+                ..Default::default()
+            },
+            13,
+        )
+        .unwrap();
+    assert!(
+        matches!(&eff[0], Effect::RunEnded(r) if r.state == JobState::Cancelled && !r.requeued),
+        "{eff:?}"
+    );
+    assert_eq!(state_of(&st, low), JobState::Cancelled);
+    assert_eq!(started(&st.schedule(13)), vec![high]);
+}
+
 #[test]
 fn a_high_qos_job_preempts_the_most_recent_low_job_which_is_requeued() {
     let mut st = State::test_cluster_with(preempt_config(), 1, 32, 64_000, 8);
@@ -438,4 +481,31 @@ fn idle_cluster_pass_starts_many_jobs() {
         again.starts.len()
     );
     assert_consistent(&st);
+}
+
+/// `max_reservations` bounds reservations per pass, not the jobs considered; 0 lifts the
+/// bound. Both nodes are busy, so three blocked jobs of distinct shapes each want one.
+#[test]
+fn reservation_bound_counts_shapes_and_zero_means_no_bound() {
+    let reservations = |bound: u32| {
+        let mut st = two_gpu_nodes();
+        st.config.sched.max_reservations = bound;
+        st.submit(
+            JobSpec::test().nodes(2).gpus_per_node(8).time(Some(1000)),
+            0,
+        )
+        .unwrap();
+        assert_eq!(started(&st.schedule(0)).len(), 1);
+        for (gpus, limit) in [(8, 100), (4, 200), (2, 300)] {
+            st.submit(JobSpec::test().gpus(gpus).time(Some(limit)), 1)
+                .unwrap();
+        }
+        let plan = st.schedule(1);
+        assert!(plan.starts.is_empty());
+        assert_eq!(plan.stats.considered, 3, "every pending job is considered");
+        plan.stats.reservations
+    };
+    assert_eq!(reservations(1), 1);
+    assert_eq!(reservations(2), 2);
+    assert_eq!(reservations(0), 3);
 }

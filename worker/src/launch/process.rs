@@ -3,8 +3,9 @@
 //! The script is written to the spool (`STATE_DIR/spool/job<ID>/slurm_script`, mode 0700) and
 //! executed directly, so its `#!` line picks the interpreter as in Slurm. It runs in its own
 //! process group (cancel and time limits signal the whole tree), in the job's working
-//! directory, with exactly the environment from [`super::env`], stdin from `/dev/null`, and
-//! stdout/stderr in the job's output files (truncated, Slurm's default open mode).
+//! directory, with exactly the environment from [`super::env`], stdin from `/dev/null` or the
+//! `--input` file, and stdout/stderr in the job's output files (truncated, Slurm's default
+//! open mode, or appended to with `--open-mode=append`).
 //!
 //! # Whose process it is
 //!
@@ -36,9 +37,16 @@ const DEFAULT_OUTPUT: &str = "slurm-%j.out";
 const REDIRECT_SHELL: &str = "/bin/sh";
 /// How long the shell may take to open the output files as the user.
 const REDIRECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-/// Redirects stdout/stderr (same file when `$2` is empty), then execs the script.
-const REDIRECT_SCRIPT: &str = r#"o=$1 e=$2 s=$3; shift 3
+/// Redirects stdin (when `$3` is set) and stdout/stderr (same file when `$2` is empty;
+/// appending when `$4` is `append`), then execs the script. Stdin goes first, while stderr
+/// is still the pipe that reports a failed redirection.
+const REDIRECT_SCRIPT: &str = r#"o=$1 e=$2 i=$3 m=$4 s=$5; shift 5
+if [ -n "$i" ]; then exec <"$i"; fi
+if [ "$m" = append ]; then
+if [ -z "$e" ]; then exec >>"$o" 2>&1; else exec >>"$o" 2>>"$e"; fi
+else
 if [ -z "$e" ]; then exec >"$o" 2>&1; else exec >"$o" 2>"$e"; fi
+fi
 exec "$s" "$@""#;
 
 /// Why a batch script could not be started; the text goes to the controller as
@@ -67,7 +75,13 @@ pub enum LaunchError {
         #[source]
         source: io::Error,
     },
-    #[error("cannot open output files as uid {uid}: {message}")]
+    #[error("cannot open input file {path}")]
+    Input {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot open the input or output files as uid {uid}: {message}")]
     Redirect { uid: u32, message: String },
     #[error("this worker runs as uid {worker_uid} and cannot start jobs of uid {job_uid}")]
     Identity { worker_uid: u32, job_uid: u32 },
@@ -130,6 +144,10 @@ pub struct BatchSpec<'a> {
     /// Output patterns as the controller sent them (`%N` still to expand); empty = default.
     pub stdout: &'a str,
     pub stderr: &'a str,
+    /// `--input` pattern as the controller sent it; empty = `/dev/null`.
+    pub stdin: &'a str,
+    /// `--open-mode=append`: keep what the output files hold.
+    pub open_append: bool,
     pub node_name: &'a str,
     pub run_as: RunAs,
 }
@@ -159,6 +177,28 @@ pub fn output_path(pattern: &str, job_id: u64, node_name: &str, workdir: &Path) 
     workdir.join(expand(pattern, &fields))
 }
 
+/// Resolves an `--input` pattern like an output one; `None` = `/dev/null`.
+pub fn input_path(pattern: &str, node_name: &str, workdir: &Path) -> Option<PathBuf> {
+    if pattern.is_empty() {
+        return None;
+    }
+    let fields = PatternFields {
+        node_name: Some(node_name),
+        ..Default::default()
+    };
+    Some(workdir.join(expand(pattern, &fields)))
+}
+
+/// Where the script's streams go.
+struct Streams<'a> {
+    out: &'a Path,
+    /// `None`: with stdout.
+    err: Option<&'a Path>,
+    /// `None`: `/dev/null`.
+    input: Option<&'a Path>,
+    append: bool,
+}
+
 /// Writes the script to the spool and starts it.
 pub async fn start(spool: &Path, spec: &BatchSpec<'_>) -> Result<Started, LaunchError> {
     if !spec.script.starts_with("#!") {
@@ -186,12 +226,17 @@ pub async fn start(spool: &Path, spec: &BatchSpec<'_>) -> Result<Started, Launch
     let err_path = (!spec.stderr.is_empty())
         .then(|| output_path(spec.stderr, spec.job_id, spec.node_name, spec.workdir))
         .filter(|p| *p != out_path);
+    let in_path = input_path(spec.stdin, spec.node_name, spec.workdir);
+    let streams = Streams {
+        out: &out_path,
+        err: err_path.as_deref(),
+        input: in_path.as_deref(),
+        append: spec.open_append,
+    };
 
     let result = match spec.run_as {
-        RunAs::Worker => start_as_worker(&script_path, spec, &out_path, err_path.as_deref()).await,
-        RunAs::User { uid, gid } => {
-            start_as_user(&script_path, spec, uid, gid, &out_path, err_path.as_deref()).await
-        }
+        RunAs::Worker => start_as_worker(&script_path, spec, &streams).await,
+        RunAs::User { uid, gid } => start_as_user(&script_path, spec, uid, gid, &streams).await,
     };
     match result {
         Ok(child) => {
@@ -250,27 +295,57 @@ fn base_command(program: &Path, spec: &BatchSpec<'_>) -> Command {
     cmd
 }
 
-/// Opens (creates, truncates) an output file. Non-blocking, so a FIFO without a reader
-/// fails instead of hanging the worker; FIFOs and sockets are refused, since a job's
-/// output must not wait on someone else's reader. Blocking mode is restored for the job.
-fn open_output(path: &Path) -> Result<File, LaunchError> {
+/// Opens (creates, and truncates or appends to) an output file. Non-blocking, so a FIFO
+/// without a reader fails instead of hanging the worker; FIFOs and sockets are refused,
+/// since a job's output must not wait on someone else's reader. Blocking mode is restored
+/// for the job.
+fn open_output(path: &Path, append: bool) -> Result<File, LaunchError> {
     let err = |source| LaunchError::Output {
         path: path.to_owned(),
         source,
     };
-    let file = OpenOptions::new()
-        .write(true)
+    let mut options = OpenOptions::new();
+    if append {
+        options.append(true);
+    } else {
+        options.write(true).truncate(true);
+    }
+    let file = options
         .create(true)
-        .truncate(true)
         .mode(0o644)
         .custom_flags(OFlag::O_NONBLOCK.bits())
         .open(path)
         .map_err(err)?;
-    let kind = file.metadata().map_err(err)?.file_type();
+    refuse_fifo_then_block(file, err)
+}
+
+/// Opens the `--input` file for reading, under the same rules as output files: a FIFO with
+/// no writer would block the job's start on someone else.
+fn open_input(path: &Path) -> Result<File, LaunchError> {
+    let err = |source| LaunchError::Input {
+        path: path.to_owned(),
+        source,
+    };
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(OFlag::O_NONBLOCK.bits())
+        .open(path)
+        .map_err(err)?;
+    refuse_fifo_then_block(file, err)
+}
+
+fn refuse_fifo_then_block(
+    file: File,
+    err: impl Fn(io::Error) -> LaunchError,
+) -> Result<File, LaunchError> {
+    let kind = file.metadata().map_err(&err)?.file_type();
     if kind.is_fifo() || kind.is_socket() {
         return Err(err(io::Error::other("is a FIFO or socket, not a file")));
     }
-    fcntl(&file, FcntlArg::F_SETFL(OFlag::empty())).map_err(|e| err(e.into()))?;
+    // Append mode lives in the status flags too; keep it while dropping O_NONBLOCK.
+    let flags = fcntl(&file, FcntlArg::F_GETFL).map_err(|e| err(e.into()))?;
+    let flags = OFlag::from_bits_truncate(flags) & !OFlag::O_NONBLOCK;
+    fcntl(&file, FcntlArg::F_SETFL(flags)).map_err(|e| err(e.into()))?;
     Ok(file)
 }
 
@@ -281,12 +356,13 @@ const TEXT_BUSY_PAUSE: std::time::Duration = std::time::Duration::from_millis(5)
 async fn start_as_worker(
     script: &Path,
     spec: &BatchSpec<'_>,
-    out_path: &Path,
-    err_path: Option<&Path>,
+    streams: &Streams<'_>,
 ) -> Result<Child, LaunchError> {
-    let out = open_output(out_path)?;
+    let (out_path, err_path) = (streams.out, streams.err);
+    let input = streams.input.map(open_input).transpose()?;
+    let out = open_output(out_path, streams.append)?;
     let err = match err_path {
-        Some(p) => open_output(p)?,
+        Some(p) => open_output(p, streams.append)?,
         // One open file description for both streams, so they share the offset.
         None => out.try_clone().map_err(|source| LaunchError::Output {
             path: out_path.to_owned(),
@@ -301,7 +377,14 @@ async fn start_as_worker(
     };
     let mut attempt = 0;
     loop {
-        let spawned = base_command(script, spec)
+        let mut cmd = base_command(script, spec);
+        if let (Some(f), Some(path)) = (&input, streams.input) {
+            cmd.stdin(f.try_clone().map_err(|source| LaunchError::Input {
+                path: path.to_owned(),
+                source,
+            })?);
+        }
+        let spawned = cmd
             .args(spec.argv)
             .stdout(clone(&out, out_path)?)
             .stderr(clone(&err, err_path.unwrap_or(out_path))?)
@@ -328,15 +411,16 @@ async fn start_as_user(
     spec: &BatchSpec<'_>,
     uid: u32,
     gid: u32,
-    out_path: &Path,
-    err_path: Option<&Path>,
+    streams: &Streams<'_>,
 ) -> Result<Child, LaunchError> {
     let mut cmd = base_command(Path::new(REDIRECT_SHELL), spec);
     cmd.arg("-c")
         .arg(REDIRECT_SCRIPT)
         .arg("tandem-batch")
-        .arg(out_path)
-        .arg(err_path.map(Path::as_os_str).unwrap_or_default())
+        .arg(streams.out)
+        .arg(streams.err.map(Path::as_os_str).unwrap_or_default())
+        .arg(streams.input.map(Path::as_os_str).unwrap_or_default())
+        .arg(if streams.append { "append" } else { "truncate" })
         .arg(script)
         .args(spec.argv)
         .uid(uid)
@@ -357,7 +441,7 @@ async fn start_as_user(
             return Err(LaunchError::Redirect {
                 uid,
                 message: format!(
-                    "opening the output files did not finish within {}s",
+                    "opening the input or output files did not finish within {}s",
                     REDIRECT_TIMEOUT.as_secs()
                 ),
             });
@@ -415,6 +499,25 @@ mod tests {
         assert_eq!(
             output_path("/abs/x%%.out", 1, "n1", wd),
             PathBuf::from("/abs/x%.out")
+        );
+        // The controller sends `%%N` for a literal `%N`: one expansion here, not two.
+        assert_eq!(
+            output_path("/abs/x%%N.out", 1, "n1", wd),
+            PathBuf::from("/abs/x%N.out")
+        );
+    }
+
+    #[test]
+    fn input_path_expands_the_node_and_defaults_to_none() {
+        let wd = Path::new("/work/alice");
+        assert_eq!(input_path("", "n1", wd), None);
+        assert_eq!(
+            input_path("in-%N.txt", "n1", wd),
+            Some(PathBuf::from("/work/alice/in-n1.txt"))
+        );
+        assert_eq!(
+            input_path("/dev/null", "n1", wd),
+            Some(PathBuf::from("/dev/null"))
         );
     }
 

@@ -16,7 +16,7 @@ use std::time::Duration;
 use tandem_proto::auth::{ClusterKey, Role, ServerAuth, identity};
 use tandem_proto::v1::worker_link_server::{WorkerLink, WorkerLinkServer};
 use tandem_proto::v1::{
-    ControllerMessage, JobEnded, LaunchJob, Register, Registered, WorkerMessage,
+    ControllerMessage, JobEnded, LaunchJob, Register, Registered, SignalJob, WorkerMessage,
     controller_message, worker_message,
 };
 use tandem_worker::Config;
@@ -181,6 +181,19 @@ impl FakeController {
 
     pub async fn launch(&self, job: LaunchJob) {
         self.send(controller_message::Msg::LaunchJob(job)).await;
+    }
+
+    /// Tells the worker to end `job_id` the usual way (SIGTERM, KillWait, SIGKILL), after
+    /// `grace_s` seconds of notice; `reason` is "cancel", "preempt" or "timeout".
+    pub async fn end_job(&self, job_id: u64, reason: &str, grace_s: u32) {
+        self.send(controller_message::Msg::SignalJob(SignalJob {
+            job_id,
+            signal: 0,
+            batch_only: false,
+            reason: reason.into(),
+            grace_s,
+        }))
+        .await;
     }
 }
 

@@ -1,0 +1,635 @@
+//! The state actor's side of `tandem.v1.Accounting` beyond sacct: run-time changes to
+//! accounts, user associations and QOS (sacctmgr), and the numbers sshare and sprio show.
+//!
+//! A change request is applied to the live `State` item by item and undone as a whole if any
+//! item fails ([`State::rollback_accounting`]), so `sacctmgr add account a,b` with a bad `b`
+//! adds neither. Accepted changes mark the configuration and the tree changed; the actor's
+//! flush persists both (`cluster_config`, `assoc_tree`) in the batch that answers the caller,
+//! and the next pass sees the new shares, priorities and limits.
+//!
+//! The functions over `State` here are pure (no I/O, `now` is an argument), so their tests
+//! need no controller.
+
+use tandem_proto::v1;
+use tandem_sched::State;
+use tandem_sched::account::{AccountConfig, AssocLimits, UserConfig};
+use tandem_sched::fairshare::{AssocKind, ROOT_ACCOUNT, sshare_rows};
+use tandem_sched::job::{Hold, JobState, PreemptMode};
+use tandem_sched::qos::{Qos, QosLimits};
+use tandem_sched::ranking::Ranking;
+use tandem_sched::state::AdminError;
+use tonic::Status;
+
+use super::{Actor, Reply};
+
+/// Shares a new association gets when the request names none (Slurm's `Fairshare=1`).
+const DEFAULT_SHARES: u32 = tandem_sched::fairshare::DEFAULT_SHARES;
+
+/// Requests for the actor. The handler has already checked that a change comes from an
+/// operator.
+pub enum AcctCommand {
+    Change {
+        change: Change,
+        reply: Reply<v1::AccountingChangeResponse>,
+    },
+    Associations {
+        reply: Reply<v1::ListAssociationsResponse>,
+    },
+    Qos {
+        reply: Reply<v1::ListQosResponse>,
+    },
+    Shares {
+        reply: Reply<v1::ListSharesResponse>,
+    },
+    Priorities {
+        req: v1::ListPrioritiesRequest,
+        reply: Reply<v1::ListPrioritiesResponse>,
+    },
+}
+
+/// One sacctmgr change, as it came over the wire.
+#[derive(Debug, Clone)]
+pub enum Change {
+    AddAccount(v1::AddAccountRequest),
+    ModifyAccount(v1::ModifyAccountRequest),
+    DeleteAccount(v1::DeleteAccountRequest),
+    AddUser(v1::AddUserRequest),
+    ModifyUser(v1::ModifyUserRequest),
+    DeleteUser(v1::DeleteUserRequest),
+    AddQos(v1::AddQosRequest),
+    ModifyQos(v1::ModifyQosRequest),
+    DeleteQos(v1::DeleteQosRequest),
+}
+
+impl Actor {
+    pub(super) fn accounting(&mut self, cmd: AcctCommand) {
+        match cmd {
+            AcctCommand::Change { change, reply } => {
+                let snap = self.st.accounting_snapshot();
+                match apply(&mut self.st, change) {
+                    Ok(changed) => {
+                        // New shares, priorities or limits may reorder or unblock the queue.
+                        self.pass_wanted = true;
+                        self.reply_after_commit(reply, v1::AccountingChangeResponse { changed });
+                    }
+                    Err(e) => {
+                        self.st.rollback_accounting(snap);
+                        let _ = reply.send(Err(e));
+                    }
+                }
+            }
+            AcctCommand::Associations { reply } => {
+                let _ = reply.send(Ok(associations(&self.st)));
+            }
+            AcctCommand::Qos { reply } => {
+                let _ = reply.send(Ok(qos_list(&self.st)));
+            }
+            AcctCommand::Shares { reply } => {
+                let _ = reply.send(Ok(shares(&self.st)));
+            }
+            AcctCommand::Priorities { req, reply } => {
+                let now = self.now();
+                let _ = reply.send(Ok(priorities(&self.st, &req, now)));
+            }
+        }
+    }
+}
+
+// === changes ===
+
+fn admin_error(e: AdminError) -> Status {
+    Status::invalid_argument(e.to_string())
+}
+
+/// Applies one change to `st`; on error some items may have been applied (the caller rolls
+/// back). Returns one line per thing changed.
+pub fn apply(st: &mut State, change: Change) -> Result<Vec<String>, Status> {
+    let mut changed = Vec::new();
+    match change {
+        Change::AddAccount(r) => {
+            need("account names", &r.names)?;
+            let parent = match r.parent.as_str() {
+                "" | ROOT_ACCOUNT => None,
+                p => Some(p.to_owned()),
+            };
+            let s = r.settings.unwrap_or_default();
+            for name in &r.names {
+                let mut acct = AccountConfig {
+                    parent: parent.clone(),
+                    ..AccountConfig::new(name, DEFAULT_SHARES)
+                };
+                account_settings(&mut acct, &s)?;
+                st.add_account(acct).map_err(admin_error)?;
+                changed.push(format!("account {name}"));
+            }
+        }
+        Change::ModifyAccount(r) => {
+            need("account names", &r.names)?;
+            let s = r.settings.unwrap_or_default();
+            if s == v1::AccountChanges::default() {
+                return Err(Status::invalid_argument("nothing to set"));
+            }
+            for name in &r.names {
+                let Some(mut acct) = st
+                    .config()
+                    .accounts
+                    .iter()
+                    .find(|a| &a.name == name)
+                    .cloned()
+                else {
+                    let what = if name == ROOT_ACCOUNT {
+                        "the root account cannot be modified".to_owned()
+                    } else {
+                        format!("account {name:?} does not exist")
+                    };
+                    return Err(Status::invalid_argument(what));
+                };
+                account_settings(&mut acct, &s)?;
+                st.update_account(acct).map_err(admin_error)?;
+                changed.push(format!("account {name}"));
+            }
+        }
+        Change::DeleteAccount(r) => {
+            need("account names", &r.names)?;
+            for name in &r.names {
+                st.remove_account(name).map_err(admin_error)?;
+                changed.push(format!("account {name}"));
+            }
+        }
+        Change::AddUser(r) => {
+            need("user names", &r.users)?;
+            let mut accounts = r.accounts.clone();
+            if accounts.is_empty() && !r.default_account.is_empty() {
+                accounts.push(r.default_account.clone());
+            }
+            need("accounts (Account=)", &accounts)?;
+            let shares = match r.settings.and_then(|s| s.shares) {
+                Some(v) => non_negative("Fairshare", v)?,
+                None => DEFAULT_SHARES,
+            };
+            for user in &r.users {
+                for account in &accounts {
+                    st.add_user(UserConfig {
+                        user: user.clone(),
+                        account: account.clone(),
+                        shares,
+                        default: false,
+                    })
+                    .map_err(admin_error)?;
+                    changed.push(format!("user {user} account {account}"));
+                }
+                if !r.default_account.is_empty() {
+                    set_default(st, user, &r.default_account)?;
+                }
+            }
+        }
+        Change::ModifyUser(r) => {
+            need("user names", &r.users)?;
+            let shares = r
+                .settings
+                .and_then(|s| s.shares)
+                .map(|v| non_negative("Fairshare", v))
+                .transpose()?;
+            if shares.is_none() && r.default_account.is_empty() {
+                return Err(Status::invalid_argument("nothing to set"));
+            }
+            for user in &r.users {
+                if let Some(shares) = shares {
+                    for mut assoc in matching_users(st, user, &r.accounts)? {
+                        assoc.shares = shares;
+                        changed.push(format!("user {user} account {}", assoc.account));
+                        st.update_user(assoc).map_err(admin_error)?;
+                    }
+                }
+                if !r.default_account.is_empty() {
+                    set_default(st, user, &r.default_account)?;
+                    changed.push(format!("user {user} default account {}", r.default_account));
+                }
+            }
+        }
+        Change::DeleteUser(r) => {
+            need("user names", &r.users)?;
+            for user in &r.users {
+                for assoc in matching_users(st, user, &r.accounts)? {
+                    st.remove_user(user, &assoc.account).map_err(admin_error)?;
+                    changed.push(format!("user {user} account {}", assoc.account));
+                }
+            }
+        }
+        Change::AddQos(r) => {
+            need("QOS names", &r.names)?;
+            let s = r.settings.unwrap_or_default();
+            for name in &r.names {
+                check_name(name)?;
+                if st.config().qos(name).is_some() {
+                    return Err(Status::invalid_argument(format!(
+                        "QOS {name:?} already exists"
+                    )));
+                }
+                let mut q = Qos::new(name);
+                qos_settings(&mut q, &s)?;
+                st.upsert_qos(q).map_err(admin_error)?;
+                changed.push(format!("qos {name}"));
+            }
+        }
+        Change::ModifyQos(r) => {
+            need("QOS names", &r.names)?;
+            let s = r.settings.unwrap_or_default();
+            if s == v1::QosChanges::default() {
+                return Err(Status::invalid_argument("nothing to set"));
+            }
+            for name in &r.names {
+                let Some(mut q) = st.config().qos(name).cloned() else {
+                    return Err(Status::invalid_argument(format!(
+                        "QOS {name:?} does not exist"
+                    )));
+                };
+                qos_settings(&mut q, &s)?;
+                st.upsert_qos(q).map_err(admin_error)?;
+                changed.push(format!("qos {name}"));
+            }
+        }
+        Change::DeleteQos(r) => {
+            need("QOS names", &r.names)?;
+            for name in &r.names {
+                st.remove_qos(name).map_err(admin_error)?;
+                changed.push(format!("qos {name}"));
+            }
+        }
+    }
+    Ok(changed)
+}
+
+fn need(what: &str, v: &[String]) -> Result<(), Status> {
+    if v.is_empty() || v.iter().any(String::is_empty) {
+        return Err(Status::invalid_argument(format!("no {what} given")));
+    }
+    Ok(())
+}
+
+fn check_name(name: &str) -> Result<(), Status> {
+    if name.is_empty() || name.chars().any(|c| c.is_whitespace() || c == ',') {
+        return Err(Status::invalid_argument(format!(
+            "name must be non-empty, without spaces or commas: {name:?}"
+        )));
+    }
+    Ok(())
+}
+
+fn non_negative(field: &str, v: i64) -> Result<u32, Status> {
+    if v < 0 {
+        return Err(Status::invalid_argument(format!(
+            "{field} must not be negative (got {v})"
+        )));
+    }
+    u32::try_from(v)
+        .map_err(|_| Status::invalid_argument(format!("{field} is too large (got {v})")))
+}
+
+/// A limit: -1 clears it (Slurm's convention), other negatives are errors.
+fn limit(field: &str, v: i64) -> Result<Option<u32>, Status> {
+    if v == -1 {
+        return Ok(None);
+    }
+    non_negative(field, v).map(Some)
+}
+
+fn account_settings(a: &mut AccountConfig, s: &v1::AccountChanges) -> Result<(), Status> {
+    if let Some(v) = s.shares {
+        a.shares = non_negative("Fairshare", v)?;
+    }
+    let AssocLimits {
+        grp_gpus,
+        grp_jobs,
+        max_jobs_per_user,
+    } = &mut a.limits;
+    if let Some(v) = s.grp_gpus {
+        *grp_gpus = limit("GrpTRES gres/gpu", v)?;
+    }
+    if let Some(v) = s.grp_jobs {
+        *grp_jobs = limit("GrpJobs", v)?;
+    }
+    if let Some(v) = s.max_jobs_per_user {
+        *max_jobs_per_user = limit("MaxJobs", v)?;
+    }
+    if let Some(v) = &s.description {
+        a.description = v.clone();
+    }
+    if let Some(v) = &s.organization {
+        a.organization = v.clone();
+    }
+    Ok(())
+}
+
+fn qos_settings(q: &mut Qos, s: &v1::QosChanges) -> Result<(), Status> {
+    if let Some(v) = s.priority {
+        q.priority = non_negative("Priority", v)?;
+    }
+    if let Some(list) = &s.preempt {
+        for p in &list.values {
+            check_name(p)?;
+        }
+        q.preempt = list.values.clone();
+    }
+    if let Some(m) = &s.preempt_mode {
+        q.preempt_mode = match m.to_ascii_lowercase().as_str() {
+            "requeue" => PreemptMode::Requeue,
+            "cancel" => PreemptMode::Cancel,
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "PreemptMode {other:?}: Tandem supports requeue and cancel"
+                )));
+            }
+        };
+    }
+    if let Some(v) = s.grace_time_s {
+        q.grace_time_s = non_negative("GraceTime", v)?;
+    }
+    let QosLimits {
+        max_jobs_per_user,
+        max_submit_per_user,
+        max_jobs_per_account,
+        max_submit_per_account,
+        max_gpus_per_user,
+        max_wall,
+    } = &mut q.limits;
+    for (field, value, slot) in [
+        ("MaxJobsPerUser", s.max_jobs_per_user, max_jobs_per_user),
+        (
+            "MaxSubmitJobsPerUser",
+            s.max_submit_per_user,
+            max_submit_per_user,
+        ),
+        (
+            "MaxJobsPerAccount",
+            s.max_jobs_per_account,
+            max_jobs_per_account,
+        ),
+        (
+            "MaxSubmitJobsPerAccount",
+            s.max_submit_per_account,
+            max_submit_per_account,
+        ),
+        (
+            "MaxTRESPerUser gres/gpu",
+            s.max_gpus_per_user,
+            max_gpus_per_user,
+        ),
+    ] {
+        if let Some(v) = value {
+            *slot = limit(field, v)?;
+        }
+    }
+    if let Some(v) = s.max_wall_s {
+        *max_wall = match v {
+            -1 => None,
+            v if v < 0 => {
+                return Err(Status::invalid_argument(format!(
+                    "MaxWall must not be negative (got {v})"
+                )));
+            }
+            v => Some(v as u64),
+        };
+    }
+    Ok(())
+}
+
+/// The associations of `user` (with the given accounts, or all); an error if none.
+fn matching_users(st: &State, user: &str, accounts: &[String]) -> Result<Vec<UserConfig>, Status> {
+    let found: Vec<UserConfig> = st
+        .config()
+        .users
+        .iter()
+        .filter(|u| u.user == user && (accounts.is_empty() || accounts.contains(&u.account)))
+        .cloned()
+        .collect();
+    if found.is_empty() {
+        let which = if accounts.is_empty() {
+            String::new()
+        } else {
+            format!(" with account(s) {}", accounts.join(","))
+        };
+        return Err(Status::invalid_argument(format!(
+            "user {user:?} has no association{which}"
+        )));
+    }
+    for a in accounts {
+        if !found.iter().any(|u| &u.account == a) {
+            return Err(Status::invalid_argument(format!(
+                "user {user:?} has no association with account {a:?}"
+            )));
+        }
+    }
+    Ok(found)
+}
+
+fn set_default(st: &mut State, user: &str, account: &str) -> Result<(), Status> {
+    let mut assoc = matching_users(st, user, &[account.to_owned()])?
+        .into_iter()
+        .next()
+        .ok_or_else(|| Status::internal("association vanished"))?;
+    assoc.default = true;
+    st.update_user(assoc).map_err(admin_error)
+}
+
+// === queries ===
+
+fn limits_to_proto(l: &AssocLimits) -> v1::AssocLimits {
+    v1::AssocLimits {
+        grp_gpus: l.grp_gpus,
+        grp_jobs: l.grp_jobs,
+        max_jobs_per_user: l.max_jobs_per_user,
+    }
+}
+
+/// `sacctmgr show account/user/assoc`: accounts and users in tree order (root first,
+/// parents before children).
+pub fn associations(st: &State) -> v1::ListAssociationsResponse {
+    let tree = st.assoc();
+    let cfg = st.config();
+    let mut accounts = Vec::new();
+    let mut users = Vec::new();
+    for (idx, _) in tree.walk() {
+        let name = tree.name(idx);
+        match tree.kind(idx) {
+            AssocKind::Account => {
+                let parent = tree
+                    .parent(idx)
+                    .map(|p| tree.name(p).to_owned())
+                    .unwrap_or_default();
+                let info = match cfg.accounts.iter().find(|a| a.name == name) {
+                    Some(a) => v1::AccountInfo {
+                        name: a.name.clone(),
+                        parent,
+                        shares: a.shares,
+                        limits: Some(limits_to_proto(&a.limits)),
+                        description: a.description.clone(),
+                        organization: a.organization.clone(),
+                    },
+                    None => v1::AccountInfo {
+                        name: name.to_owned(),
+                        parent,
+                        shares: tree.shares(idx),
+                        limits: Some(v1::AssocLimits::default()),
+                        ..Default::default()
+                    },
+                };
+                accounts.push(info);
+            }
+            AssocKind::User => {
+                let account = tree
+                    .parent(idx)
+                    .map(|p| tree.name(p).to_owned())
+                    .unwrap_or_default();
+                let is_default = cfg
+                    .users
+                    .iter()
+                    .any(|u| u.user == name && u.account == account && u.default);
+                users.push(v1::UserAssocInfo {
+                    user: name.to_owned(),
+                    account,
+                    shares: tree.shares(idx),
+                    is_default,
+                });
+            }
+        }
+    }
+    v1::ListAssociationsResponse {
+        cluster_name: cfg.cluster_name.clone(),
+        accounts,
+        users,
+    }
+}
+
+/// `sacctmgr show qos`.
+pub fn qos_list(st: &State) -> v1::ListQosResponse {
+    let qos = st
+        .config()
+        .qos
+        .iter()
+        .map(|q| v1::QosInfo {
+            name: q.name.clone(),
+            priority: q.priority,
+            preempt: q.preempt.clone(),
+            preempt_mode: match q.preempt_mode {
+                PreemptMode::Requeue => "requeue",
+                PreemptMode::Cancel => "cancel",
+            }
+            .to_owned(),
+            grace_time_s: q.grace_time_s,
+            limits: Some(v1::QosLimits {
+                max_jobs_per_user: q.limits.max_jobs_per_user,
+                max_submit_per_user: q.limits.max_submit_per_user,
+                max_jobs_per_account: q.limits.max_jobs_per_account,
+                max_submit_per_account: q.limits.max_submit_per_account,
+                max_gpus_per_user: q.limits.max_gpus_per_user,
+                max_wall_s: q.limits.max_wall,
+            }),
+        })
+        .collect();
+    v1::ListQosResponse { qos }
+}
+
+/// `sshare -a -l`: every association with the numbers the last pass ranked by (usage is
+/// charged at the start of each pass).
+pub fn shares(st: &State) -> v1::ListSharesResponse {
+    let table = st.assoc().compute();
+    let rows = sshare_rows(st.assoc(), &table);
+    let total = rows.first().map_or(0.0, |r| r.share.raw_usage);
+    let rows = rows
+        .into_iter()
+        .map(|r| v1::ShareRow {
+            depth: r.depth as u32,
+            account: r.account,
+            user: r.user.unwrap_or_default(),
+            raw_shares: r.share.raw_shares,
+            norm_shares: r.share.norm_shares,
+            raw_usage: r.share.raw_usage,
+            norm_usage: if total > 0.0 {
+                r.share.raw_usage / total
+            } else {
+                0.0
+            },
+            effective_usage: r.share.effective_usage,
+            level_fs: r.share.level_fs,
+            fairshare: r.share.fairshare,
+        })
+        .collect();
+    v1::ListSharesResponse { rows }
+}
+
+/// `sprio`: the factors of every pending job that is not held, at `now`.
+pub fn priorities(
+    st: &State,
+    req: &v1::ListPrioritiesRequest,
+    now: i64,
+) -> v1::ListPrioritiesResponse {
+    let cfg = &st.config().priority;
+    let w = cfg.weights;
+    let mut ranking = Ranking::new(st, now);
+    let mut rows = Vec::new();
+    for job in st.pending_jobs() {
+        if job.state != JobState::Pending || job.hold != Hold::None {
+            continue;
+        }
+        let id = job.id.0;
+        let array_id = job.array_job_id.map(|a| a.0);
+        if !req.jobs.is_empty() && !req.jobs.iter().any(|j| *j == id || Some(*j) == array_id) {
+            continue;
+        }
+        if !req.users.is_empty() && !req.users.contains(&job.spec.user) {
+            continue;
+        }
+        let b = ranking.breakdown(job);
+        let f = b.factors;
+        let display_id = match (&job.array, job.array_job_id, job.array_task_id) {
+            (Some(a), _, _) => format!("{id}_[{}]", a.pending),
+            (None, Some(meta), Some(task)) => format!("{meta}_{task}"),
+            _ => id.to_string(),
+        };
+        rows.push(v1::PriorityRow {
+            job_id: id,
+            display_id,
+            partition: job.spec.partition.clone(),
+            user: job.spec.user.clone(),
+            account: job.spec.account.clone(),
+            qos: job.spec.qos.clone(),
+            priority: job.spec.priority.unwrap_or(u64::from(b.total)),
+            normalized: Some(v1::PriorityFactors {
+                age: f.age,
+                fairshare: f.fairshare,
+                job_size: f.job_size,
+                partition: f.partition,
+                qos: f.qos,
+                tres_cpu: f.tres_cpu,
+                tres_mem: f.tres_mem,
+                tres_gpu: f.tres_gpu,
+            }),
+            weighted: Some(v1::PriorityFactors {
+                age: b.age,
+                fairshare: b.fairshare,
+                job_size: b.job_size,
+                partition: b.partition,
+                qos: b.qos,
+                tres_cpu: f64::from(w.tres_cpu) * f.tres_cpu,
+                tres_mem: f64::from(w.tres_mem) * f.tres_mem,
+                tres_gpu: f64::from(w.tres_gpu) * f.tres_gpu,
+            }),
+            nice: b.nice,
+            fixed: job.spec.priority.is_some(),
+        });
+    }
+    v1::ListPrioritiesResponse {
+        weights: Some(v1::PriorityWeights {
+            age: w.age,
+            fairshare: w.fairshare,
+            job_size: w.job_size,
+            partition: w.partition,
+            qos: w.qos,
+            tres_cpu: w.tres_cpu,
+            tres_mem: w.tres_mem,
+            tres_gpu: w.tres_gpu,
+        }),
+        rows,
+    }
+}
