@@ -77,7 +77,7 @@ fn sacctmgr_tree_feeds_submit_and_sshare() {
     c.ok(&["sacctmgr", "-i", "add", "user", &me, "Account=physics"]);
     let id = c.sbatch(&["-A", "physics", "--wrap", "true"]);
     let done = c.wait_end(id, Duration::from_secs(30));
-    assert_eq!(done["state"], "COMPLETED", "{done}");
+    assert_eq!(done["state"]["current"], "COMPLETED", "{done}");
     assert_eq!(done["account"], "physics", "{done}");
 
     let rows = sshare(&c);

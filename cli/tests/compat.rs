@@ -155,14 +155,14 @@ fn scancel_by_name_and_user_and_srun_outside_an_allocation() {
     let b = c.sbatch(&["-J", "sweep-b", "--hold", "--wrap", "true"]);
     let keep = c.sbatch(&["-J", "keeper", "--hold", "--wrap", "true"]);
     c.ok(&["scancel", "-n", "sweep-a"]);
-    assert_eq!(c.wait_end(a, T)["state"], "CANCELLED");
-    assert_eq!(c.job(b).unwrap()["state"], "PENDING");
+    assert_eq!(c.wait_end(a, T)["state"]["current"], "CANCELLED");
+    assert_eq!(c.job(b).unwrap()["state"]["current"], "PENDING");
     let me = tandem_cli::client::user_name();
     c.ok(&["scancel", "-u", &me, "-n", "sweep-b"]);
-    assert_eq!(c.wait_end(b, T)["state"], "CANCELLED");
-    assert_eq!(c.job(keep).unwrap()["state"], "PENDING");
+    assert_eq!(c.wait_end(b, T)["state"]["current"], "CANCELLED");
+    assert_eq!(c.job(keep).unwrap()["state"]["current"], "PENDING");
     c.ok(&["scancel", "-u", &me]);
-    assert_eq!(c.wait_end(keep, T)["state"], "CANCELLED");
+    assert_eq!(c.wait_end(keep, T)["state"]["current"], "CANCELLED");
 
     // srun without an allocation makes one, runs the tasks on it, and relays their output.
     let out = c.run(&[
@@ -189,9 +189,12 @@ fn scancel_by_name_and_user_and_srun_outside_an_allocation() {
     // The allocations srun made end as their steps did.
     let all = c.all_jobs();
     let state_of = |name: &str| {
-        all.iter()
-            .find(|j| j["name"] == name)
-            .map(|j| j["state"].as_str().unwrap_or_default().to_string())
+        all.iter().find(|j| j["name"] == name).map(|j| {
+            j["state"]["current"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
     };
     assert_eq!(state_of("sh").as_deref(), Some("COMPLETED"), "{all:?}");
     assert_eq!(state_of("srun-fail").as_deref(), Some("FAILED"), "{all:?}");
@@ -231,5 +234,5 @@ fn scancel_signal_reaches_the_batch_script() {
     c.ok(&["scancel", "--signal=USR1", "--batch", &id.to_string()]);
     c.wait_file(&c.work.join("trap.out"), "got USR1", T);
     let rec = c.wait_end(id, T);
-    assert_eq!(rec["state"], "COMPLETED", "{rec}");
+    assert_eq!(rec["state"]["current"], "COMPLETED", "{rec}");
 }

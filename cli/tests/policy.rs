@@ -122,7 +122,7 @@ fn fair_share_converges_to_account_shares() {
         let started = c
             .all_runs()
             .iter()
-            .filter_map(|r| r["start_time"].as_i64())
+            .filter_map(|r| r["time"]["start"].as_i64().filter(|t| *t > 0))
             .min();
         if let Some(t) = started {
             break t;
@@ -151,15 +151,16 @@ fn fair_share_converges_to_account_shares() {
     let mut gpu_s: BTreeMap<String, i64> = BTreeMap::new();
     let mut runs_in_window = 0;
     for r in c.all_runs() {
-        let Some(start) = r["start_time"].as_i64() else {
+        // Slurm's times are 0 until they happen.
+        let Some(start) = r["time"]["start"].as_i64().filter(|t| *t > 0) else {
             continue;
         };
-        let end = r["end_time"].as_i64().unwrap_or(to);
+        let end = r["time"]["end"].as_i64().filter(|t| *t > 0).unwrap_or(to);
         let overlap = end.min(to) - start.max(from);
         if overlap > 0 {
             runs_in_window += 1;
         }
-        let gpus = r["gpus"].as_i64().unwrap();
+        let gpus = util::gpus(&r) as i64;
         assert_eq!(gpus, 1, "{r}");
         *gpu_s
             .entry(r["account"].as_str().unwrap().to_string())
@@ -251,10 +252,10 @@ fn preempted_low_qos_job_is_requeued_and_completes_after_the_high_one() {
     let runs = c.runs(victim);
     assert_eq!(runs.len(), 2, "a preempted run and a pending one: {runs:?}");
     let preempted = &runs[0];
-    assert_eq!(preempted["state"], "PREEMPTED", "{preempted}");
-    let high_start = c.job(high).unwrap()["start_time"].as_i64().unwrap();
+    assert_eq!(preempted["state"]["current"], "PREEMPTED", "{preempted}");
+    let high_start = c.job(high).unwrap()["time"]["start"].as_i64().unwrap();
     assert!(
-        preempted["end_time"].as_i64().unwrap() <= high_start,
+        preempted["time"]["end"].as_i64().unwrap() <= high_start,
         "the high job started before its victim ended: {preempted} at {high_start}"
     );
     let detail = c.ok(&["scontrol", "show", "job", &victim.to_string()]);
@@ -262,7 +263,7 @@ fn preempted_low_qos_job_is_requeued_and_completes_after_the_high_one() {
     // Without -D, sacct shows the most recent record: the job pending again, not its
     // preempted run (a script polling sacct for an end state must not stop here).
     let latest = c.job(victim).unwrap();
-    assert_eq!(latest["state"], "PENDING", "{latest}");
+    assert_eq!(latest["state"]["current"], "PENDING", "{latest}");
 
     // Still waiting while the high job holds its GPUs (the pool has 4, the victim needs 4).
     std::thread::sleep(Duration::from_millis(500));
@@ -271,10 +272,14 @@ fn preempted_low_qos_job_is_requeued_and_completes_after_the_high_one() {
     let high_rec = c.wait_state(high, "COMPLETED", T);
     let done = c.wait_state(victim, "COMPLETED", T);
     assert!(
-        done["start_time"].as_i64() >= high_rec["end_time"].as_i64(),
+        done["time"]["start"].as_i64() >= high_rec["time"]["end"].as_i64(),
         "victim restarted before the high job ended: {done} {high_rec}"
     );
-    let states: Vec<Value> = c.runs(victim).iter().map(|r| r["state"].clone()).collect();
+    let states: Vec<Value> = c
+        .runs(victim)
+        .iter()
+        .map(|r| r["state"]["current"].clone())
+        .collect();
     assert_eq!(states, ["PREEMPTED", "COMPLETED"]);
     let ran = std::fs::read_to_string(c.work.join("runs.txt")).unwrap();
     assert_eq!(ran, "run unset\nrun 1\n");
@@ -303,7 +308,7 @@ fn preempted_cancel_mode_job_ends_preempted_for_good() {
         "true",
     ]);
     let rec = c.wait_end(victim, T);
-    assert_eq!(rec["state"], "PREEMPTED", "{rec}");
+    assert_eq!(rec["state"]["current"], "PREEMPTED", "{rec}");
     c.wait_state(high, "COMPLETED", T);
     // Not requeued: one run, gone from the queue, the script ran once.
     assert_eq!(c.runs(victim).len(), 1, "{:?}", c.runs(victim));
@@ -332,12 +337,12 @@ fn preempted_job_keeps_running_for_its_qos_grace_time() {
     ]);
     c.wait_state(victim, "RUNNING", T);
     let high = c.sbatch(&["--qos", "high", "--gpus=2", "--wrap", "true"]);
-    let submitted = c.job(high).unwrap()["submit_time"].as_i64().unwrap();
+    let submitted = c.job(high).unwrap()["time"]["submission"].as_i64().unwrap();
     c.wait_state(high, "COMPLETED", T);
     let rec = c.wait_end(victim, T);
-    assert_eq!(rec["state"], "PREEMPTED", "{rec}");
+    assert_eq!(rec["state"]["current"], "PREEMPTED", "{rec}");
     // Whole seconds on both sides: a real gap of 3 s or more never reads below 3.
-    let held_on = rec["end_time"].as_i64().unwrap() - submitted;
+    let held_on = rec["time"]["end"].as_i64().unwrap() - submitted;
     assert!(
         held_on >= 3,
         "the victim was killed {held_on} s after the preemptor arrived; its QOS grants 3 s: {rec}"
@@ -379,7 +384,7 @@ fn job_over_max_jobs_per_user_waits_until_one_ends() {
     let one_rec = c.wait_state(one, "COMPLETED", T);
     let rec = c.wait_state(third, "COMPLETED", T);
     assert!(
-        rec["start_time"].as_i64() >= one_rec["end_time"].as_i64(),
+        rec["time"]["start"].as_i64() >= one_rec["time"]["end"].as_i64(),
         "{rec} {one_rec}"
     );
     assert_eq!(c.squeue_job(two, "%T"), "RUNNING");
@@ -397,14 +402,18 @@ fn job_over_max_gpus_per_user_waits_until_gpus_free() {
     // 3 GPUs in use; one more would make 4 > 3, although a GPU is free.
     let third = c.sbatch(&["--qos", "threegpus", "--gpus=1", "--wrap", "true"]);
     c.wait_squeue(third, "%T %r", "PENDING QOSMaxGRESPerUser", T);
-    // sinfo lists the nodes by state, one row per state (one partition here).
+    // sinfo --json lists the nodes with their GPUs as Slurm's gres strings
+    // (`gpu:2`, in use `gpu:1`).
     let sinfo: Value = serde_json::from_str(&c.ok(&["sinfo", "--json"])).unwrap();
-    let free: u64 = sinfo["sinfo"]
+    let count = |gres: &Value| -> u64 {
+        let s = gres.as_str().unwrap();
+        s.rsplit(':').next().unwrap().parse().unwrap()
+    };
+    let free: u64 = sinfo["nodes"]
         .as_array()
         .unwrap()
         .iter()
-        .flat_map(|row| row["nodes"].as_array().unwrap())
-        .map(|n| n["gpus"].as_u64().unwrap() - n["gpus_alloc"].as_u64().unwrap())
+        .map(|n| count(&n["gres"]) - count(&n["gres_used"]))
         .sum();
     assert_eq!(free, 1, "the pool should have one idle GPU");
 
@@ -412,7 +421,7 @@ fn job_over_max_gpus_per_user_waits_until_gpus_free() {
     let pair_rec = c.wait_state(pair, "COMPLETED", T);
     let rec = c.wait_state(third, "COMPLETED", T);
     assert!(
-        rec["start_time"].as_i64() >= pair_rec["end_time"].as_i64(),
+        rec["time"]["start"].as_i64() >= pair_rec["time"]["end"].as_i64(),
         "{rec} {pair_rec}"
     );
     release(&c, "one");

@@ -158,7 +158,7 @@ fn every_compat_script_runs_unchanged() {
             let active = jobs.is_empty()
                 || jobs.iter().any(|j| {
                     matches!(
-                        j["state"].as_str(),
+                        j["state"]["current"].as_str(),
                         Some("PENDING" | "RUNNING" | "COMPLETING")
                     )
                 });
@@ -168,18 +168,19 @@ fn every_compat_script_runs_unchanged() {
             std::thread::sleep(Duration::from_millis(200));
         };
         for r in &records {
-            if r["state"] != case.state.as_str() {
+            if r["state"]["current"] != case.state.as_str() {
                 failures.push(format!(
                     "{} (job {id}): record {} is {}, want {}",
-                    case.name, r["job_id"], r["state"], case.state
+                    case.name, r["job_id"], r["state"]["current"], case.state
                 ));
             }
             if let Some(exit) = &case.exit
-                && r["exit_code"] != exit.as_str()
+                && util::exit_code(r) != *exit
             {
                 failures.push(format!(
                     "{} (job {id}): exit {}, want {exit}",
-                    case.name, r["exit_code"]
+                    case.name,
+                    util::exit_code(r)
                 ));
             }
         }

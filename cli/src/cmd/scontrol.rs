@@ -201,9 +201,18 @@ fn parse_update(words: &[String]) -> anyhow::Result<Request> {
     })
 }
 
+/// `--json` among the words (`scontrol show job 12 --json`): Slurm's option parser takes
+/// options anywhere, and clap's trailing words would swallow it. Returns the flag and the
+/// other words.
+fn take_json(words: &[String]) -> (bool, Vec<String>) {
+    let rest: Vec<String> = words.iter().filter(|w| *w != "--json").cloned().collect();
+    (rest.len() != words.len(), rest)
+}
+
 pub async fn run(args: Args) -> Exit {
-    let req = parse(&args.words, std::env::var("SLURM_JOB_NODELIST").ok())?;
-    let output: Box<dyn Output> = if args.json {
+    let (json_word, words) = take_json(&args.words);
+    let req = parse(&words, std::env::var("SLURM_JOB_NODELIST").ok())?;
+    let output: Box<dyn Output> = if args.json || json_word {
         Box::new(Json)
     } else {
         Box::new(Human::new(None, true))
@@ -340,6 +349,16 @@ mod tests {
 
     fn w(s: &str) -> Vec<String> {
         s.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn json_may_follow_the_words() {
+        let (json, rest) = take_json(&w("show partition --json"));
+        assert!(json);
+        assert_eq!(parse(&rest, None).unwrap(), Request::ShowPartitions(None));
+        let (json, rest) = take_json(&w("show job 12"));
+        assert!(!json);
+        assert_eq!(rest, w("show job 12"));
     }
 
     #[test]

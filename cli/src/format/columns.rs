@@ -1,7 +1,7 @@
 //! Column specifications: `squeue -o "%.18i %.9P %j"`, `squeue -O jobid:10,name`,
 //! `sinfo -o "%P %a %D"` and `sacct --format JobID,JobName%30`, parsed into lists of fields
 //! with width and alignment. Each field renders from a view ([`super::view`]), the same view
-//! the JSON output serializes.
+//! the JSON output reads.
 
 use std::borrow::Cow;
 
@@ -523,7 +523,7 @@ pub fn squeue_named(spec: &str) -> Result<Format<JobField>, FormatError> {
 
 /// One line of sinfo: a partition and a group of its nodes (all nodes of one state, or one
 /// node with `-N`).
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone)]
 pub struct SinfoRow {
     pub partition: PartitionView,
     pub nodes: Vec<NodeView>,

@@ -7,11 +7,13 @@
 //! - `columns.rs`: `-o`/`-O`/`--format` parsing and the fields each command knows.
 //! - `table.rs`: padding and cutting cells.
 //! - `detail.rs`: `scontrol show` key=value blocks.
+//! - `slurm_json.rs`: `--json` in Slurm 22.05's shapes.
 //!
 //! Both implementations read the same views, so `--json` and `-o` cannot drift apart.
 
 pub mod columns;
 pub mod detail;
+pub mod slurm_json;
 pub mod table;
 pub mod view;
 
@@ -187,45 +189,57 @@ impl Output for Human {
     }
 }
 
-/// Machine-readable output: the views as JSON objects under one top-level key.
+/// Machine-readable output: Slurm 22.05's `--json` documents ([`slurm_json`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Json;
 
-fn json<T: serde::Serialize>(key: &str, value: &T) -> String {
-    let mut map = serde_json::Map::new();
-    map.insert(
-        key.to_string(),
-        serde_json::to_value(value).unwrap_or(serde_json::Value::Null),
-    );
-    let mut s = serde_json::to_string_pretty(&serde_json::Value::Object(map))
-        .unwrap_or_else(|_| "{}".to_string());
+fn json<T: serde::Serialize>(plugin: &'static str, key: &'static str, items: &[T]) -> String {
+    let doc = slurm_json::Document { plugin, key, items };
+    // Serializing these plain structs into a string cannot fail.
+    let mut s = serde_json::to_string_pretty(&doc).unwrap_or_else(|_| "{}".to_string());
     s.push('\n');
     s
 }
 
+fn squeue_jobs<'v>(jobs: &'v [JobView<'_>]) -> Vec<slurm_json::Job<'v>> {
+    jobs.iter().map(slurm_json::Job::from_view).collect()
+}
+
 impl Output for Json {
     fn jobs(&self, jobs: &[JobView]) -> Result<String, FormatError> {
-        Ok(json("jobs", &jobs))
+        Ok(json(slurm_json::PLUGIN_V0038, "jobs", &squeue_jobs(jobs)))
     }
 
     fn records(&self, rows: &[JobView]) -> Result<String, FormatError> {
-        Ok(json("jobs", &rows))
+        Ok(json(
+            slurm_json::PLUGIN_DBV0038,
+            "jobs",
+            &slurm_json::acct_jobs(rows),
+        ))
     }
 
+    /// Slurm 22.05's `sinfo --json` lists nodes, not sinfo's grouped rows.
     fn sinfo(&self, rows: &[SinfoRow]) -> Result<String, FormatError> {
-        Ok(json("sinfo", &rows))
+        Ok(json(
+            slurm_json::PLUGIN_V0038,
+            "nodes",
+            &slurm_json::sinfo_nodes(rows),
+        ))
     }
 
     fn job_details(&self, jobs: &[JobView]) -> String {
-        json("jobs", &jobs)
+        json(slurm_json::PLUGIN_V0038, "jobs", &squeue_jobs(jobs))
     }
 
     fn node_details(&self, nodes: &[NodeView]) -> String {
-        json("nodes", &nodes)
+        let nodes: Vec<slurm_json::Node> = nodes.iter().map(slurm_json::Node::from_view).collect();
+        json(slurm_json::PLUGIN_V0038, "nodes", &nodes)
     }
 
     fn partition_details(&self, parts: &[PartitionView]) -> String {
-        json("partitions", &parts)
+        let parts: Vec<slurm_json::Partition> =
+            parts.iter().map(slurm_json::Partition::from_view).collect();
+        json(slurm_json::PLUGIN_V0038, "partitions", &parts)
     }
 }
 
@@ -252,9 +266,21 @@ mod tests {
             "5_[3-9] PENDING Priority\n"
         );
         let v: serde_json::Value = serde_json::from_str(&Json.jobs(&[j]).unwrap()).unwrap();
-        assert_eq!(v["jobs"][0]["job_id"], "5_[3-9]");
-        assert_eq!(v["jobs"][0]["state"], "PENDING");
-        assert_eq!(v["jobs"][0]["reason"], "Priority");
+        let job = &v["jobs"][0];
+        assert_eq!(
+            (
+                &job["job_id"],
+                &job["array_task_string"],
+                &job["job_state"],
+                &job["state_reason"]
+            ),
+            (
+                &serde_json::json!(5),
+                &serde_json::json!("3-9"),
+                &serde_json::json!("PENDING"),
+                &serde_json::json!("Priority")
+            )
+        );
     }
 
     #[test]

@@ -1,14 +1,13 @@
 //! Display models: what the commands show about jobs, nodes and partitions, derived once from
-//! the wire types. The human columns and the JSON output both read these, so they cannot
-//! disagree about a state name, a time or an id.
+//! the wire types. The human columns and the JSON output ([`super::slurm_json`]) both read
+//! these, so they cannot disagree about a state name, a time or an id.
 
-use serde::Serialize;
 use tandem_proto::v1::{JobInfo, JobState, NodeInfo, PartitionInfo, StepInfo};
 use tandem_sched::time::{format_duration, format_timestamp};
 
 /// A job, an array task, a folded pending array record, or a step (sacct). Borrows its
 /// strings from the wire record: squeue over 100,000 jobs should not copy each name twice.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct JobView<'a> {
     /// `12`, `12_3`, `12_[6-99]`, or `12.batch` / `12.0` for steps.
     pub job_id: String,
@@ -174,18 +173,6 @@ impl std::fmt::Display for ExitCode {
         write!(f, "{}:{}", self.code, self.signal)
     }
 }
-
-/// Both travel in JSON as the strings the tables show.
-macro_rules! serialize_as_display {
-    ($($t:ty),*) => {$(
-        impl Serialize for $t {
-            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                s.collect_str(self)
-            }
-        }
-    )*};
-}
-serialize_as_display!(AllocTres, ExitCode);
 
 impl<'a> JobView<'a> {
     pub fn from_job(j: &'a JobInfo, now: i64) -> JobView<'a> {
@@ -362,7 +349,7 @@ pub fn timestamp(t: Option<i64>, utc_offset_s: i32) -> String {
 }
 
 /// A node as sinfo and scontrol show it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct NodeView {
     pub name: String,
     /// Slurm's long state, upper case (`IDLE`, `MIXED`, `ALLOCATED`, `DOWN`, `DRAINED`).
@@ -444,7 +431,7 @@ impl NodeView {
 }
 
 /// A partition as sinfo and scontrol show it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct PartitionView {
     pub name: String,
     pub is_default: bool,

@@ -177,9 +177,9 @@ impl Cluster {
         // The active run (pending or running: no end yet) is always the newest.
         runs.sort_by_key(|r| {
             (
-                r["end_time"].as_i64().is_none(),
-                r["start_time"].as_i64(),
-                r["end_time"].as_i64(),
+                r["time"]["end"] == 0,
+                r["time"]["start"].as_i64(),
+                r["time"]["end"].as_i64(),
             )
         });
         runs
@@ -217,17 +217,17 @@ impl Cluster {
         while Instant::now() < deadline {
             last = self.job(id);
             if let Some(j) = &last {
-                if j["state"] == state {
+                if j["state"]["current"] == state {
                     return j.clone();
                 }
                 let active = matches!(
-                    j["state"].as_str(),
+                    j["state"]["current"].as_str(),
                     Some("PENDING" | "RUNNING" | "COMPLETING" | "REQUEUED")
                 );
                 assert!(
                     active,
                     "job {id} ended {} instead of reaching {state}: {j}\n{}",
-                    j["state"],
+                    j["state"]["current"],
                     self.controller_log()
                 );
             }
@@ -247,7 +247,7 @@ impl Cluster {
             last = self.job(id);
             if let Some(j) = &last
                 && !matches!(
-                    j["state"].as_str(),
+                    j["state"]["current"].as_str(),
                     Some("PENDING" | "RUNNING" | "COMPLETING")
                 )
             {
@@ -333,4 +333,25 @@ pub fn assert_one_line_error(out: &Output, cmd: &str, needle: &str) {
         "error {:?} should mention {needle:?}",
         lines[0]
     );
+}
+
+/// A sacct record's ExitCode as the tables print it (`3:0`, `0:9`), from Slurm's
+/// `exit_code` object.
+pub fn exit_code(rec: &Value) -> String {
+    let e = &rec["exit_code"];
+    format!(
+        "{}:{}",
+        e["return_code"].as_i64().unwrap_or(0),
+        e["signal"]["signal_id"].as_i64().unwrap_or(0)
+    )
+}
+
+/// The GPUs a sacct record asked for (its `gres/gpu` TRES), 0 without.
+pub fn gpus(rec: &Value) -> u64 {
+    rec["tres"]["requested"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|t| t["type"] == "gres" && t["name"] == "gpu")
+        .map_or(0, |t| t["count"].as_u64().unwrap_or(0))
 }
