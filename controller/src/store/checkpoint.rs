@@ -26,12 +26,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rusqlite::wal::CheckpointMode;
 use tracing::{debug, warn};
 
 use super::sqlite::{Store, StoreError};
+
+/// Longest the committer waits for the log to be free for its RESTART checkpoint.
+const RESTART_WAIT: Duration = Duration::from_millis(50);
 
 /// When to checkpoint, in WAL frames (one page each, 4 KiB by default).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +59,9 @@ pub struct Checkpoints {
     handle: JoinHandle<()>,
     /// Frames in the WAL after the last commit.
     pages: Arc<AtomicI32>,
+    /// After a RESTART that found a reader in the way: frames the WAL must reach before the
+    /// writer tries again, so a long reader does not cost every commit a wait.
+    retry_at: AtomicI32,
     policy: Policy,
 }
 
@@ -92,6 +98,7 @@ impl Checkpoints {
         Ok(Self {
             handle,
             pages,
+            retry_at: AtomicI32::new(0),
             policy,
         })
     }
@@ -99,14 +106,23 @@ impl Checkpoints {
     /// Run by the writer between commits: a RESTART checkpoint if the WAL has reached
     /// [`Policy::restart_pages`] (see the module docs). Returns whether one ran.
     pub fn restart_if_over(&self, writer: &Store) -> bool {
-        if self.pages.load(Ordering::Relaxed) < self.policy.restart_pages {
+        let pages = self.pages.load(Ordering::Relaxed);
+        if pages
+            < self
+                .policy
+                .restart_pages
+                .max(self.retry_at.load(Ordering::Relaxed))
+        {
             return false;
         }
         let started = Instant::now();
-        match writer.checkpoint(CheckpointMode::RESTART) {
+        // Every caller waits with the committer: long enough for a background PASSIVE pass
+        // (a few ms) to finish, not for a long reader.
+        match writer.checkpoint_within(CheckpointMode::RESTART, RESTART_WAIT) {
             Ok((log, copied)) => {
                 // Until the next commit says otherwise.
                 self.pages.store(0, Ordering::Relaxed);
+                self.retry_at.store(0, Ordering::Relaxed);
                 debug!(
                     log,
                     copied,
@@ -115,10 +131,14 @@ impl Checkpoints {
                 );
                 true
             }
-            // Busy past the timeout (a long reader): commits are durable in the WAL all the
-            // same; try again after the next commit.
+            // A reader in the way: commits are durable in the WAL all the same; try again
+            // once the log has grown by another passive interval.
             Err(e) => {
-                warn!(error = %e, "wal restart checkpoint failed");
+                self.retry_at.store(
+                    pages.saturating_add(self.policy.passive_pages),
+                    Ordering::Relaxed,
+                );
+                warn!(error = %e, "wal restart checkpoint failed; will retry later");
                 false
             }
         }
@@ -216,5 +236,49 @@ mod tests {
             Store::open(dir.path()).unwrap().load().unwrap().jobs.len(),
             600
         );
+    }
+
+    /// A reader holding an old snapshot blocks the RESTART: the committer gives up within
+    /// `RESTART_WAIT` rather than the 10 s busy timeout, and does not try again on every
+    /// commit, only after another passive interval of frames.
+    #[test]
+    fn a_long_reader_costs_the_writer_one_short_wait_per_interval() {
+        let policy = Policy {
+            passive_pages: 50,
+            restart_pages: 100,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(dir.path()).unwrap();
+        let ckpt = Checkpoints::spawn(&mut store, policy).unwrap();
+        commit_jobs(&mut store, 5, |_| {});
+        let reader = rusqlite::Connection::open(dir.path().join(Store::FILE)).unwrap();
+        reader.execute_batch("BEGIN").unwrap();
+        let _: i64 = reader
+            .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+            .unwrap();
+        let mut attempts = 0u32;
+        let mut waited = Duration::ZERO;
+        commit_jobs(&mut store, 60, |s| {
+            let began = Instant::now();
+            if ckpt.restart_if_over(s) {
+                panic!("RESTART succeeded under a reader's snapshot");
+            }
+            let took = began.elapsed();
+            if took >= RESTART_WAIT / 2 {
+                attempts += 1;
+            }
+            waited += took;
+        });
+        // About 180 frames past the bound of 100: a try at 100, then one per 50 frames.
+        assert!((1..=4).contains(&attempts), "{attempts} waiting attempts");
+        assert!(waited < Duration::from_secs(2), "waited {waited:?}");
+        reader.execute_batch("COMMIT").unwrap();
+        drop(reader);
+        commit_jobs(&mut store, 40, |s| {
+            ckpt.restart_if_over(s);
+        });
+        assert!(wal_bytes(dir.path()) < 2 * 200 * PAGE);
+        drop(store);
+        ckpt.join();
     }
 }

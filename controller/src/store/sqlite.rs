@@ -16,6 +16,10 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Transaction, params, pa
 /// rather than misread.
 const SCHEMA_VERSION: &str = "1";
 
+/// How long a statement waits for a lock another connection holds (the reader, the
+/// checkpoint thread) before failing with SQLITE_BUSY.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
@@ -269,8 +273,7 @@ impl Store {
              PRAGMA cache_size=-8192;",
         )
         .map_err(open_err)?;
-        conn.busy_timeout(Duration::from_secs(10))
-            .map_err(open_err)?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(open_err)?;
         conn.execute_batch(SCHEMA).map_err(open_err)?;
         let version: Option<String> = conn
             .query_row(
@@ -309,8 +312,7 @@ impl Store {
             OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )
         .map_err(open_err)?;
-        conn.busy_timeout(Duration::from_secs(10))
-            .map_err(open_err)?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(open_err)?;
         Ok(Self {
             conn,
             path: self.path.clone(),
@@ -330,8 +332,7 @@ impl Store {
         conn.execute_batch(self.durability.pragma())
             .map_err(open_err)?;
         // A RESTART checkpoint waits for the writer and readers through this.
-        conn.busy_timeout(Duration::from_secs(10))
-            .map_err(open_err)?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(open_err)?;
         Ok(Self {
             conn,
             path: self.path.clone(),
@@ -360,6 +361,21 @@ impl Store {
         self.conn
             .wal_checkpoint_v2(rusqlite::DEFAULT_NAME, mode)
             .map_err(sql("checkpoint"))
+    }
+
+    /// [`Store::checkpoint`] that waits at most `wait` for a reader or another checkpoint
+    /// holding the log (then SQLITE_BUSY), not the connection's whole busy timeout.
+    pub(super) fn checkpoint_within(
+        &self,
+        mode: CheckpointMode,
+        wait: Duration,
+    ) -> Result<(i32, i32), StoreError> {
+        self.conn.busy_timeout(wait).map_err(sql("busy timeout"))?;
+        let result = self.checkpoint(mode);
+        self.conn
+            .busy_timeout(BUSY_TIMEOUT)
+            .map_err(sql("busy timeout"))?;
+        result
     }
 
     pub fn path(&self) -> &Path {

@@ -353,21 +353,47 @@ fn refuse_fifo_then_block(
 const TEXT_BUSY_RETRIES: u32 = 20;
 const TEXT_BUSY_PAUSE: std::time::Duration = std::time::Duration::from_millis(5);
 
+/// The job's stdin (if any), stdout and stderr, opened as the worker.
+fn open_streams(
+    input: Option<&Path>,
+    out_path: &Path,
+    err_path: Option<&Path>,
+    append: bool,
+) -> Result<(Option<File>, File, File), LaunchError> {
+    let input = input.map(open_input).transpose()?;
+    let out = open_output(out_path, append)?;
+    let err = match err_path {
+        Some(p) => open_output(p, append)?,
+        // One open file description for both streams, so they share the offset.
+        None => out.try_clone().map_err(|source| LaunchError::Output {
+            path: out_path.to_owned(),
+            source,
+        })?,
+    };
+    Ok((input, out, err))
+}
+
 async fn start_as_worker(
     script: &Path,
     spec: &BatchSpec<'_>,
     streams: &Streams<'_>,
 ) -> Result<Child, LaunchError> {
     let (out_path, err_path) = (streams.out, streams.err);
-    let input = streams.input.map(open_input).transpose()?;
-    let out = open_output(out_path, streams.append)?;
-    let err = match err_path {
-        Some(p) => open_output(p, streams.append)?,
-        // One open file description for both streams, so they share the offset.
-        None => out.try_clone().map_err(|source| LaunchError::Output {
-            path: out_path.to_owned(),
-            source,
-        })?,
+    // Opening can block (a hung network file system): off the runtime's threads.
+    let (input, out, err) = {
+        let (input, out, err) = (
+            streams.input.map(Path::to_owned),
+            out_path.to_owned(),
+            err_path.map(Path::to_owned),
+        );
+        let append = streams.append;
+        tokio::task::spawn_blocking(move || {
+            open_streams(input.as_deref(), &out, err.as_deref(), append)
+        })
+        .await
+        .map_err(|e| LaunchError::Spawn {
+            source: io::Error::other(e),
+        })??
     };
     let clone = |f: &File, path: &Path| {
         f.try_clone().map_err(|source| LaunchError::Output {
