@@ -51,7 +51,7 @@ use tonic::Status;
 use tracing::{debug, info, warn};
 
 mod accounting;
-pub use accounting::{AcctCommand, Change};
+pub use accounting::{AcctCommand, Change, at_most};
 
 use crate::api::convert::{JobFields, job_field};
 use crate::api::{authz, convert};

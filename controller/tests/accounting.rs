@@ -485,6 +485,7 @@ async fn sprio_rows_add_up_to_each_pending_jobs_priority() {
         .list_priorities(v1::ListPrioritiesRequest {
             jobs: vec![ids[0]],
             users: vec![],
+            tasks: vec![],
         })
         .await
         .unwrap()
@@ -494,6 +495,7 @@ async fn sprio_rows_add_up_to_each_pending_jobs_priority() {
         .list_priorities(v1::ListPrioritiesRequest {
             jobs: vec![],
             users: vec!["bob".into()],
+            tasks: vec![],
         })
         .await
         .unwrap()

@@ -129,8 +129,8 @@ pub enum FairShareError {
     AccountNotEmpty(String),
     #[error("the root account cannot be removed")]
     RemoveRoot,
-    #[error("name must be non-empty and without whitespace: {0:?}")]
-    BadName(String),
+    #[error("invalid name {0:?}: {1}")]
+    BadName(String, &'static str),
 }
 
 /// One association: an account or a (user, account) pair.
@@ -492,11 +492,38 @@ impl AssocTree {
     }
 }
 
-fn check_name(name: &str) -> Result<(), FairShareError> {
-    if name.is_empty() || name.chars().any(char::is_whitespace) {
-        return Err(FairShareError::BadName(name.to_string()));
+/// Longest account, user or QOS name, in bytes (Slurm's own limits are larger, but a name
+/// is a table cell and a map key, not a document).
+pub const MAX_NAME_LEN: usize = 64;
+
+/// The one rule for account, user and QOS names. The rejected characters separate names
+/// in sacctmgr lists (`,`), parsable output (`|`) and `user:account` pairs (`:`); control
+/// characters and whitespace would corrupt fixed-width tables. The name in the error is
+/// cut short so that the message stays one readable line.
+pub fn check_name(name: &str) -> Result<(), FairShareError> {
+    let problem = if name.is_empty() {
+        Some("must not be empty")
+    } else if name.len() > MAX_NAME_LEN {
+        Some("longer than 64 bytes")
+    } else if name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        Some("must not contain whitespace or control characters")
+    } else if name.contains([',', '|', ':']) {
+        Some("must not contain ',', '|' or ':'")
+    } else {
+        None
+    };
+    match problem {
+        None => Ok(()),
+        Some(p) => {
+            let shown: String = name.chars().take(MAX_NAME_LEN).collect();
+            let shown = if shown.len() < name.len() {
+                shown + "..."
+            } else {
+                shown
+            };
+            Err(FairShareError::BadName(shown, p))
+        }
     }
-    Ok(())
 }
 
 /// `LF = S / U`: zero shares rank last, no usage ranks first.
@@ -865,7 +892,7 @@ mod tests {
         ));
         assert!(matches!(
             t.add_user("has space", "a", 1),
-            Err(FairShareError::BadName(_))
+            Err(FairShareError::BadName(..))
         ));
         assert_eq!(
             t.remove_account("a"),
@@ -995,5 +1022,26 @@ mod tests {
             let after = t.compute().factor(u);
             prop_assert!(after <= before);
         }
+    }
+
+    #[test]
+    fn names_reject_separators_controls_and_length() {
+        for ok in ["a", "lab-1", "u_2.x", &"n".repeat(MAX_NAME_LEN)] {
+            assert_eq!(check_name(ok), Ok(()), "{ok:?}");
+        }
+        for bad in ["", "a b", "a,b", "a|b", "a:b", "a\tb", "a\u{7}b", "a\nb"] {
+            assert!(
+                matches!(check_name(bad), Err(FairShareError::BadName(..))),
+                "{bad:?}"
+            );
+        }
+        let long = "n".repeat(MAX_NAME_LEN + 1);
+        let err = check_name(&long).unwrap_err().to_string();
+        assert!(err.contains("longer than 64 bytes"), "{err}");
+        // The message shows a prefix, not the whole oversized name.
+        assert!(err.len() < 2 * MAX_NAME_LEN + 40, "{err}");
+        let mut t = AssocTree::new();
+        assert!(t.add_account("x|y", ROOT_ACCOUNT, 1).is_err());
+        assert!(t.is_empty());
     }
 }

@@ -46,19 +46,12 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> Exit {
-    let mut jobs = Vec::new();
-    for j in super::split_commas(&args.jobs) {
-        let id = j.split('_').next().unwrap_or(&j);
-        jobs.push(
-            id.parse::<u64>()
-                .with_context(|| format!("Invalid job id: {j}"))?,
-        );
-    }
+    let (jobs, tasks) = job_filter(&super::split_commas(&args.jobs))?;
     let users = super::split_commas(&args.users);
     let mut client = Client::connect().await?;
     let resp = client
         .accounting
-        .list_priorities(v1::ListPrioritiesRequest { jobs, users })
+        .list_priorities(v1::ListPrioritiesRequest { jobs, users, tasks })
         .await
         .rpc()?;
     let text = if args.json {
@@ -75,6 +68,23 @@ pub async fn run(args: Args) -> Exit {
     };
     crate::emit(&text)?;
     Ok(0)
+}
+
+/// `-j` entries: `12` (a job, or a whole array) or `12_3` (one array task).
+fn job_filter(items: &[String]) -> anyhow::Result<(Vec<u64>, Vec<v1::ArrayTaskRef>)> {
+    let mut jobs = Vec::new();
+    let mut tasks = Vec::new();
+    for j in items {
+        let bad = || format!("Invalid job id: {j:?} (expected JOBID or ARRAYID_TASK)");
+        match j.split_once('_') {
+            None => jobs.push(j.parse::<u64>().with_context(bad)?),
+            Some((array, task)) => tasks.push(v1::ArrayTaskRef {
+                array_job_id: array.parse::<u64>().with_context(bad)?,
+                task_id: task.parse::<u32>().with_context(bad)?,
+            }),
+        }
+    }
+    Ok((jobs, tasks))
 }
 
 /// Which table to print.
@@ -131,7 +141,7 @@ fn tres_cell(w: &v1::PriorityWeights, f: Option<&v1::PriorityFactors>, norm: boo
 pub fn table(resp: &v1::ListPrioritiesResponse, view: View, header: bool) -> String {
     let w = resp.weights.unwrap_or_default();
     let shown: Vec<Factor> = factors(&w).into_iter().filter(|f| f.weight > 0).collect();
-    let has_tres = w.tres_cpu + w.tres_mem + w.tres_gpu > 0;
+    let has_tres = w.tres_cpu > 0 || w.tres_mem > 0 || w.tres_gpu > 0;
     let col = |n: &str, width: usize, a: Align| -> Column { (n.to_owned(), width, a) };
     let mut cols = vec![
         col("JOBID", 15, Align::Right),
@@ -342,5 +352,46 @@ mod tests {
         assert_eq!(w[3], "physics");
         assert_eq!(&w[5..7], ["0.2500000", "0.5000000"]);
         assert_eq!(&w[9..], ["normal", "0", "gres/gpu=0.50"]);
+    }
+
+    #[test]
+    fn job_ids_keep_their_array_task() {
+        let items = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let (jobs, tasks) = job_filter(&items(&["12", "12_3", "7_0"])).unwrap();
+        assert_eq!(jobs, [12]);
+        assert_eq!(
+            tasks,
+            [
+                v1::ArrayTaskRef {
+                    array_job_id: 12,
+                    task_id: 3
+                },
+                v1::ArrayTaskRef {
+                    array_job_id: 7,
+                    task_id: 0
+                },
+            ]
+        );
+        for bad in ["12_", "_3", "12_x", "12_3_4", "12_[1-3]", "12_-1", "x"] {
+            let err = format!("{:#}", job_filter(&items(&[bad])).unwrap_err());
+            assert!(err.starts_with("Invalid job id"), "{bad}: {err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
+    }
+
+    #[test]
+    fn large_tres_weights_do_not_overflow() {
+        let mut r = resp();
+        r.weights = Some(v1::PriorityWeights {
+            tres_cpu: u32::MAX,
+            tres_mem: u32::MAX,
+            tres_gpu: 2,
+            ..Default::default()
+        });
+        let out = table(&r, View::default(), true);
+        assert!(out.lines().next().unwrap().contains("TRES"), "{out}");
+        r.weights = Some(v1::PriorityWeights::default());
+        let out = table(&r, View::default(), true);
+        assert!(!out.contains("TRES"), "{out}");
     }
 }

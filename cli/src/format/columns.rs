@@ -18,6 +18,29 @@ pub enum FormatError {
     Malformed { spec: String, problem: &'static str },
 }
 
+/// Widest column a format may ask for: a width is padding, and padding of gigabytes per
+/// cell is a mistake, not a layout.
+pub const MAX_WIDTH: usize = 1024;
+
+/// A `%20` / `:20` width: a number up to [`MAX_WIDTH`].
+fn parse_width(spec: &str, digits: &str) -> Result<usize, FormatError> {
+    match digits.parse::<usize>() {
+        Ok(w) if w <= MAX_WIDTH => Ok(w),
+        Ok(_) => Err(FormatError::Malformed {
+            spec: spec.to_string(),
+            problem: "a width must be at most 1024",
+        }),
+        Err(e) if *e.kind() == std::num::IntErrorKind::PosOverflow => Err(FormatError::Malformed {
+            spec: spec.to_string(),
+            problem: "a width must be at most 1024",
+        }),
+        Err(_) => Err(FormatError::Malformed {
+            spec: spec.to_string(),
+            problem: "a width must be a number",
+        }),
+    }
+}
+
 /// One piece of a format: literal text, or a field with its width.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Piece<F> {
@@ -183,10 +206,7 @@ pub fn parse_percent<F>(
         } else if digits.is_empty() {
             None
         } else {
-            Some(digits.parse().map_err(|_| FormatError::Malformed {
-                spec: spec.to_string(),
-                problem: "width too large",
-            })?)
+            Some(parse_width(spec, &digits)?)
         };
         if !text.is_empty() {
             pieces.push(Piece::Text(std::mem::take(&mut text)));
@@ -237,10 +257,7 @@ where
                     Some(w) => (Align::Right, w),
                     None => (align_of(field), w),
                 };
-                let w = w.parse::<usize>().map_err(|_| FormatError::Malformed {
-                    spec: spec.to_string(),
-                    problem: "a width must be a number",
-                })?;
+                let w = parse_width(spec, w)?;
                 (align, w)
             }
         };
@@ -1078,5 +1095,31 @@ mod tests {
         );
         assert!(sacct_format("JobID,Nope").is_err());
         assert!(sacct_format("JobName%x").is_err());
+    }
+
+    #[test]
+    fn widths_are_capped() {
+        assert!(squeue_format("%.1024i %1024j").is_ok());
+        assert!(squeue_named("jobid:1024,name:.1024").is_ok());
+        for spec in [
+            "%.1025i",
+            "%99999999999999i",
+            "%999999999999999999999999999i",
+        ] {
+            let err = squeue_format(spec).unwrap_err().to_string();
+            assert!(
+                err.contains("a width must be at most 1024"),
+                "{spec}: {err}"
+            );
+        }
+        for spec in ["jobid:1025", "name:.99999999999999999999999999"] {
+            let err = squeue_named(spec).unwrap_err().to_string();
+            assert!(
+                err.contains("a width must be at most 1024"),
+                "{spec}: {err}"
+            );
+        }
+        let err = squeue_named("jobid:x").unwrap_err().to_string();
+        assert!(err.contains("a width must be a number"), "{err}");
     }
 }

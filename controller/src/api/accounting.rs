@@ -12,7 +12,7 @@ use tonic::{Request, Response, Status};
 use tracing::instrument;
 
 use super::{authz, convert};
-use crate::state::{AcctCommand, Change, Command, Handle};
+use crate::state::{AcctCommand, Change, Command, Handle, at_most};
 use crate::store::{RecordFilter, Store};
 
 /// Most records one query returns; sacct over a long history asks with a time window.
@@ -210,6 +210,7 @@ impl Accounting for AccountingService {
     ) -> Result<Response<v1::ListPrioritiesResponse>, Status> {
         identity(&request)?;
         let req = request.into_inner();
+        check_priorities_request(&req)?;
         let resp = self
             .handle
             .call(|reply| Command::Accounting(AcctCommand::Priorities { req, reply }))
@@ -306,6 +307,14 @@ fn merge_runs(
     jobs
 }
 
+/// sprio's filters are matched on the state actor: an oversized list is refused here,
+/// before it reaches the actor.
+fn check_priorities_request(req: &v1::ListPrioritiesRequest) -> Result<(), Status> {
+    at_most("job ids", &req.jobs)?;
+    at_most("array tasks", &req.tasks)?;
+    at_most("users", &req.users)
+}
+
 /// Terminal jobs still in memory already have their record in the store.
 fn tandem_sched_terminal(state: i32) -> bool {
     convert::state_from_proto(state).is_ok_and(|s| s.is_terminal())
@@ -314,6 +323,35 @@ fn tandem_sched_terminal(state: i32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn oversized_sprio_filters_are_refused() {
+        let cap = 10_000;
+        let ok = v1::ListPrioritiesRequest {
+            jobs: vec![1; cap],
+            users: vec!["u".into(); cap],
+            ..Default::default()
+        };
+        assert!(check_priorities_request(&ok).is_ok());
+        for req in [
+            v1::ListPrioritiesRequest {
+                jobs: vec![1; cap + 1],
+                ..Default::default()
+            },
+            v1::ListPrioritiesRequest {
+                users: vec!["u".into(); cap + 1],
+                ..Default::default()
+            },
+            v1::ListPrioritiesRequest {
+                tasks: vec![v1::ArrayTaskRef::default(); cap + 1],
+                ..Default::default()
+            },
+        ] {
+            let err = check_priorities_request(&req).unwrap_err();
+            assert_eq!(err.code(), tonic::Code::InvalidArgument);
+            assert!(err.message().contains("at most 10000"), "{}", err.message());
+        }
+    }
 
     fn info(id: u64, state: v1::JobState, restarts: u32) -> v1::JobInfo {
         v1::JobInfo {

@@ -10,6 +10,8 @@
 //! The functions over `State` here are pure (no I/O, `now` is an argument), so their tests
 //! need no controller.
 
+use std::collections::{HashMap, HashSet};
+
 use tandem_proto::v1;
 use tandem_sched::State;
 use tandem_sched::account::{AccountConfig, AssocLimits, UserConfig};
@@ -24,6 +26,13 @@ use super::{Actor, Reply};
 
 /// Shares a new association gets when the request names none (Slurm's `Fairshare=1`).
 const DEFAULT_SHARES: u32 = tandem_sched::fairshare::DEFAULT_SHARES;
+
+/// Most entries in one list of a request (names, users, accounts, job ids). Every list is
+/// walked on the state actor, which serves everything else meanwhile.
+pub const MAX_LIST_ITEMS: usize = 10_000;
+
+/// Longest description or organization, in bytes.
+pub const MAX_TEXT_LEN: usize = 256;
 
 /// Requests for the actor. The handler has already checked that a change comes from an
 /// operator.
@@ -108,6 +117,7 @@ pub fn apply(st: &mut State, change: Change) -> Result<Vec<String>, Status> {
     match change {
         Change::AddAccount(r) => {
             need("account names", &r.names)?;
+            check_names(&r.names)?;
             let parent = match r.parent.as_str() {
                 "" | ROOT_ACCOUNT => None,
                 p => Some(p.to_owned()),
@@ -158,11 +168,16 @@ pub fn apply(st: &mut State, change: Change) -> Result<Vec<String>, Status> {
         }
         Change::AddUser(r) => {
             need("user names", &r.users)?;
+            check_names(&r.users)?;
             let mut accounts = r.accounts.clone();
             if accounts.is_empty() && !r.default_account.is_empty() {
                 accounts.push(r.default_account.clone());
             }
             need("accounts (Account=)", &accounts)?;
+            check_names(&accounts)?;
+            if !r.default_account.is_empty() {
+                check_name(&r.default_account)?;
+            }
             let shares = match r.settings.and_then(|s| s.shares) {
                 Some(v) => non_negative("Fairshare", v)?,
                 None => DEFAULT_SHARES,
@@ -185,6 +200,7 @@ pub fn apply(st: &mut State, change: Change) -> Result<Vec<String>, Status> {
         }
         Change::ModifyUser(r) => {
             need("user names", &r.users)?;
+            at_most("accounts (Account=)", &r.accounts)?;
             let shares = r
                 .settings
                 .and_then(|s| s.shares)
@@ -209,6 +225,7 @@ pub fn apply(st: &mut State, change: Change) -> Result<Vec<String>, Status> {
         }
         Change::DeleteUser(r) => {
             need("user names", &r.users)?;
+            at_most("accounts (Account=)", &r.accounts)?;
             for user in &r.users {
                 for assoc in matching_users(st, user, &r.accounts)? {
                     st.remove_user(user, &assoc.account).map_err(admin_error)?;
@@ -218,9 +235,9 @@ pub fn apply(st: &mut State, change: Change) -> Result<Vec<String>, Status> {
         }
         Change::AddQos(r) => {
             need("QOS names", &r.names)?;
+            check_names(&r.names)?;
             let s = r.settings.unwrap_or_default();
             for name in &r.names {
-                check_name(name)?;
                 if st.config().qos(name).is_some() {
                     return Err(Status::invalid_argument(format!(
                         "QOS {name:?} already exists"
@@ -264,13 +281,40 @@ fn need(what: &str, v: &[String]) -> Result<(), Status> {
     if v.is_empty() || v.iter().any(String::is_empty) {
         return Err(Status::invalid_argument(format!("no {what} given")));
     }
+    at_most(what, v)
+}
+
+/// Refuses a list longer than [`MAX_LIST_ITEMS`].
+pub fn at_most<T>(what: &str, v: &[T]) -> Result<(), Status> {
+    if v.len() > MAX_LIST_ITEMS {
+        return Err(Status::invalid_argument(format!(
+            "too many {what}: {} (at most {MAX_LIST_ITEMS})",
+            v.len()
+        )));
+    }
     Ok(())
 }
 
+/// Account, user and QOS names share the association tree's rule.
 fn check_name(name: &str) -> Result<(), Status> {
-    if name.is_empty() || name.chars().any(|c| c.is_whitespace() || c == ',') {
+    tandem_sched::fairshare::check_name(name).map_err(|e| Status::invalid_argument(e.to_string()))
+}
+
+fn check_names(names: &[String]) -> Result<(), Status> {
+    names.iter().try_for_each(|n| check_name(n))
+}
+
+/// A description or organization: one line, at most [`MAX_TEXT_LEN`] bytes.
+fn check_text(field: &str, v: &str) -> Result<(), Status> {
+    if v.len() > MAX_TEXT_LEN {
         return Err(Status::invalid_argument(format!(
-            "name must be non-empty, without spaces or commas: {name:?}"
+            "{field} is longer than {MAX_TEXT_LEN} bytes ({} bytes)",
+            v.len()
+        )));
+    }
+    if v.chars().any(char::is_control) {
+        return Err(Status::invalid_argument(format!(
+            "{field} must not contain control characters"
         )));
     }
     Ok(())
@@ -313,9 +357,11 @@ fn account_settings(a: &mut AccountConfig, s: &v1::AccountChanges) -> Result<(),
         *max_jobs_per_user = limit("MaxJobs", v)?;
     }
     if let Some(v) = &s.description {
+        check_text("Description", v)?;
         a.description = v.clone();
     }
     if let Some(v) = &s.organization {
+        check_text("Organization", v)?;
         a.organization = v.clone();
     }
     Ok(())
@@ -326,9 +372,8 @@ fn qos_settings(q: &mut Qos, s: &v1::QosChanges) -> Result<(), Status> {
         q.priority = non_negative("Priority", v)?;
     }
     if let Some(list) = &s.preempt {
-        for p in &list.values {
-            check_name(p)?;
-        }
+        at_most("Preempt QOS", &list.values)?;
+        check_names(&list.values)?;
         q.preempt = list.values.clone();
     }
     if let Some(m) = &s.preempt_mode {
@@ -447,6 +492,15 @@ fn limits_to_proto(l: &AssocLimits) -> v1::AssocLimits {
 pub fn associations(st: &State) -> v1::ListAssociationsResponse {
     let tree = st.assoc();
     let cfg = st.config();
+    // By name first: a walk over thousands of associations must not scan the lists per row.
+    let by_name: HashMap<&str, &AccountConfig> =
+        cfg.accounts.iter().map(|a| (a.name.as_str(), a)).collect();
+    let defaults: HashSet<(&str, &str)> = cfg
+        .users
+        .iter()
+        .filter(|u| u.default)
+        .map(|u| (u.user.as_str(), u.account.as_str()))
+        .collect();
     let mut accounts = Vec::new();
     let mut users = Vec::new();
     for (idx, _) in tree.walk() {
@@ -457,7 +511,7 @@ pub fn associations(st: &State) -> v1::ListAssociationsResponse {
                     .parent(idx)
                     .map(|p| tree.name(p).to_owned())
                     .unwrap_or_default();
-                let info = match cfg.accounts.iter().find(|a| a.name == name) {
+                let info = match by_name.get(name) {
                     Some(a) => v1::AccountInfo {
                         name: a.name.clone(),
                         parent,
@@ -481,10 +535,7 @@ pub fn associations(st: &State) -> v1::ListAssociationsResponse {
                     .parent(idx)
                     .map(|p| tree.name(p).to_owned())
                     .unwrap_or_default();
-                let is_default = cfg
-                    .users
-                    .iter()
-                    .any(|u| u.user == name && u.account == account && u.default);
+                let is_default = defaults.contains(&(name, account.as_str()));
                 users.push(v1::UserAssocInfo {
                     user: name.to_owned(),
                     account,
@@ -567,57 +618,95 @@ pub fn priorities(
     let cfg = &st.config().priority;
     let w = cfg.weights;
     let mut ranking = Ranking::new(st, now);
+    // Sets first: the filters are checked once per pending job.
+    let ids: HashSet<u64> = req.jobs.iter().copied().collect();
+    let users: HashSet<&str> = req.users.iter().map(String::as_str).collect();
+    let task_set: HashSet<(u64, u32)> = req
+        .tasks
+        .iter()
+        .map(|t| (t.array_job_id, t.task_id))
+        .collect();
+    let mut tasks: HashMap<u64, Vec<u32>> = HashMap::new();
+    for &(array, task) in &task_set {
+        tasks.entry(array).or_default().push(task);
+    }
+    for v in tasks.values_mut() {
+        v.sort_unstable();
+    }
+    let any_job = ids.is_empty() && tasks.is_empty();
     let mut rows = Vec::new();
     for job in st.pending_jobs() {
         if job.state != JobState::Pending || job.hold != Hold::None {
             continue;
         }
+        if !users.is_empty() && !users.contains(job.spec.user.as_str()) {
+            continue;
+        }
         let id = job.id.0;
         let array_id = job.array_job_id.map(|a| a.0);
-        if !req.jobs.is_empty() && !req.jobs.iter().any(|j| *j == id || Some(*j) == array_id) {
-            continue;
-        }
-        if !req.users.is_empty() && !req.users.contains(&job.spec.user) {
-            continue;
-        }
-        let b = ranking.breakdown(job);
-        let f = b.factors;
-        let display_id = match (&job.array, job.array_job_id, job.array_task_id) {
+        let whole = match (&job.array, array_id, job.array_task_id) {
             (Some(a), _, _) => format!("{id}_[{}]", a.pending),
             (None, Some(meta), Some(task)) => format!("{meta}_{task}"),
             _ => id.to_string(),
         };
-        rows.push(v1::PriorityRow {
-            job_id: id,
-            display_id,
-            partition: job.spec.partition.clone(),
-            user: job.spec.user.clone(),
-            account: job.spec.account.clone(),
-            qos: job.spec.qos.clone(),
-            priority: job.spec.priority.unwrap_or(u64::from(b.total)),
-            normalized: Some(v1::PriorityFactors {
-                age: f.age,
-                fairshare: f.fairshare,
-                job_size: f.job_size,
-                partition: f.partition,
-                qos: f.qos,
-                tres_cpu: f.tres_cpu,
-                tres_mem: f.tres_mem,
-                tres_gpu: f.tres_gpu,
-            }),
-            weighted: Some(v1::PriorityFactors {
-                age: b.age,
-                fairshare: b.fairshare,
-                job_size: b.job_size,
-                partition: b.partition,
-                qos: b.qos,
-                tres_cpu: f64::from(w.tres_cpu) * f.tres_cpu,
-                tres_mem: f64::from(w.tres_mem) * f.tres_mem,
-                tres_gpu: f64::from(w.tres_gpu) * f.tres_gpu,
-            }),
-            nice: b.nice,
-            fixed: job.spec.priority.is_some(),
-        });
+        let displays: Vec<String> =
+            if any_job || ids.contains(&id) || array_id.is_some_and(|a| ids.contains(&a)) {
+                vec![whole]
+            } else if let Some(a) = &job.array {
+                // The array's unstarted tasks share this one record: a row per task asked for.
+                tasks
+                    .get(&id)
+                    .into_iter()
+                    .flatten()
+                    .filter(|t| a.pending.contains(**t))
+                    .map(|t| format!("{id}_{t}"))
+                    .collect()
+            } else {
+                match (array_id, job.array_task_id) {
+                    (Some(meta), Some(task)) if task_set.contains(&(meta, task)) => {
+                        vec![whole]
+                    }
+                    _ => Vec::new(),
+                }
+            };
+        if displays.is_empty() {
+            continue;
+        }
+        let b = ranking.breakdown(job);
+        let f = b.factors;
+        for display_id in displays {
+            rows.push(v1::PriorityRow {
+                job_id: id,
+                display_id,
+                partition: job.spec.partition.clone(),
+                user: job.spec.user.clone(),
+                account: job.spec.account.clone(),
+                qos: job.spec.qos.clone(),
+                priority: job.spec.priority.unwrap_or(u64::from(b.total)),
+                normalized: Some(v1::PriorityFactors {
+                    age: f.age,
+                    fairshare: f.fairshare,
+                    job_size: f.job_size,
+                    partition: f.partition,
+                    qos: f.qos,
+                    tres_cpu: f.tres_cpu,
+                    tres_mem: f.tres_mem,
+                    tres_gpu: f.tres_gpu,
+                }),
+                weighted: Some(v1::PriorityFactors {
+                    age: b.age,
+                    fairshare: b.fairshare,
+                    job_size: b.job_size,
+                    partition: b.partition,
+                    qos: b.qos,
+                    tres_cpu: f64::from(w.tres_cpu) * f.tres_cpu,
+                    tres_mem: f64::from(w.tres_mem) * f.tres_mem,
+                    tres_gpu: f64::from(w.tres_gpu) * f.tres_gpu,
+                }),
+                nice: b.nice,
+                fixed: job.spec.priority.is_some(),
+            });
+        }
     }
     v1::ListPrioritiesResponse {
         weights: Some(v1::PriorityWeights {
@@ -631,5 +720,216 @@ pub fn priorities(
             tres_gpu: w.tres_gpu,
         }),
         rows,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tandem_sched::job::JobSpec;
+
+    use super::*;
+
+    fn cluster() -> State {
+        State::test_cluster(1, 4, 8_000, 0)
+    }
+
+    fn ids(resp: &v1::ListPrioritiesResponse) -> Vec<String> {
+        let mut v: Vec<String> = resp.rows.iter().map(|r| r.display_id.clone()).collect();
+        v.sort();
+        v
+    }
+
+    fn task(array_job_id: u64, task_id: u32) -> v1::ArrayTaskRef {
+        v1::ArrayTaskRef {
+            array_job_id,
+            task_id,
+        }
+    }
+
+    #[test]
+    fn sprio_filters_by_job_user_and_single_array_task() {
+        let mut st = cluster();
+        let one = st.submit(JobSpec::test(), 0).unwrap().0;
+        let bobs = st.submit(JobSpec::test().user("bob"), 0).unwrap().0;
+        let arr = st.submit(JobSpec::test().array("0-5"), 0).unwrap().0;
+        let ask = |req: v1::ListPrioritiesRequest| ids(&priorities(&st, &req, 10));
+        assert_eq!(ask(Default::default()).len(), 3);
+        assert_eq!(
+            ask(v1::ListPrioritiesRequest {
+                users: vec!["bob".into()],
+                ..Default::default()
+            }),
+            [bobs.to_string()]
+        );
+        // The whole array by its id; one task (asked twice) by `id_task`; a task the
+        // array does not have matches nothing.
+        assert_eq!(
+            ask(v1::ListPrioritiesRequest {
+                jobs: vec![arr],
+                ..Default::default()
+            }),
+            [format!("{arr}_[0-5]")]
+        );
+        assert_eq!(
+            ask(v1::ListPrioritiesRequest {
+                tasks: vec![task(arr, 3), task(arr, 9), task(arr, 3)],
+                ..Default::default()
+            }),
+            [format!("{arr}_3")]
+        );
+        assert_eq!(
+            ask(v1::ListPrioritiesRequest {
+                jobs: vec![one],
+                tasks: vec![task(arr, 1), task(one, 1)],
+                ..Default::default()
+            }),
+            [one.to_string(), format!("{arr}_1")]
+        );
+        // Filters combine with AND: bob has no array task.
+        assert!(
+            ask(v1::ListPrioritiesRequest {
+                users: vec!["bob".into()],
+                tasks: vec![task(arr, 1)],
+                ..Default::default()
+            })
+            .is_empty()
+        );
+    }
+
+    #[test]
+    fn associations_keep_settings_and_default_accounts() {
+        let mut st = cluster();
+        let mut acct = AccountConfig::new("phys", 3);
+        acct.description = "physics".into();
+        st.add_account(acct).unwrap();
+        st.add_account(AccountConfig {
+            parent: Some("phys".into()),
+            ..AccountConfig::new("astro", 1)
+        })
+        .unwrap();
+        for (account, default) in [("phys", false), ("astro", true)] {
+            st.add_user(UserConfig {
+                user: "alice".into(),
+                account: account.into(),
+                shares: 1,
+                default,
+            })
+            .unwrap();
+        }
+        let resp = associations(&st);
+        let phys = resp.accounts.iter().find(|a| a.name == "phys").unwrap();
+        assert_eq!((phys.shares, phys.description.as_str()), (3, "physics"));
+        let astro = resp.accounts.iter().find(|a| a.name == "astro").unwrap();
+        assert_eq!(astro.parent, "phys");
+        let mut defaults: Vec<(&str, bool)> = resp
+            .users
+            .iter()
+            .map(|u| (u.account.as_str(), u.is_default))
+            .collect();
+        defaults.sort();
+        assert_eq!(defaults, [("astro", true), ("phys", false)]);
+    }
+
+    fn add_account(names: &[&str], s: v1::AccountChanges) -> Change {
+        Change::AddAccount(v1::AddAccountRequest {
+            names: names.iter().map(|n| n.to_string()).collect(),
+            settings: Some(s),
+            ..Default::default()
+        })
+    }
+
+    /// Refused before anything is applied, so even without the actor's rollback the
+    /// configuration is untouched.
+    #[track_caller]
+    fn refused(st: &mut State, change: Change, says: &str) {
+        let before = st.config().clone();
+        let err = apply(st, change).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains(says), "{:?}", err.message());
+        assert!(!err.message().contains('\n'));
+        assert_eq!(st.config().accounts, before.accounts);
+        assert_eq!(st.config().users, before.users);
+        assert_eq!(st.config().qos, before.qos);
+    }
+
+    #[test]
+    fn bad_names_texts_and_huge_lists_are_refused_up_front() {
+        let mut st = cluster();
+        let none = v1::AccountChanges::default;
+        for bad in ["a|b", "a:b", "a,b", "a\u{1b}b"] {
+            refused(&mut st, add_account(&["ok", bad], none()), "invalid name");
+        }
+        let long = "x".repeat(65);
+        refused(
+            &mut st,
+            add_account(&[&long], none()),
+            "longer than 64 bytes",
+        );
+        let text = "d".repeat(MAX_TEXT_LEN + 1);
+        refused(
+            &mut st,
+            add_account(
+                &["ok"],
+                v1::AccountChanges {
+                    description: Some(text.clone()),
+                    ..Default::default()
+                },
+            ),
+            "Description is longer than 256 bytes",
+        );
+        refused(
+            &mut st,
+            add_account(
+                &["ok"],
+                v1::AccountChanges {
+                    organization: Some(text),
+                    ..Default::default()
+                },
+            ),
+            "Organization is longer than 256 bytes",
+        );
+        let many: Vec<String> = (0..=MAX_LIST_ITEMS).map(|i| format!("a{i}")).collect();
+        let many_refs: Vec<&str> = many.iter().map(String::as_str).collect();
+        refused(&mut st, add_account(&many_refs, none()), "too many");
+        st.add_account(AccountConfig::new("phys", 1)).unwrap();
+        let user = |users: &[&str], accounts: &[&str], default: &str| {
+            Change::AddUser(v1::AddUserRequest {
+                users: users.iter().map(|n| n.to_string()).collect(),
+                accounts: accounts.iter().map(|n| n.to_string()).collect(),
+                default_account: default.into(),
+                ..Default::default()
+            })
+        };
+        refused(&mut st, user(&["u:x"], &["phys"], ""), "invalid name");
+        refused(&mut st, user(&["u"], &["ph|ys"], ""), "invalid name");
+        refused(&mut st, user(&["u"], &["phys"], "p,x"), "invalid name");
+        refused(
+            &mut st,
+            user(&many_refs, &["phys"], ""),
+            "too many user names",
+        );
+        refused(
+            &mut st,
+            Change::DeleteUser(v1::DeleteUserRequest {
+                users: vec!["u".into()],
+                accounts: many.clone(),
+            }),
+            "too many accounts",
+        );
+        refused(
+            &mut st,
+            Change::AddQos(v1::AddQosRequest {
+                names: vec!["q|1".into()],
+                ..Default::default()
+            }),
+            "invalid name",
+        );
+        // At the limits, accepted.
+        let at_limit = v1::AccountChanges {
+            description: Some("d".repeat(MAX_TEXT_LEN)),
+            ..Default::default()
+        };
+        apply(&mut st, add_account(&[&"x".repeat(64)], at_limit)).unwrap();
+        apply(&mut st, user(&["u"], &["phys"], "phys")).unwrap();
     }
 }

@@ -6,6 +6,8 @@
 use anyhow::{Context as _, bail};
 use tandem_proto::v1;
 
+use crate::format::columns::MAX_WIDTH;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
     Add,
@@ -201,7 +203,11 @@ pub fn parse(words: &[String]) -> anyhow::Result<Words> {
                     Some((n, w)) => {
                         let width = w
                             .parse::<usize>()
-                            .with_context(|| format!("format field {f:?}: bad width"))?;
+                            .ok()
+                            .filter(|w| *w <= MAX_WIDTH)
+                            .with_context(|| {
+                                format!("format field {f:?}: width must be 0 to {MAX_WIDTH}")
+                            })?;
                         (n.to_owned(), Some(width))
                     }
                     None => (f, None),
@@ -626,6 +632,27 @@ mod tests {
                 format!("{err:#}").contains(want),
                 "{line:?}: {err:#} should mention {want:?}"
             );
+        }
+    }
+
+    #[test]
+    fn format_widths_are_capped() {
+        let w = |s: &str| parse(&words(s)).map(|r| r.format);
+        assert_eq!(
+            w("show account format=Account%1024,Descr").unwrap(),
+            [
+                ("Account".to_owned(), Some(1024)),
+                ("Descr".to_owned(), None)
+            ]
+        );
+        for bad in [
+            "show account format=Account%1025",
+            "show account format=Account%99999999999999",
+            "show account format=Account%99999999999999999999999999",
+            "show account format=Account%-1",
+        ] {
+            let err = format!("{:#}", w(bad).unwrap_err());
+            assert!(err.contains("width must be 0 to 1024"), "{bad}: {err}");
         }
     }
 }
