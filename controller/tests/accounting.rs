@@ -2,93 +2,20 @@
 //! refused and then left unchanged, what survives a restart) and the sshare/sprio views.
 //! CLI-level tests of the same commands are in `cli/tests/accounting.rs`.
 
-use std::path::Path;
-use std::time::Duration;
+mod support;
 
-use tandem_controller::{Config, run};
-use tandem_proto::auth::{ClusterKey, Identity};
-use tandem_proto::endpoint::{self, AuthChannel};
+use support::{Controller, alice};
+use tandem_controller::Config;
+use tandem_proto::auth::Identity;
+use tandem_proto::endpoint::AuthChannel;
 use tandem_proto::v1::accounting_client::AccountingClient;
 use tandem_proto::v1::jobs_client::JobsClient;
 use tandem_proto::v1::{self};
 use tandem_sched::account::{AccountConfig, UserConfig};
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use tonic::Code;
-
-const WAIT: Duration = Duration::from_secs(10);
-
-struct Controller {
-    addr: String,
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<Result<(), tandem_controller::Error>>,
-    key: ClusterKey,
-}
-
-impl Controller {
-    async fn start(dir: &Path, tune: impl FnOnce(&mut Config)) -> Controller {
-        let mut config = Config::new(dir);
-        config.node_timeout = Duration::from_secs(30);
-        tune(&mut config);
-        let key_file = config.key_file.clone();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = format!("http://{}", listener.local_addr().unwrap());
-        let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(run(config, listener, async {
-            let _ = rx.await;
-        }));
-        let key = tokio::time::timeout(WAIT, async {
-            loop {
-                if let Ok(k) = ClusterKey::load(&key_file) {
-                    return k;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await
-        .unwrap();
-        Controller {
-            addr,
-            stop: Some(tx),
-            task,
-            key,
-        }
-    }
-
-    async fn channel(&self, who: &Identity) -> AuthChannel {
-        tokio::time::timeout(WAIT, async {
-            loop {
-                if let Ok(c) = endpoint::connect(&self.addr, &self.key, who).await {
-                    return c;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await
-        .unwrap()
-    }
-
-    async fn acct(&self, who: &Identity) -> AccountingClient<AuthChannel> {
-        AccountingClient::new(self.channel(who).await)
-    }
-
-    async fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        tokio::time::timeout(WAIT, self.task)
-            .await
-            .expect("controller did not stop in time")
-            .unwrap()
-            .unwrap();
-    }
-}
 
 fn root() -> Identity {
     Identity::user("root", 0, 0)
-}
-fn alice() -> Identity {
-    Identity::user("alice", 1000, 1000)
 }
 
 fn add_account(names: &[&str], parent: &str, shares: i64) -> v1::AddAccountRequest {

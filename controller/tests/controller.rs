@@ -6,95 +6,21 @@
 //! accounting, restarts, lost workers, group commit under concurrency). Multi-process tests
 //! with real workers and the CLI live in `cli/tests/`.
 
-use std::path::Path;
+mod support;
+
 use std::time::Duration;
 
-use tandem_controller::{Config, run};
-use tandem_proto::auth::{ClusterKey, Identity};
-use tandem_proto::endpoint::{self, AuthChannel};
+use support::{Controller, WAIT, alice};
+use tandem_proto::auth::Identity;
+use tandem_proto::endpoint::AuthChannel;
 use tandem_proto::v1::accounting_client::AccountingClient;
 use tandem_proto::v1::jobs_client::JobsClient;
 use tandem_proto::v1::nodes_client::NodesClient;
 use tandem_proto::v1::worker_link_client::WorkerLinkClient;
 use tandem_proto::v1::{self, controller_message, worker_message};
-use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-const WAIT: Duration = Duration::from_secs(10);
-
-struct Controller {
-    addr: String,
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<Result<(), tandem_controller::Error>>,
-    key: ClusterKey,
-}
-
-impl Controller {
-    async fn start(dir: &Path, tune: impl FnOnce(&mut Config)) -> Controller {
-        let mut config = Config::new(dir);
-        config.node_timeout = Duration::from_secs(30);
-        config.heartbeat_interval = Duration::from_millis(200);
-        config.kill_wait = Duration::from_secs(1);
-        tune(&mut config);
-        let key_file = config.key_file.clone();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = format!("http://{}", listener.local_addr().unwrap());
-        let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(run(config, listener, async {
-            let _ = rx.await;
-        }));
-        // The key is written during start-up; wait for it.
-        let key = tokio::time::timeout(WAIT, async {
-            loop {
-                if let Ok(k) = ClusterKey::load(&key_file) {
-                    return k;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await
-        .unwrap();
-        Controller {
-            addr,
-            stop: Some(tx),
-            task,
-            key,
-        }
-    }
-
-    async fn channel(&self, who: &Identity) -> AuthChannel {
-        tokio::time::timeout(WAIT, async {
-            loop {
-                if let Ok(c) = endpoint::connect(&self.addr, &self.key, who).await {
-                    return c;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await
-        .unwrap()
-    }
-
-    async fn jobs(&self, who: &Identity) -> JobsClient<AuthChannel> {
-        JobsClient::new(self.channel(who).await)
-    }
-
-    async fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        tokio::time::timeout(WAIT, self.task)
-            .await
-            .expect("controller did not stop in time")
-            .unwrap()
-            .unwrap();
-    }
-}
-
-fn alice() -> Identity {
-    Identity::user("alice", 1000, 1000)
-}
 fn bob() -> Identity {
     Identity::user("bob", 1001, 1001)
 }

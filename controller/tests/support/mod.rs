@@ -1,0 +1,93 @@
+//! The controller in-process on 127.0.0.1:0 with its real gRPC server, shared by the
+//! controller's integration tests (each test binary uses part of it).
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use tandem_controller::{Config, run};
+use tandem_proto::auth::{ClusterKey, Identity};
+use tandem_proto::endpoint::{self, AuthChannel};
+use tandem_proto::v1::accounting_client::AccountingClient;
+use tandem_proto::v1::jobs_client::JobsClient;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub const WAIT: Duration = Duration::from_secs(10);
+
+pub struct Controller {
+    pub addr: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), tandem_controller::Error>>,
+    pub key: ClusterKey,
+}
+
+impl Controller {
+    pub async fn start(dir: &Path, tune: impl FnOnce(&mut Config)) -> Controller {
+        let mut config = Config::new(dir);
+        config.node_timeout = Duration::from_secs(30);
+        config.heartbeat_interval = Duration::from_millis(200);
+        config.kill_wait = Duration::from_secs(1);
+        tune(&mut config);
+        let key_file = config.key_file.clone();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(run(config, listener, async {
+            let _ = rx.await;
+        }));
+        // The key is written during start-up; wait for it.
+        let key = tokio::time::timeout(WAIT, async {
+            loop {
+                if let Ok(k) = ClusterKey::load(&key_file) {
+                    return k;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .unwrap();
+        Controller {
+            addr,
+            stop: Some(tx),
+            task,
+            key,
+        }
+    }
+
+    pub async fn channel(&self, who: &Identity) -> AuthChannel {
+        tokio::time::timeout(WAIT, async {
+            loop {
+                if let Ok(c) = endpoint::connect(&self.addr, &self.key, who).await {
+                    return c;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .unwrap()
+    }
+
+    pub async fn jobs(&self, who: &Identity) -> JobsClient<AuthChannel> {
+        JobsClient::new(self.channel(who).await)
+    }
+
+    pub async fn acct(&self, who: &Identity) -> AccountingClient<AuthChannel> {
+        AccountingClient::new(self.channel(who).await)
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        tokio::time::timeout(WAIT, self.task)
+            .await
+            .expect("controller did not stop in time")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+pub fn alice() -> Identity {
+    Identity::user("alice", 1000, 1000)
+}
