@@ -8,4 +8,5 @@ pub mod authz;
 pub mod convert;
 pub mod jobs;
 pub mod nodes;
+pub mod scaler;
 pub mod workers;
