@@ -8,8 +8,8 @@
 //! The state actor calls [`Metrics::publish`] after each scheduling pass: one
 //! [`Snapshot::capture`] (a walk of the pending and running sets and the node table, which
 //! the pass walks anyway) sets every gauge and goes to the scaler through a `watch`
-//! channel. Fair share (one `AssocTree::compute`, O(associations)) is refreshed at most every
-//! [`FAIRSHARE_EVERY`]. Nothing is computed per scrape or per scaler request beyond reading.
+//! channel. Fair share (one `AssocTree::compute`, O(associations)) is refreshed every
+//! [`FAIRSHARE_EVERY`], and at once when an association appears or goes. Nothing is computed per scrape or per scaler request beyond reading.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::AtomicU64;
@@ -69,6 +69,9 @@ struct Seen {
     accounts: BTreeSet<AccountLabel>,
     users: BTreeSet<UserLabel>,
     fairshare_at: Option<Instant>,
+    /// Associations when fair share was last computed: a new user or account refreshes it
+    /// at once.
+    assoc_len: usize,
 }
 
 pub struct Metrics {
@@ -275,12 +278,14 @@ impl Metrics {
         }
         self.nodes_batch.set(i(snap.nodes_batch));
         self.nodes_kube.set(i(snap.nodes_kube));
-        if seen
-            .fairshare_at
-            .is_none_or(|t| t.elapsed() >= FAIRSHARE_EVERY)
+        if seen.assoc_len != st.assoc().len()
+            || seen
+                .fairshare_at
+                .is_none_or(|t| t.elapsed() >= FAIRSHARE_EVERY)
         {
             self.set_fairshare(st, &mut seen);
             seen.fairshare_at = Some(Instant::now());
+            seen.assoc_len = st.assoc().len();
         }
         drop(seen);
         self.snapshots.send_replace(Arc::new(snap));
