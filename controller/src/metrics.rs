@@ -5,7 +5,8 @@
 //! `tandem_partition_jobs_pending{partition}`, `slurm_nodes_idle` is `tandem_nodes_idle`);
 //! those Slurm has no equivalent for say what they count in their help text.
 //!
-//! The state actor calls [`Metrics::publish`] after each scheduling pass: one
+//! The state actor calls [`Metrics::pass_done`] after each scheduling pass (at most every
+//! [`PUBLISH_EVERY`]; its tick catches up on the last pass of a burst): one
 //! [`Snapshot::capture`] (a walk of the pending and running sets and the node table, which
 //! the pass walks anyway) sets every gauge and goes to the scaler through a `watch`
 //! channel. Fair share (one `AssocTree::compute`, O(associations)) is refreshed every
@@ -25,6 +26,11 @@ use prometheus_client::registry::Registry;
 use tandem_sched::State;
 use tandem_sched::demand::{NodeStates, PartitionStats, Snapshot};
 use tokio::sync::watch;
+
+/// Most often a snapshot is taken. A flood of events can run passes back to back; one
+/// capture per pass would add a fifth to each (`cargo bench -p tandem-sched --bench
+/// demand`), while KEDA polls every 30 s and Prometheus scrapes every 15 s or so.
+pub const PUBLISH_EVERY: Duration = Duration::from_millis(250);
 
 /// How often fair-share gauges are recomputed (usage decays slowly; a pass may run many
 /// times a second under load).
@@ -69,6 +75,9 @@ struct Seen {
     accounts: BTreeSet<AccountLabel>,
     users: BTreeSet<UserLabel>,
     fairshare_at: Option<Instant>,
+    /// When the last snapshot was taken, and whether a pass ran since.
+    published_at: Option<Instant>,
+    stale: bool,
     /// Associations when fair share was last computed: a new user or account refreshes it
     /// at once.
     assoc_len: usize,
@@ -242,12 +251,37 @@ impl Metrics {
         self.snapshots.subscribe()
     }
 
+    /// After a pass: publishes unless the last snapshot is younger than [`PUBLISH_EVERY`]
+    /// (then [`Metrics::publish_if_stale`], called on the actor's tick, does it later).
+    pub fn pass_done(&self, st: &State, now: i64) {
+        let due = match self.seen.lock() {
+            Ok(mut seen) => {
+                seen.stale = true;
+                seen.published_at
+                    .is_none_or(|t| t.elapsed() >= PUBLISH_EVERY)
+            }
+            Err(_) => return,
+        };
+        if due {
+            self.publish(st, now);
+        }
+    }
+
+    /// Publishes if a pass ran since the last snapshot.
+    pub fn publish_if_stale(&self, st: &State, now: i64) {
+        if self.seen.lock().is_ok_and(|s| s.stale) {
+            self.publish(st, now);
+        }
+    }
+
     /// Sets every gauge from `st` after a pass at `now` and hands the scaler the snapshot.
     pub fn publish(&self, st: &State, now: i64) {
         let snap = Snapshot::capture(st, now);
         let Ok(mut seen) = self.seen.lock() else {
             return;
         };
+        seen.published_at = Some(Instant::now());
+        seen.stale = false;
         let labels: BTreeSet<PartitionLabel> = snap
             .partitions
             .keys()
@@ -440,6 +474,17 @@ mod tests {
         );
         assert_eq!(line(&text, "tandem_schedule_cycle_last"), Some(1500.0));
         assert!(text.ends_with("# EOF\n"), "{text}");
+        // A partition gone from the config loses its series.
+        let mut cfg = ClusterConfig::default();
+        cfg.partitions[0].name = "other".into();
+        m.publish(&State::new(cfg).unwrap(), 2);
+        let text = m.encode();
+        assert!(!text.contains("partition=\"batch\""), "{text}");
+        assert_eq!(
+            line(&text, "tandem_partition_nodes{partition=\"other\"}"),
+            Some(0.0),
+            "{text}"
+        );
     }
 
     #[tokio::test]

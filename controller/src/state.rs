@@ -1566,6 +1566,8 @@ impl Actor {
     fn tick(&mut self) {
         let now_i = Instant::now();
         let now = self.now();
+        // A pass whose demand was not published (too soon after the last) is, now.
+        self.metrics.publish_if_stale(&self.st, now);
         // Lost workers.
         let lost: Vec<String> = self
             .st
@@ -1645,9 +1647,10 @@ impl Actor {
         })
     }
 
-    /// Gauges and the scaler's demand snapshot, from what the pass left (see `metrics`).
+    /// Gauges and the scaler's demand snapshot, from what the pass left (at most every
+    /// `metrics::PUBLISH_EVERY`; the tick publishes what a burst of passes left).
     fn publish_demand(&self) {
-        self.metrics.publish(&self.st, self.now());
+        self.metrics.pass_done(&self.st, self.now());
     }
 }
 

@@ -141,6 +141,23 @@ async fn scrape(addr: SocketAddr) -> BTreeMap<String, f64> {
     parse_openmetrics(body)
 }
 
+/// Scrapes until `key` reads `want` (gauges follow passes within a fraction of a second).
+async fn scrape_until(addr: SocketAddr, key: &str, want: f64) -> BTreeMap<String, f64> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let m = scrape(addr).await;
+        if m.get(key) == Some(&want) {
+            return m;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{key} is {:?}, want {want}: {m:?}",
+            m.get(key)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn parse_openmetrics(body: &str) -> BTreeMap<String, f64> {
     let mut types: HashMap<String, String> = HashMap::new();
     let mut out = BTreeMap::new();
@@ -413,8 +430,7 @@ async fn keda_scaler_reports_shape_aware_demand_and_scales_to_zero() {
     let w2 = FakeWorker::attach(&c, "gpu-2").await;
     assert_eq!(w1.expect_launch().await, wide);
     // Running on both workers, nothing pending: still 2 (busy), still active.
-    let m = scrape(metrics_addr).await;
-    assert_eq!(m["tandem_nodes_alloc"], 2.0, "{m:?}");
+    let m = scrape_until(metrics_addr, "tandem_nodes_alloc", 2.0).await;
     assert_eq!(m["tandem_partition_jobs_running{partition=\"gpu\"}"], 1.0);
     assert_eq!(m["tandem_partition_jobs_pending{partition=\"gpu\"}"], 0.0);
     assert_eq!(workers(&mut s, &gpu8()).await, 2);
@@ -429,8 +445,7 @@ async fn keda_scaler_reports_shape_aware_demand_and_scales_to_zero() {
         !last.unwrap().unwrap().result,
         "the stream pushes inactivity"
     );
-    let m = scrape(metrics_addr).await;
-    assert_eq!(m["tandem_nodes_idle"], 2.0, "{m:?}");
+    let m = scrape_until(metrics_addr, "tandem_nodes_idle", 2.0).await;
     assert_eq!(m["tandem_partition_nodes_idle{partition=\"gpu\"}"], 2.0);
     assert_eq!(m["tandem_nodes_batch"], 2.0);
     drop(w2);

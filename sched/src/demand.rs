@@ -28,7 +28,7 @@
 //! saturates at [`MAX_WORKERS`].
 
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 
 use serde::{Deserialize, Serialize};
 
@@ -183,6 +183,39 @@ pub fn startable(job: &Job, now: i64) -> u64 {
     crate::cycle::start_budget(job)
 }
 
+/// FxHash (rustc's multiply-rotate hash): the capture hashes a key per pending job and per
+/// node after every pass, where SipHash's DoS resistance buys nothing (keys are the
+/// controller's own records, counted, never stored per key from outside).
+#[derive(Default)]
+struct Fx(u64);
+
+impl Hasher for Fx {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(b));
+        }
+    }
+    fn write_u8(&mut self, i: u8) {
+        self.write_u64(u64::from(i));
+    }
+    fn write_u32(&mut self, i: u32) {
+        self.write_u64(u64::from(i));
+    }
+    fn write_usize(&mut self, i: usize) {
+        self.write_u64(i as u64);
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<Fx>>;
+
 /// Hashes a constraint by value (the type is not `Hash`; its parts are).
 #[derive(PartialEq, Eq)]
 struct ConstraintKey<'a>(Option<&'a Constraint>);
@@ -224,7 +257,7 @@ impl Snapshot {
             .iter()
             .map(|p| (p.name.clone(), PartitionStats::default()))
             .collect();
-        let mut groups: HashMap<GroupKey<'_>, u64> = HashMap::new();
+        let mut groups: FxMap<GroupKey<'_>, u64> = FxMap::default();
         for job in st.pending_jobs() {
             let tasks = job.array.as_ref().map_or(1, |a| a.pending.len());
             // Jobs of a partition removed from the config still show, under its name.
@@ -266,7 +299,11 @@ impl Snapshot {
                 p.jobs_running += 1;
             }
         }
-        let mut node_groups: HashMap<NodeKey<'_>, (u64, u64)> = HashMap::new();
+        let mut node_groups: FxMap<NodeKey<'_>, (u64, u64)> = FxMap::default();
+        // Nodes of one worker set register together and are alike: the previous node's
+        // group is checked before hashing.
+        let mut prev: Option<NodeKey<'_>> = None;
+        let mut prev_count = (0u64, 0u64);
         let mut node_states = NodeStates::default();
         let (mut nodes_batch, mut nodes_kube) = (0, 0);
         for n in st.nodes() {
@@ -281,18 +318,30 @@ impl Snapshot {
                     p.nodes.add(state);
                 }
             }
-            let g = node_groups
-                .entry(NodeKey {
-                    partitions: &n.partitions,
-                    gpus: n.total.gpus,
-                    gpu_type: n.gpu_type.as_deref(),
-                    features: &n.features,
-                })
-                .or_default();
-            g.0 += 1;
-            if n.health != Health::Down && !n.jobs.is_empty() {
-                g.1 += 1;
+            let key = NodeKey {
+                partitions: &n.partitions,
+                gpus: n.total.gpus,
+                gpu_type: n.gpu_type.as_deref(),
+                features: &n.features,
+            };
+            if prev.as_ref() != Some(&key) {
+                if let Some(k) = prev.take() {
+                    let g = node_groups.entry(k).or_default();
+                    g.0 += prev_count.0;
+                    g.1 += prev_count.1;
+                }
+                prev = Some(key);
+                prev_count = (0, 0);
             }
+            prev_count.0 += 1;
+            if n.health != Health::Down && !n.jobs.is_empty() {
+                prev_count.1 += 1;
+            }
+        }
+        if let Some(k) = prev {
+            let g = node_groups.entry(k).or_default();
+            g.0 += prev_count.0;
+            g.1 += prev_count.1;
         }
         let mut pending: Vec<PendingGroup> = groups
             .into_iter()
