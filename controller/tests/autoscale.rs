@@ -161,9 +161,8 @@ async fn scrape_until(addr: SocketAddr, key: &str, want: f64) -> BTreeMap<String
 fn parse_openmetrics(body: &str) -> BTreeMap<String, f64> {
     let mut types: HashMap<String, String> = HashMap::new();
     let mut out = BTreeMap::new();
-    let mut lines = body.lines().peekable();
     let mut saw_eof = false;
-    while let Some(l) = lines.next() {
+    for l in body.lines() {
         assert!(!saw_eof, "text after # EOF: {l:?}");
         if l == "# EOF" {
             saw_eof = true;

@@ -521,7 +521,7 @@ fn fits_shape(g: &PendingGroup, shape: &WorkerShape, cap: &Cap) -> bool {
 
 /// Whether a node group is made of workers of `shape`.
 fn node_is_shape(n: &NodeGroup, shape: &WorkerShape) -> bool {
-    n.partitions.iter().any(|p| *p == shape.partition)
+    n.partitions.contains(&shape.partition)
         && shape.gpus.is_none_or(|g| g == n.gpus)
         && shape
             .gpu_type

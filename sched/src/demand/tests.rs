@@ -21,8 +21,10 @@ fn gpu8() -> WorkerShape {
 /// Partitions `gpu` (default) and `cpu` (nodes `c1..c4` only), no nodes (worker sets
 /// scaled to zero).
 fn empty_cluster() -> State {
-    let mut c = ClusterConfig::default();
-    c.partitions = vec![Partition::new("gpu"), Partition::new("cpu")];
+    let mut c = ClusterConfig {
+        partitions: vec![Partition::new("gpu"), Partition::new("cpu")],
+        ..ClusterConfig::default()
+    };
     c.partitions[0].default = true;
     c.partitions[1].nodes = Some("c[1-4]".into());
     State::new(c).unwrap()
@@ -134,8 +136,10 @@ fn held_later_and_dependent_jobs_are_not_demand() {
 
 #[test]
 fn arrays_count_tasks_up_to_their_throttle_without_expanding() {
-    let mut c = ClusterConfig::default();
-    c.partitions = vec![Partition::new("gpu")];
+    let mut c = ClusterConfig {
+        partitions: vec![Partition::new("gpu")],
+        ..ClusterConfig::default()
+    };
     c.partitions[0].default = true;
     c.sched.max_array_size = 2_000_000;
     let mut st = State::new(c).unwrap();
