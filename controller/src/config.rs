@@ -65,7 +65,7 @@ pub struct Args {
     /// Time between SIGTERM and SIGKILL at a time limit or cancel (Slurm's KillWait).
     #[arg(long, default_value = "30s", value_parser = parse_duration_arg)]
     pub kill_wait: Duration,
-    /// Serve Prometheus metrics (demand gauges for autoscalers) over HTTP on this address.
+    /// Serve Prometheus/OpenMetrics text at /metrics over HTTP on this address.
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
     /// Serve KEDA's external scaler gRPC service (shape-aware worker demand; read-only, no
