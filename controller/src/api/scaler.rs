@@ -32,6 +32,10 @@ pub const METRIC_PREFIX: &str = "tandem-workers-";
 /// always the latest, so a slow reader costs this much at most.
 const STREAM_BUFFER: usize = 4;
 
+/// Open `StreamIsActive` streams at most (KEDA opens one per `ScaledObject` trigger); more
+/// are refused with RESOURCE_EXHAUSTED rather than growing without bound.
+pub const MAX_STREAMS: usize = 1024;
+
 /// What one `ScaledObject` asks about.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
@@ -159,11 +163,15 @@ impl Target {
 #[derive(Clone, Debug)]
 pub struct ScalerService {
     snapshots: watch::Receiver<Arc<Snapshot>>,
+    streams: Arc<tokio::sync::Semaphore>,
 }
 
 impl ScalerService {
     pub fn new(snapshots: watch::Receiver<Arc<Snapshot>>) -> Self {
-        Self { snapshots }
+        Self {
+            snapshots,
+            streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
+        }
     }
 
     fn target(&self, r: &ScaledObjectRef) -> Result<(Target, Arc<Snapshot>), Status> {
@@ -198,9 +206,13 @@ impl ExternalScaler for ScalerService {
         req: Request<ScaledObjectRef>,
     ) -> Result<Response<Self::StreamIsActiveStream>, Status> {
         let (t, _) = self.target(req.get_ref())?;
+        let permit = self.streams.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(format!("{MAX_STREAMS} activity streams are open"))
+        })?;
         let mut rx = self.snapshots.clone();
         let (tx, out) = mpsc::channel(STREAM_BUFFER);
         tokio::spawn(async move {
+            let _permit = permit;
             let mut last: Option<bool> = None;
             loop {
                 let active = {
