@@ -20,6 +20,7 @@ use tandem_proto::v1::{
     controller_message, worker_message,
 };
 use tandem_worker::Config;
+use tandem_worker::launch::exec::Launcher;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -299,6 +300,18 @@ impl Harness {
             state_dir: dir.path().join("state"),
             step_listen: "127.0.0.1:0".parse().unwrap(),
             kill_wait: None,
+            // Tests run side by side: each worker gets its own cgroup subtree.
+            cgroup: tandem_worker::cgroup::Settings {
+                subtree: Some(format!(
+                    "test-{}",
+                    dir.path().file_name().unwrap().to_string_lossy()
+                )),
+                ..Default::default()
+            },
+            launcher: Some(Launcher {
+                program: env!("CARGO_BIN_EXE_tandem-job-exec").into(),
+                args: vec![],
+            }),
         };
         let worker = WorkerProc::spawn(config.clone());
         let register = controller.register().await;
