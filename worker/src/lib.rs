@@ -150,7 +150,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             spool,
             worker_uid,
             kill_wait: config.kill_wait,
-            isolation,
+            isolation: isolation.clone(),
             launcher: config.launcher.clone(),
             exec_dir,
         },
@@ -222,6 +222,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     };
     info!("worker stopping: killing its jobs");
     jobs.kill_all(STOP_REAP_WAIT).await;
+    isolation.remove_node_dirs();
     let _ = session_stop_tx.send(true);
     if let Err(e) = session.await {
         warn!(error = %e, "controller session task failed");

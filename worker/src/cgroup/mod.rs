@@ -152,6 +152,33 @@ impl Isolation {
         self.tree.is_some()
     }
 
+    /// Whether job memory is limited (v1 memory hierarchy, or v2 with `memory` enabled).
+    pub fn limits_memory(&self) -> bool {
+        match &self.tree {
+            Some(Tree::V1(t)) => t.bases().iter().any(|(c, _)| *c == v1::Controller::Memory),
+            Some(Tree::V2(t)) => t.controllers().iter().any(|c| c == "memory"),
+            None => false,
+        }
+    }
+
+    /// Whether GPU device files can be hidden (v1 devices hierarchy).
+    pub fn filters_devices(&self) -> bool {
+        matches!(&self.tree, Some(Tree::V1(t)) if t.bases().iter().any(|(c, _)| *c == v1::Controller::Devices))
+    }
+
+    /// Removes this worker's (empty) subtree when it stops; jobs' cgroups are gone by then.
+    pub fn remove_node_dirs(&self) {
+        let dirs: Vec<PathBuf> = match &self.tree {
+            None => return,
+            Some(Tree::V1(t)) => t.bases().iter().map(|(_, b)| b.clone()).collect(),
+            Some(Tree::V2(t)) => vec![t.base().to_owned()],
+        };
+        for d in dirs {
+            // Not empty (a job cgroup left behind): kept, and cleaned at the next start.
+            let _ = fs::remove_dir(d);
+        }
+    }
+
     /// Creates job `job_id`'s cgroup with its limits. `Ok(None)` without cgroups.
     pub fn create_job(&self, job_id: u64, alloc: &Allocation) -> io::Result<Option<JobCgroup>> {
         let limits = plan::job_limits(alloc, self.node_cpus, &self.gpus);

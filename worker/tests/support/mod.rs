@@ -276,6 +276,11 @@ pub struct Harness {
 
 impl Harness {
     pub async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    /// [`Harness::start`] with the worker's configuration adjusted first.
+    pub async fn start_with(adjust: impl FnOnce(&mut Config)) -> Self {
         let dir = tempfile::tempdir().unwrap();
         // Job users other than root must be able to reach their working directory.
         std::fs::set_permissions(
@@ -313,6 +318,8 @@ impl Harness {
                 args: vec![],
             }),
         };
+        let mut config = config;
+        adjust(&mut config);
         let worker = WorkerProc::spawn(config.clone());
         let register = controller.register().await;
         Self {
