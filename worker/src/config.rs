@@ -62,6 +62,10 @@ pub struct Args {
     /// Where the cgroup file systems are mounted.
     #[arg(long, default_value = "/sys/fs/cgroup")]
     pub cgroup_root: PathBuf,
+    /// This worker's cgroup directory under `tandem/`. Default: the node name; workers of
+    /// different clusters on one machine need distinct ones.
+    #[arg(long)]
+    pub cgroup_subtree: Option<String>,
 }
 
 /// A validated worker configuration.
@@ -130,6 +134,9 @@ impl Args {
         for p in &self.partitions {
             validate_name("--partitions", p)?;
         }
+        if let Some(t) = &self.cgroup_subtree {
+            validate_name("--cgroup-subtree", t)?;
+        }
         let state_dir = self
             .state_dir
             .unwrap_or_else(|| std::env::temp_dir().join(format!("tandem-worker-{node_name}")));
@@ -149,6 +156,7 @@ impl Args {
             cgroup: cgroup::Settings {
                 mode: self.cgroup,
                 root: self.cgroup_root,
+                subtree: self.cgroup_subtree,
                 ..Default::default()
             },
             launcher: Launcher::this_binary().ok(),
