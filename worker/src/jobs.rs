@@ -318,6 +318,7 @@ async fn supervise(
                     exec_dir: &node.exec_dir,
                     request_name: format!("job{}.batch", job.job_id),
                     cgroup_procs,
+                    exec_failed_code: None,
                 });
             let spec = BatchSpec {
                 job_id: job.job_id,

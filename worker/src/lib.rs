@@ -40,9 +40,9 @@
 //!
 //! # Not done (yet)
 //!
-//! Steps (`srun` tasks) are not yet placed in cgroups of their own: they are signalled by
-//! process group, and a task that calls `setsid` escapes a cancel. Device filtering on
-//! cgroup v2 (an eBPF program) is not done; see `cgroup::v2`.
+//! Step tasks on nodes without the job's batch script get a job cgroup without limits (the
+//! step request carries no memory size). Device filtering on cgroup v2 (an eBPF program) is
+//! not done; see `cgroup::v2`.
 
 pub mod cgroup;
 pub mod config;
@@ -152,7 +152,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             kill_wait: config.kill_wait,
             isolation: isolation.clone(),
             launcher: config.launcher.clone(),
-            exec_dir,
+            exec_dir: exec_dir.clone(),
         },
         Arc::clone(&registry),
         journal.clone(),
@@ -166,6 +166,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         kill_wait: config.kill_wait.unwrap_or(DEFAULT_KILL_WAIT),
         key: Arc::new(key.clone()),
         registry,
+        placement: Arc::new(step::tasks::Placement {
+            isolation: isolation.clone(),
+            launcher: config.launcher.clone(),
+            exec_dir: exec_dir.clone(),
+        }),
     };
     let mut server_stop = stop_rx.clone();
     let server = tokio::spawn(

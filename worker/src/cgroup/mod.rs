@@ -307,6 +307,42 @@ impl JobCgroup {
         }
     }
 
+    /// Ends a step: kills what is left in its cgroup (a task's daemonized children), removes
+    /// it, and with `and_job` the job's directories too when no other step uses them (a
+    /// node where the job has no batch script).
+    pub async fn finish_step(&self, step: Option<u32>, and_job: bool) {
+        let dirs = match self {
+            Self::V1(j) => j.step_dirs(step),
+            Self::V2(j) => j.step_dirs(step),
+        };
+        let deadline = tokio::time::Instant::now() + DESTROY_WAIT;
+        loop {
+            let pids: Vec<i32> = dirs.iter().flat_map(|d| pids_under(d)).collect();
+            if pids.is_empty() {
+                break;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                warn!(?pids, "step processes survived SIGKILL; cgroup left behind");
+                return;
+            }
+            signal_pids(&pids, Signal::SIGKILL);
+            tokio::time::sleep(DESTROY_POLL).await;
+        }
+        for d in &dirs {
+            let _ = remove_tree(d);
+        }
+        if and_job {
+            let jobs = match self {
+                Self::V1(j) => j.dirs(),
+                Self::V2(j) => j.dirs(),
+            };
+            for d in jobs {
+                // Another step still running keeps it.
+                let _ = fs::remove_dir(d);
+            }
+        }
+    }
+
     fn remove(&self) -> io::Result<()> {
         match self {
             Self::V1(j) => j.remove(),

@@ -150,6 +150,17 @@ impl Job {
         Ok(procs)
     }
 
+    /// A step's directories, one per controller.
+    pub fn step_dirs(&self, step: Option<u32>) -> Vec<PathBuf> {
+        let name = plan::step_dir(step);
+        self.dirs.iter().map(|(_, d)| d.join(&name)).collect()
+    }
+
+    /// The directories of the job itself.
+    pub fn dirs(&self) -> Vec<PathBuf> {
+        self.dirs.iter().map(|(_, d)| d.clone()).collect()
+    }
+
     fn dir(&self, c: Controller) -> Option<&Path> {
         self.dirs
             .iter()

@@ -138,6 +138,14 @@ impl Job {
         Ok(vec![d.join("cgroup.procs")])
     }
 
+    pub fn step_dirs(&self, step: Option<u32>) -> Vec<PathBuf> {
+        vec![self.dir.join(plan::step_dir(step))]
+    }
+
+    pub fn dirs(&self) -> Vec<PathBuf> {
+        vec![self.dir.clone()]
+    }
+
     pub fn pids(&self) -> Vec<i32> {
         super::pids_under(&self.dir)
     }

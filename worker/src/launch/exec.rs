@@ -53,6 +53,9 @@ pub struct Request {
     pub program: PathBuf,
     pub args: Vec<OsString>,
     pub env: Vec<(OsString, OsString)>,
+    /// Exit code when the program cannot be executed; `None` = [`EXIT_LAUNCH_FAILED`]
+    /// (steps use 2, as slurmstepd does).
+    pub exec_failed_code: Option<u8>,
 }
 
 /// How to start the launcher.
@@ -109,6 +112,9 @@ pub fn encode(r: &Request) -> Vec<u8> {
     for a in &r.args {
         put("arg", a.as_bytes());
     }
+    if let Some(code) = r.exec_failed_code {
+        put("failcode", code.to_string().as_bytes());
+    }
     for (k, v) in &r.env {
         let mut kv = k.as_bytes().to_vec();
         kv.push(b'=');
@@ -144,6 +150,14 @@ pub fn decode(bytes: &[u8]) -> Result<Request, DecodeError> {
             b"gid" => gid = Some(num("gid", value)?),
             b"group" => groups.push(num("group", value)?),
             b"cwd" => r.workdir = PathBuf::from(os(value)),
+            b"failcode" => {
+                let code = num("failcode", value)?;
+                r.exec_failed_code =
+                    Some(u8::try_from(code).map_err(|_| DecodeError::BadValue {
+                        field: "failcode",
+                        value: code.to_string(),
+                    })?);
+            }
             b"program" => program = Some(PathBuf::from(os(value))),
             b"arg" => r.args.push(os(value)),
             b"env" => {
@@ -193,20 +207,27 @@ pub fn user_groups(uid: u32, gid: u32) -> Vec<u32> {
 /// `tandem __job-exec REQUEST`: reads the request, joins, drops, execs. Returns only on
 /// failure, after printing why on stderr (the worker's pipe or the job's error file).
 pub fn main(args: &[OsString]) -> ExitCode {
-    let err = match args {
+    let (err, code) = match args {
         [path] => run(Path::new(path)),
-        _ => format!("usage: tandem {SUBCOMMAND} REQUEST_FILE (started by the worker)"),
+        _ => (
+            format!("usage: tandem {SUBCOMMAND} REQUEST_FILE (started by the worker)"),
+            None,
+        ),
     };
     eprintln!("tandem: job launch failed: {err}");
-    ExitCode::from(EXIT_LAUNCH_FAILED)
+    ExitCode::from(code.unwrap_or(EXIT_LAUNCH_FAILED))
 }
 
-/// Does the launch; returns only the reason it failed.
-fn run(path: &Path) -> String {
+/// Does the launch; returns only the reason it failed, and the exit code to fail with.
+fn run(path: &Path) -> (String, Option<u8>) {
     let request = match read_request(path) {
         Ok(r) => r,
-        Err(e) => return e,
+        Err(e) => return (e, None),
     };
+    (prepare_and_exec(&request), request.exec_failed_code)
+}
+
+fn prepare_and_exec(request: &Request) -> String {
     for procs in &request.cgroup_procs {
         if let Err(e) = fs::write(procs, "0") {
             return format!("cannot join cgroup {}: {e}", procs.display());
@@ -317,6 +338,7 @@ mod tests {
                 ("EMPTY".into(), "".into()),
                 ("NL".into(), "two\nlines".into()),
             ],
+            exec_failed_code: Some(2),
         }
     }
 

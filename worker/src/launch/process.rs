@@ -173,6 +173,8 @@ pub struct Confinement<'a> {
     pub request_name: String,
     /// The step's `cgroup.procs` files; empty without cgroups.
     pub cgroup_procs: Vec<PathBuf>,
+    /// Exit code when the program cannot be executed (see [`Request::exec_failed_code`]).
+    pub exec_failed_code: Option<u8>,
 }
 
 impl Confinement<'_> {
@@ -194,6 +196,7 @@ impl Confinement<'_> {
             program: program.to_owned(),
             args,
             env: env.iter().map(|(k, v)| (k.into(), v.into())).collect(),
+            exec_failed_code: self.exec_failed_code,
         };
         let path = exec::write_request(self.exec_dir, &self.request_name, &request)?;
         let mut cmd = Command::new(&self.launcher.program);
