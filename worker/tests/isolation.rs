@@ -305,3 +305,44 @@ async fn jobs_run_with_the_users_supplementary_groups() {
     assert!(!groups.contains(&0), "root's groups are gone: {groups:?}");
     h.stop().await;
 }
+
+/// The job's own cgroup carries its limits: memory from `mem_mb`, a CFS quota of its CPUs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_sees_its_memory_and_cpu_limits_in_its_cgroup() {
+    let name = "a_job_sees_its_memory_and_cpu_limits_in_its_cgroup";
+    // The v1 file names; the v2 writer's are covered by its unit tests.
+    let Some(iso) = isolation_or_skip(name, Mode::Auto, Isolation::limits_memory) else {
+        return;
+    };
+    if iso.version() != "v1" {
+        eprintln!(
+            "SKIP {name}: reads v1 limit files, this node uses {}",
+            iso.version()
+        );
+        return;
+    }
+    let mut h = Harness::start().await;
+    // The step's cgroup from /proc/self/cgroup; its parent (the job's) holds the limits.
+    let script = "#!/bin/sh\n\
+        mem=$(sed -n 's/^[0-9]*:memory://p' /proc/self/cgroup)\n\
+        cpu=$(sed -n 's/^[0-9]*:cpu://p' /proc/self/cgroup)\n\
+        echo $mem\n\
+        cat /sys/fs/cgroup/memory$mem/../memory.limit_in_bytes\n\
+        cat /sys/fs/cgroup/cpu$cpu/../cpu.cfs_quota_us\n\
+        cat /sys/fs/cgroup/cpu$cpu/../cpu.cfs_period_us\n";
+    let mut job = h.job(65, script, &h.path("limits.txt"));
+    job.mem_mb = 48;
+    job.cpus = 1;
+    h.controller.launch(job).await;
+    let ended = h.controller.ended(65).await;
+    assert_eq!(ended.exit_code, 0, "{ended:?}");
+    let text = std::fs::read_to_string(h.path("limits.txt")).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let subtree = h.config.cgroup.subtree.clone().unwrap();
+    assert!(
+        lines[0].ends_with(&format!("tandem/{subtree}/job_65/step_batch")),
+        "{text}"
+    );
+    assert_eq!(&lines[1..], ["50331648", "100000", "100000"], "{text}");
+    h.stop().await;
+}
