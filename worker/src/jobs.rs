@@ -375,8 +375,12 @@ async fn supervise(
                 debug!(error = %e, "killpg failed (group already gone?)");
             }
             // Processes that left the group (setsid, setpgid) are still in the cgroup.
-            if let Some(c) = &cgroup {
-                c.signal(sig);
+            match &cgroup {
+                Some(c) if sig == Signal::SIGKILL => c.kill_all(),
+                Some(c) => {
+                    c.signal_escaped(None, pgid, sig);
+                }
+                None => {}
             }
             inner.steps.signal_job(job.job_id, sig);
         }

@@ -273,6 +273,23 @@ impl JobCgroup {
         }
     }
 
+    /// Signals the processes of one step (`None`: the batch script's) that left its
+    /// process group `pgid` (setsid, setpgid); the caller signals the group itself, which
+    /// also reaches a process still on its way into the cgroup. Each process gets the
+    /// signal once, so a shell's trap runs once per signal. Other steps are not touched:
+    /// they get signals through their own process groups.
+    pub fn signal_escaped(&self, step: Option<u32>, pgid: Pid, signal: Signal) -> usize {
+        let dirs = match self {
+            Self::V1(j) => j.step_dirs(step),
+            Self::V2(j) => j.step_dirs(step),
+        };
+        let mut pids: Vec<i32> = dirs.iter().flat_map(|d| pids_under(d)).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids.retain(|p| nix::unistd::getpgid(Some(Pid::from_raw(*p))).is_ok_and(|g| g != pgid));
+        signal_pids(&pids, signal)
+    }
+
     pub fn kill_all(&self) {
         match self {
             Self::V1(j) => j.kill_all(),
