@@ -93,6 +93,13 @@ enum Command {
 /// Entry point of the binary.
 pub fn main_from_env() -> ExitCode {
     let args: Vec<OsString> = std::env::args_os().collect();
+    // The worker's job launcher (`tandem_worker::launch::exec`): no parsing, no runtime.
+    if args
+        .get(1)
+        .is_some_and(|a| a == tandem_worker::launch::exec::SUBCOMMAND)
+    {
+        return tandem_worker::launch::exec::main(&args[2..]);
+    }
     let invoked = args
         .first()
         .and_then(|a| std::path::Path::new(a).file_name())

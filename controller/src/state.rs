@@ -1150,6 +1150,7 @@ impl Actor {
             timed_out: e.timed_out,
             cancelled: e.cancelled,
             launch_error: (!e.launch_error.is_empty()).then(|| e.launch_error.clone()),
+            out_of_memory: e.out_of_memory,
         };
         let end = if e.end_time > 0 { e.end_time } else { now };
         match self.st.job_ended_on(node, JobId(e.job_id), outcome, end) {
@@ -1505,6 +1506,8 @@ impl Actor {
                 signal_number: payload.signal.map_or(0, |w| w.number),
                 signal_before_s: payload.signal.map_or(0, |w| w.before_s),
                 signal_batch_only: payload.signal.is_some_and(|w| w.batch_only),
+                mem_mb: facts.mem_per_node_mb,
+                cpus: facts.cpus_per_node.first().copied().unwrap_or(0),
             };
             let sent = tx.is_some_and(|tx| {
                 tx.send(Ok(v1::ControllerMessage {

@@ -547,6 +547,9 @@ pub struct JobOutcome {
     pub cancelled: bool,
     /// It could not be started (bad working directory, unwritable output, ...).
     pub launch_error: Option<String>,
+    /// The kernel's OOM killer ended a process of it (its cgroup's memory limit).
+    #[serde(default)]
+    pub out_of_memory: bool,
 }
 
 /// The scheduler's record of a job (also of an array's "meta" record, see `array`).

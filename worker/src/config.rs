@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use tandem_proto::endpoint;
 
+use crate::cgroup;
 use crate::error::Error;
+use crate::launch::exec::Launcher;
 use crate::resources;
 
 /// Node agent: registers this machine with the controller and runs its jobs.
@@ -53,6 +55,19 @@ pub struct Args {
     /// Seconds between SIGTERM and SIGKILL; overrides the controller's KillWait.
     #[arg(long)]
     pub kill_wait: Option<u64>,
+    /// Job isolation in cgroups: auto (v2 with the memory controller, else v1, else none),
+    /// v1, v2 or off. GPUs not given to a job are hidden by the devices controller on v1
+    /// only (v2 would need an eBPF device program; there only CUDA_VISIBLE_DEVICES hides
+    /// them).
+    #[arg(long, value_enum, default_value_t = cgroup::Mode::Auto)]
+    pub cgroup: cgroup::Mode,
+    /// Where the cgroup file systems are mounted.
+    #[arg(long, default_value = "/sys/fs/cgroup")]
+    pub cgroup_root: PathBuf,
+    /// This worker's cgroup directory under `tandem/`. Default: the node name; workers of
+    /// different clusters on one machine need distinct ones.
+    #[arg(long)]
+    pub cgroup_subtree: Option<String>,
 }
 
 /// A validated worker configuration.
@@ -73,6 +88,11 @@ pub struct Config {
     pub state_dir: PathBuf,
     pub step_listen: SocketAddr,
     pub kill_wait: Option<Duration>,
+    /// Job cgroups (`--cgroup`, `--cgroup-root`).
+    pub cgroup: cgroup::Settings,
+    /// How job processes are started in their cgroup and as their user: this binary as
+    /// `tandem __job-exec` by default. `None`: spawned directly (no supplementary groups).
+    pub launcher: Option<Launcher>,
 }
 
 impl Args {
@@ -116,6 +136,9 @@ impl Args {
         for p in &self.partitions {
             validate_name("--partitions", p)?;
         }
+        if let Some(t) = &self.cgroup_subtree {
+            validate_name("--cgroup-subtree", t)?;
+        }
         let state_dir = self
             .state_dir
             .unwrap_or_else(|| std::env::temp_dir().join(format!("tandem-worker-{node_name}")));
@@ -132,6 +155,13 @@ impl Args {
             state_dir,
             step_listen: self.step_listen,
             kill_wait: self.kill_wait.map(Duration::from_secs),
+            cgroup: cgroup::Settings {
+                mode: self.cgroup,
+                root: self.cgroup_root,
+                subtree: self.cgroup_subtree,
+                ..Default::default()
+            },
+            launcher: Launcher::this_binary().ok(),
         })
     }
 }

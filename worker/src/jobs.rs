@@ -11,6 +11,10 @@
 //!   the table and then drains the channel therefore sees every job either as running or as
 //!   ended, never neither (the session relies on this when it re-registers).
 //! - Exactly one `JobEnded` per launched job, including jobs that failed to start.
+//! - With cgroups, a job's processes live in `job_ID/step_batch` from their first
+//!   instruction (the launcher joins before it execs), signals reach the whole cgroup (a
+//!   process that called `setsid` included), and the job's cgroup is emptied and removed
+//!   before its end is reported.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -24,12 +28,15 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use crate::cgroup::plan::Allocation;
+use crate::cgroup::{Isolation, JobCgroup};
 use crate::journal::Journal;
 use crate::launch::env::{NodeLocal, batch_env};
+use crate::launch::exec::Launcher;
 use crate::launch::limits::{
     DEFAULT_KILL_WAIT, Due, EndCause, Enforcer, ExitReport, Target, Warning,
 };
-use crate::launch::process::{self, BatchSpec, RunAs};
+use crate::launch::process::{self, BatchSpec, Confinement, RunAs};
 use crate::step::registry::StepRegistry;
 use crate::unix_now;
 
@@ -64,6 +71,12 @@ pub struct NodeFacts {
     pub worker_uid: u32,
     /// `--kill-wait`: overrides the controller's value when set.
     pub kill_wait: Option<Duration>,
+    /// The node's cgroup tree (or none).
+    pub isolation: Isolation,
+    /// Starts job processes in their cgroup and as their user; `None`: spawn directly.
+    pub launcher: Option<Launcher>,
+    /// The worker's private directory for launch requests.
+    pub exec_dir: PathBuf,
 }
 
 /// Handle to the job table; cheap to clone.
@@ -262,8 +275,51 @@ async fn supervise(
         },
         &job.gpus,
     );
+    let cgroup = match node.isolation.create_job(
+        job.job_id,
+        &Allocation {
+            mem_mb: job.mem_mb,
+            cpus: job.cpus,
+            gpus: job.gpus.clone(),
+        },
+    ) {
+        Ok(c) => c,
+        Err(e) => {
+            let msg = format!("cannot create the job's cgroup: {e}");
+            warn!(error = %msg, "batch script did not start");
+            ended.launch_error = msg;
+            ended.exit_code = 1;
+            ended.end_time = unix_now();
+            return ended;
+        }
+    };
+    let cgroup_procs = match cgroup.as_ref().map(|c| c.add_step(None)).transpose() {
+        Ok(p) => p.unwrap_or_default(),
+        Err(e) => {
+            if let Some(c) = &cgroup {
+                c.destroy().await;
+            }
+            let msg = format!("cannot create the batch step's cgroup: {e}");
+            ended.launch_error = msg;
+            ended.exit_code = 1;
+            ended.end_time = unix_now();
+            return ended;
+        }
+    };
     let started = match RunAs::decide(node.worker_uid, job.uid, job.gid) {
         Ok(run_as) => {
+            let needs_launcher = cgroup.is_some() || matches!(run_as, RunAs::User { .. });
+            let confine = node
+                .launcher
+                .as_ref()
+                .filter(|_| needs_launcher)
+                .map(|launcher| Confinement {
+                    launcher,
+                    exec_dir: &node.exec_dir,
+                    request_name: format!("job{}.batch", job.job_id),
+                    cgroup_procs,
+                    exec_failed_code: None,
+                });
             let spec = BatchSpec {
                 job_id: job.job_id,
                 script: &job.script,
@@ -276,6 +332,7 @@ async fn supervise(
                 open_append: job.open_append,
                 node_name: &node.name,
                 run_as,
+                confine,
             };
             process::start(&node.spool, &spec).await
         }
@@ -284,6 +341,9 @@ async fn supervise(
     let mut started = match started {
         Ok(s) => s,
         Err(e) => {
+            if let Some(c) = &cgroup {
+                c.destroy().await;
+            }
             warn!(error = %e.one_line(), "batch script did not start");
             ended.launch_error = e.one_line();
             ended.exit_code = 1;
@@ -313,6 +373,14 @@ async fn supervise(
             info!(signal = %sig, "signalling the job's process group");
             if let Err(e) = killpg(pgid, sig) {
                 debug!(error = %e, "killpg failed (group already gone?)");
+            }
+            // Processes that left the group (setsid, setpgid) are still in the cgroup.
+            match &cgroup {
+                Some(c) if sig == Signal::SIGKILL => c.kill_all(),
+                Some(c) => {
+                    c.signal_escaped(None, pgid, sig);
+                }
+                None => {}
             }
             inner.steps.signal_job(job.job_id, sig);
         }
@@ -355,6 +423,11 @@ async fn supervise(
     // in the group (background jobs the script did not wait for) go now.
     let _ = killpg(pgid, Signal::SIGKILL);
     inner.steps.signal_job(job.job_id, Signal::SIGKILL);
+    // The kernel counted OOM kills in the job's cgroup; read before it is removed.
+    let out_of_memory = cgroup.as_ref().is_some_and(JobCgroup::out_of_memory);
+    if let Some(c) = &cgroup {
+        c.destroy().await;
+    }
     if let Err(e) = std::fs::remove_dir_all(&started.spool_dir) {
         debug!(error = %e, "spool cleanup failed");
     }
@@ -373,12 +446,14 @@ async fn supervise(
     ended.signal = report.signal;
     ended.timed_out = enforcer.timed_out();
     ended.cancelled = enforcer.cancelled();
+    ended.out_of_memory = out_of_memory;
     ended.end_time = unix_now();
     info!(
         exit_code = ended.exit_code,
         signal = ended.signal,
         timed_out = ended.timed_out,
         cancelled = ended.cancelled,
+        out_of_memory = ended.out_of_memory,
         "batch script ended"
     );
     ended

@@ -40,11 +40,11 @@
 //!
 //! # Not done (yet)
 //!
-//! No cgroups: memory and CPU counts are advertised and scheduled, not enforced on the
-//! processes, and a process that calls `setsid` leaves the job's process group. Jobs run
-//! with the user's uid and primary gid only (std drops supplementary groups; `initgroups`
-//! would need `pre_exec`, and this crate forbids `unsafe`).
+//! Step tasks on nodes without the job's batch script get a job cgroup without limits (the
+//! step request carries no memory size). Device filtering on cgroup v2 (an eBPF program) is
+//! not done; see `cgroup::v2`.
 
+pub mod cgroup;
 pub mod config;
 pub mod error;
 pub mod gpu;
@@ -100,6 +100,14 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     };
     std::fs::create_dir_all(&config.state_dir).map_err(state_err)?;
     let spool = launch::process::prepare_spool(&config.state_dir).map_err(state_err)?;
+    let exec_dir = launch::exec::prepare_dir(&config.state_dir).map_err(state_err)?;
+    let isolation = {
+        let (settings, node, cpus) = (config.cgroup.clone(), config.node_name.clone(), config.cpus);
+        // Kills what an earlier life left in its cgroups: off the runtime.
+        tokio::task::spawn_blocking(move || cgroup::Isolation::setup(&settings, &node, cpus))
+            .await
+            .unwrap_or_else(|_| cgroup::Isolation::off())
+    };
     let journal = Journal::open(&config.state_dir).map_err(state_err)?;
     let recovered = journal.recover();
     if !recovered.is_empty() {
@@ -142,6 +150,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             spool,
             worker_uid,
             kill_wait: config.kill_wait,
+            isolation: isolation.clone(),
+            launcher: config.launcher.clone(),
+            exec_dir: exec_dir.clone(),
         },
         Arc::clone(&registry),
         journal.clone(),
@@ -155,6 +166,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         kill_wait: config.kill_wait.unwrap_or(DEFAULT_KILL_WAIT),
         key: Arc::new(key.clone()),
         registry,
+        placement: Arc::new(step::tasks::Placement {
+            isolation: isolation.clone(),
+            launcher: config.launcher.clone(),
+            exec_dir: exec_dir.clone(),
+        }),
     };
     let mut server_stop = stop_rx.clone();
     let server = tokio::spawn(
@@ -211,6 +227,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     };
     info!("worker stopping: killing its jobs");
     jobs.kill_all(STOP_REAP_WAIT).await;
+    isolation.remove_node_dirs();
     let _ = session_stop_tx.send(true);
     if let Err(e) = session.await {
         warn!(error = %e, "controller session task failed");

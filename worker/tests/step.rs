@@ -296,3 +296,54 @@ async fn warning_signal_reaches_the_steps_but_not_the_batch_shell() {
     assert!(h.controller.ended(41).await.cancelled);
     h.stop().await;
 }
+
+/// With cgroups, a step's task runs in `job_ID/step_N`; a child it daemonized with `setsid`
+/// is killed when the step's last task exits, as slurmstepd ends a step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steps_setsid_child_dies_with_the_step() {
+    let name = "a_steps_setsid_child_dies_with_the_step";
+    if !nix::unistd::getuid().is_root() {
+        eprintln!("SKIP {name}: needs root to create cgroups");
+        return;
+    }
+    let h = Harness::start().await;
+    let pid_file = h.path("step-child.pid");
+    let mut c = client(&h, &tester()).await;
+    // The child lets go of the task's pipes, so the task's exit ends the step's output.
+    let script = format!(
+        "setsid sh -c 'echo $$ > {}; exec sleep 300' >/dev/null 2>&1 & sleep 0.5; echo parent done",
+        pid_file.display()
+    );
+    let req = request(&h, 35, 0, &["sh", "-c", &script], &[0]);
+    let results = collect(launch(&mut c, req).await).await;
+    assert_eq!(results[&0].exit, Some((0, 0)), "{:?}", results[&0]);
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let in_cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .map(|t| t.contains("/job_35/step_0"))
+        .unwrap_or(false);
+    if !in_cgroup && std::fs::metadata(format!("/proc/{pid}")).is_ok() {
+        eprintln!("SKIP {name}: cgroups not in use on this machine (the child is outside one)");
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        h.stop().await;
+        return;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit(')').next().and_then(|r| r.trim().chars().next()));
+        if matches!(state, None | Some('Z') | Some('X')) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "pid {pid} outlived its step");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    h.stop().await;
+}

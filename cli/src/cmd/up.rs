@@ -206,6 +206,10 @@ pub async fn start(args: &Args) -> anyhow::Result<Started> {
                 .join(&name)
                 .to_string_lossy()
                 .into_owned(),
+            // Clusters on one machine reuse node names: their job cgroups must not meet
+            // (a worker kills what it finds in its subtree when it starts).
+            "--cgroup-subtree".into(),
+            cgroup_subtree(&dir, &name),
         ];
         if let Some(c) = args.cpus_per_node {
             wargs.push("--cpus".into());
@@ -369,4 +373,13 @@ async fn wait_ready(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// `NAME-HASH`: the node's name and a digest of the cluster's state directory, stable across
+/// restarts of the same cluster.
+fn cgroup_subtree(dir: &std::path::Path, name: &str) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    dir.hash(&mut h);
+    format!("{name}-{:016x}", h.finish())
 }

@@ -26,6 +26,20 @@
 //! readable with the `sqlite3` shell, and fields added with `#[serde(default)]` that old
 //! stores load without a migration.
 //!
+//! # Format versions
+//!
+//! Two layers, versioned separately:
+//! - the SQL schema: `meta.schema_version` (`SCHEMA_VERSION` in [`sqlite`], now `1`). Tables
+//!   and columns only ever grow with `CREATE ... IF NOT EXISTS` and defaulted columns within
+//!   one version; a change an older reader would misread bumps it, and a store of another
+//!   version is refused at open with a clear error instead of being misread;
+//! - the records in the blobs: serde JSON of the scheduling core's types (jobs, nodes,
+//!   configuration, fair-share tree) and prost messages (payloads, accounting records). A
+//!   field added to a stored serde type carries `#[serde(default)]`, and prost fields are
+//!   additive by construction, so a store written by the previous release loads in this one
+//!   without a migration. `tests/store_compat.rs` opens the v0.1.0 store kept as a SQL dump in
+//!   `tests/fixtures/store-v0.1.0/` and checks every job, payload and record survives.
+//!
 //! # Layout
 //!
 //! - [`sqlite`]: schema, the one-transaction [`Batch`] write, loads and queries.

@@ -138,6 +138,34 @@ fn job_outcomes_map_to_slurm_states() {
             JobState::Cancelled,
             Reason::None,
         ),
+        // Killed by the kernel in its cgroup, or survived an OOM kill of a child: Slurm
+        // reports OUT_OF_MEMORY either way; a cancel or time limit still wins.
+        (
+            JobOutcome {
+                out_of_memory: true,
+                signal: 9,
+                ..Default::default()
+            },
+            JobState::OutOfMemory,
+            Reason::None,
+        ),
+        (
+            JobOutcome {
+                out_of_memory: true,
+                ..Default::default()
+            },
+            JobState::OutOfMemory,
+            Reason::None,
+        ),
+        (
+            JobOutcome {
+                out_of_memory: true,
+                timed_out: true,
+                ..Default::default()
+            },
+            JobState::Timeout,
+            Reason::TimeLimit,
+        ),
         (
             JobOutcome {
                 launch_error: Some("no such dir".into()),

@@ -2,8 +2,10 @@
 //!
 //! - `env`, `output`, `limits`: pure rules (environment, file names, termination).
 //! - `process`: the one place that turns a job into a process.
+//! - `exec`: the launcher that puts it in its cgroup and drops to the user before `exec`.
 
 pub mod env;
+pub mod exec;
 pub mod limits;
 pub mod output;
 pub mod process;

@@ -10,13 +10,21 @@
 //! # Whose process it is
 //!
 //! A worker running as the job's user starts the script directly and opens the output files
-//! itself. A worker running as root starts it as the submitting user (`setgid`, `setuid`;
-//! std clears supplementary groups when root drops privileges) and must not open output files
-//! with root's rights, or `--output=/etc/shadow` would clobber that file. Without `unsafe`
-//! there is no `pre_exec` hook to open them after the switch, so the script is started through
-//! `/bin/sh`, which performs the redirection *as the user* and then `exec`s the script (same
-//! pid, same process group). The shell's stderr is a pipe to the worker until the redirection
-//! succeeds: anything written there is a launch error. Any other uid is refused.
+//! itself. A worker running as root starts it as the submitting user, with the user's
+//! supplementary groups, and must not open output files with root's rights, or
+//! `--output=/etc/shadow` would clobber that file. Without `unsafe` there is no `pre_exec`
+//! hook to open them after the switch, so the script is started through `/bin/sh`, which
+//! performs the redirection *as the user* and then `exec`s the script (same pid, same process
+//! group). The shell's stderr is a pipe to the worker until the redirection succeeds: anything
+//! written there is a launch error. Any other uid is refused.
+//!
+//! # Through the launcher
+//!
+//! With a [`Confinement`] (cgroups on, or a user to switch to), the process starts as the
+//! launcher ([`super::exec`]), which joins the job's cgroup, sets the user's groups and ids
+//! and `exec`s the script (or the redirecting shell) in place. Without one (a worker with
+//! no launcher binary), std's `uid`/`gid` switch is used, which leaves the user without
+//! supplementary groups.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
@@ -29,6 +37,7 @@ use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
 
+use super::exec::{self, Launcher, Request, User};
 use super::output::{PatternFields, expand};
 
 /// Slurm's default output file name.
@@ -150,6 +159,55 @@ pub struct BatchSpec<'a> {
     pub open_append: bool,
     pub node_name: &'a str,
     pub run_as: RunAs,
+    /// Start through the launcher; `None` = spawn directly.
+    pub confine: Option<Confinement<'a>>,
+}
+
+/// What the launcher does for a job's process before it execs.
+#[derive(Debug, Clone)]
+pub struct Confinement<'a> {
+    pub launcher: &'a Launcher,
+    /// The worker's private directory for launch requests.
+    pub exec_dir: &'a Path,
+    /// Request file name, unique among the processes starting now.
+    pub request_name: String,
+    /// The step's `cgroup.procs` files; empty without cgroups.
+    pub cgroup_procs: Vec<PathBuf>,
+    /// Exit code when the program cannot be executed (see [`Request::exec_failed_code`]).
+    pub exec_failed_code: Option<u8>,
+}
+
+impl Confinement<'_> {
+    /// A command that starts `program args` through the launcher with `env` in `workdir`,
+    /// as `user` if given. The command itself gets no environment and no working directory:
+    /// the launcher applies them after the switch.
+    pub fn command(
+        &self,
+        program: &Path,
+        args: Vec<std::ffi::OsString>,
+        env: &BTreeMap<String, String>,
+        workdir: &Path,
+        user: Option<User>,
+    ) -> io::Result<Command> {
+        let request = Request {
+            cgroup_procs: self.cgroup_procs.clone(),
+            user,
+            workdir: workdir.to_owned(),
+            program: program.to_owned(),
+            args,
+            env: env.iter().map(|(k, v)| (k.into(), v.into())).collect(),
+            exec_failed_code: self.exec_failed_code,
+        };
+        let path = exec::write_request(self.exec_dir, &self.request_name, &request)?;
+        let mut cmd = Command::new(&self.launcher.program);
+        cmd.args(&self.launcher.args)
+            .arg(path)
+            .env_clear()
+            .stdin(Stdio::null())
+            .process_group(0)
+            .kill_on_drop(false);
+        Ok(cmd)
+    }
 }
 
 /// A started batch script.
@@ -403,15 +461,28 @@ async fn start_as_worker(
     };
     let mut attempt = 0;
     loop {
-        let mut cmd = base_command(script, spec);
+        let mut cmd = match &spec.confine {
+            Some(c) => c
+                .command(
+                    script,
+                    spec.argv.iter().map(Into::into).collect(),
+                    spec.env,
+                    spec.workdir,
+                    None,
+                )
+                .map_err(|source| LaunchError::Spawn { source })?,
+            None => base_command(script, spec),
+        };
         if let (Some(f), Some(path)) = (&input, streams.input) {
             cmd.stdin(f.try_clone().map_err(|source| LaunchError::Input {
                 path: path.to_owned(),
                 source,
             })?);
         }
+        if spec.confine.is_none() {
+            cmd.args(spec.argv);
+        }
         let spawned = cmd
-            .args(spec.argv)
             .stdout(clone(&out, out_path)?)
             .stderr(clone(&err, err_path.unwrap_or(out_path))?)
             .spawn();
@@ -439,20 +510,44 @@ async fn start_as_user(
     gid: u32,
     streams: &Streams<'_>,
 ) -> Result<Child, LaunchError> {
-    let mut cmd = base_command(Path::new(REDIRECT_SHELL), spec);
-    cmd.arg("-c")
-        .arg(REDIRECT_SCRIPT)
-        .arg("tandem-batch")
-        .arg(streams.out)
-        .arg(streams.err.map(Path::as_os_str).unwrap_or_default())
-        .arg(streams.input.map(Path::as_os_str).unwrap_or_default())
-        .arg(if streams.append { "append" } else { "truncate" })
-        .arg(script)
-        .args(spec.argv)
-        .uid(uid)
-        .gid(gid)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+    let mut args: Vec<std::ffi::OsString> = vec![
+        "-c".into(),
+        REDIRECT_SCRIPT.into(),
+        "tandem-batch".into(),
+        streams.out.into(),
+        streams.err.map(Path::as_os_str).unwrap_or_default().into(),
+        streams
+            .input
+            .map(Path::as_os_str)
+            .unwrap_or_default()
+            .into(),
+        (if streams.append { "append" } else { "truncate" }).into(),
+        script.into(),
+    ];
+    args.extend(spec.argv.iter().map(Into::into));
+    let mut cmd = match &spec.confine {
+        Some(c) => {
+            let user = User {
+                uid,
+                gid,
+                groups: exec::user_groups(uid, gid),
+            };
+            c.command(
+                Path::new(REDIRECT_SHELL),
+                args,
+                spec.env,
+                spec.workdir,
+                Some(user),
+            )
+            .map_err(|source| LaunchError::Spawn { source })?
+        }
+        None => {
+            let mut cmd = base_command(Path::new(REDIRECT_SHELL), spec);
+            cmd.args(args).uid(uid).gid(gid);
+            cmd
+        }
+    };
+    cmd.stdout(Stdio::null()).stderr(Stdio::piped());
     let mut child = cmd
         .spawn()
         .map_err(|source| LaunchError::Spawn { source })?;

@@ -42,6 +42,8 @@ pub struct StepService {
     pub kill_wait: Duration,
     pub key: Arc<ClusterKey>,
     pub registry: Arc<StepRegistry>,
+    /// Cgroups and launcher for the tasks.
+    pub placement: Arc<tasks::Placement>,
 }
 
 fn denied(e: auth::Denied) -> Status {
@@ -136,6 +138,7 @@ impl StepLauncher for StepService {
             r.uid,
             specs,
             Arc::clone(&self.registry),
+            &self.placement,
             tx,
         );
         Ok(Response::new(ReceiverStream::new(rx)))

@@ -4,9 +4,15 @@
 //! starts), stdout/stderr piped back as `TaskOutput` chunks, then one `TaskExit` per task
 //! after all of its output. A step supervisor watches the response stream: when `srun` goes
 //! away, the step's tasks are killed, as Slurm does when srun dies.
+//!
+//! With cgroups, a step's tasks start through the launcher in `job_ID/step_N`: inside the
+//! job's cgroup (and under its limits) on the node that runs the batch script, in a job
+//! cgroup without limits on the job's other nodes (the step request carries no memory size).
+//! When the step's last task exits, what is left in its cgroup is killed and the cgroup
+//! removed. Tasks of a user run with that user's supplementary groups.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 
@@ -21,8 +27,11 @@ use tonic::Status;
 use tracing::{debug, warn};
 
 use super::registry::{StepKey, StepRegistry};
+use crate::cgroup::plan::Allocation;
+use crate::cgroup::{Isolation, JobCgroup};
+use crate::launch::exec::{self, Launcher};
 use crate::launch::limits::ExitReport;
-use crate::launch::process::RunAs;
+use crate::launch::process::{Confinement, RunAs};
 
 /// Bytes read from a task's pipe per chunk sent.
 const CHUNK: usize = 8 * 1024;
@@ -40,6 +49,42 @@ pub struct TaskSpec<'a> {
     pub env: BTreeMap<String, String>,
 }
 
+/// Where step tasks go: the node's cgroups and the launcher.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    pub isolation: Isolation,
+    pub launcher: Option<Launcher>,
+    pub exec_dir: PathBuf,
+}
+
+impl Placement {
+    /// No cgroups, no launcher: tasks are spawned directly.
+    pub fn direct() -> Self {
+        Self {
+            isolation: Isolation::off(),
+            launcher: None,
+            exec_dir: PathBuf::new(),
+        }
+    }
+
+    /// The job's cgroup here, and whether this step created it.
+    fn job_cgroup(&self, job_id: u64) -> (Option<JobCgroup>, bool) {
+        if let Some(c) = self.isolation.existing_job(job_id) {
+            return (Some(c), false);
+        }
+        match self.isolation.create_job(job_id, &Allocation::default()) {
+            Ok(c) => {
+                let created = c.is_some();
+                (c, created)
+            }
+            Err(e) => {
+                warn!(job_id, error = %e, "cannot create the job's cgroup: step tasks run outside it");
+                (None, false)
+            }
+        }
+    }
+}
+
 /// Starts the tasks and a supervisor that ends the stream after the last exit.
 pub fn start_step(
     key: StepKey,
@@ -47,11 +92,20 @@ pub fn start_step(
     owner_uid: u32,
     tasks: Vec<TaskSpec<'_>>,
     registry: Arc<StepRegistry>,
+    placement: &Placement,
     tx: OutputTx,
 ) {
+    let (cgroup, created_job) = placement.job_cgroup(key.0);
+    let procs = match cgroup.as_ref().map(|c| c.add_step(Some(key.1))).transpose() {
+        Ok(p) => p.unwrap_or_default(),
+        Err(e) => {
+            warn!(job_id = key.0, step_id = key.1, error = %e, "cannot create the step's cgroup");
+            Vec::new()
+        }
+    };
     let mut pumps = JoinSet::new();
     for t in tasks {
-        match spawn_task(&t, run_as) {
+        match spawn_task(&t, run_as, placement, &procs, key) {
             Ok(child) => {
                 let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
                 registry.add_task(key, owner_uid, t.task_id, pid);
@@ -96,16 +150,52 @@ pub fn start_step(
                 r = pumps.join_next() => if r.is_none() { break },
             }
         }
+        if let Some(c) = &cgroup {
+            c.finish_step(Some(key.1), created_job).await;
+        }
         // Dropping the last sender ends the response stream.
         drop(tx);
     });
 }
 
-fn spawn_task(t: &TaskSpec<'_>, run_as: RunAs) -> std::io::Result<Child> {
+fn spawn_task(
+    t: &TaskSpec<'_>,
+    run_as: RunAs,
+    placement: &Placement,
+    procs: &[PathBuf],
+    key: StepKey,
+) -> std::io::Result<Child> {
     let (program, args) = t
         .argv
         .split_first()
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty argv"))?;
+    let needs_launcher = !procs.is_empty() || matches!(run_as, RunAs::User { .. });
+    if let Some(launcher) = placement.launcher.as_ref().filter(|_| needs_launcher) {
+        let confine = Confinement {
+            launcher,
+            exec_dir: &placement.exec_dir,
+            request_name: format!("job{}.step{}.task{}", key.0, key.1, t.task_id),
+            cgroup_procs: procs.to_vec(),
+            exec_failed_code: u8::try_from(EXEC_FAILED).ok(),
+        };
+        let user = match run_as {
+            RunAs::User { uid, gid } => Some(exec::User {
+                uid,
+                gid,
+                groups: exec::user_groups(uid, gid),
+            }),
+            RunAs::Worker => None,
+        };
+        let mut cmd = confine.command(
+            Path::new(program),
+            args.iter().map(Into::into).collect(),
+            &t.env,
+            t.workdir,
+            user,
+        )?;
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        return cmd.spawn();
+    }
     let mut cmd = Command::new(program);
     cmd.args(args)
         .env_clear()

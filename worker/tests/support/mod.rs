@@ -20,6 +20,7 @@ use tandem_proto::v1::{
     controller_message, worker_message,
 };
 use tandem_worker::Config;
+use tandem_worker::launch::exec::Launcher;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -275,6 +276,11 @@ pub struct Harness {
 
 impl Harness {
     pub async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    /// [`Harness::start`] with the worker's configuration adjusted first.
+    pub async fn start_with(adjust: impl FnOnce(&mut Config)) -> Self {
         let dir = tempfile::tempdir().unwrap();
         // Job users other than root must be able to reach their working directory.
         std::fs::set_permissions(
@@ -299,7 +305,21 @@ impl Harness {
             state_dir: dir.path().join("state"),
             step_listen: "127.0.0.1:0".parse().unwrap(),
             kill_wait: None,
+            // Tests run side by side: each worker gets its own cgroup subtree.
+            cgroup: tandem_worker::cgroup::Settings {
+                subtree: Some(format!(
+                    "test-{}",
+                    dir.path().file_name().unwrap().to_string_lossy()
+                )),
+                ..Default::default()
+            },
+            launcher: Some(Launcher {
+                program: env!("CARGO_BIN_EXE_tandem-job-exec").into(),
+                args: vec![],
+            }),
         };
+        let mut config = config;
+        adjust(&mut config);
         let worker = WorkerProc::spawn(config.clone());
         let register = controller.register().await;
         Self {

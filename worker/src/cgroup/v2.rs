@@ -1,0 +1,248 @@
+//! cgroup v2: one unified tree, `tandem/NODE/job_ID/step_S` below the worker's own cgroup.
+//!
+//! Controllers are enabled top-down through `cgroup.subtree_control`; only those the node
+//! offers (`cgroup.controllers`) are asked for, so a tree without `memory` still isolates
+//! and kills (`cgroup.kill`), it just cannot limit. Device filtering on v2 needs an eBPF
+//! program attached to the cgroup (`BPF_CGROUP_DEVICE`), which this crate does not load (it
+//! forbids `unsafe` and links no BPF loader): on a v2 node, GPUs are hidden only through
+//! `CUDA_VISIBLE_DEVICES`.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use super::plan::{self, JobLimits};
+
+/// The controllers a job's subtree uses, when the node has them.
+const WANTED: [&str; 3] = ["memory", "cpu", "pids"];
+
+#[derive(Debug, Clone)]
+pub struct Tree {
+    /// `.../tandem/NODE`.
+    base: PathBuf,
+    /// Of [`WANTED`], those enabled for the subtree.
+    controllers: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Job {
+    dir: PathBuf,
+    controllers: Vec<String>,
+}
+
+/// The `+memory +cpu` line for `cgroup.subtree_control`, from what `cgroup.controllers` offers.
+pub fn enable_line(available: &str) -> (String, Vec<String>) {
+    let have: Vec<&str> = available.split_whitespace().collect();
+    let on: Vec<String> = WANTED
+        .iter()
+        .filter(|c| have.contains(c))
+        .map(|c| (*c).to_owned())
+        .collect();
+    let line = on
+        .iter()
+        .map(|c| format!("+{c}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    (line, on)
+}
+
+impl Tree {
+    /// `own`: the worker's cgroup (`<mount>/<path from /proc/self/cgroup>`); the tree goes in
+    /// `own/tandem/NODE`. When `own` is not the root and holds processes, v2 forbids enabling
+    /// controllers for its children ("no internal processes"), so the worker moves itself into
+    /// a leaf `own/tandem/worker_NODE` first, as slurmd moves itself into its `system` cgroup.
+    pub fn prepare(own: &Path, node: &str) -> io::Result<Self> {
+        let available = fs::read_to_string(own.join("cgroup.controllers")).unwrap_or_default();
+        let (line, controllers) = enable_line(&available);
+        let tandem = own.join("tandem");
+        let base = tandem.join(node);
+        fs::create_dir_all(&base)?;
+        if !line.is_empty() {
+            if let Err(e) = fs::write(own.join("cgroup.subtree_control"), &line) {
+                if e.raw_os_error() != Some(nix::errno::Errno::EBUSY as i32) {
+                    return Err(e);
+                }
+                let leaf = tandem.join(format!("worker_{node}"));
+                fs::create_dir_all(&leaf)?;
+                fs::write(leaf.join("cgroup.procs"), "0")?;
+                fs::write(own.join("cgroup.subtree_control"), &line)?;
+            }
+            fs::write(tandem.join("cgroup.subtree_control"), &line)?;
+            fs::write(base.join("cgroup.subtree_control"), &line)?;
+        }
+        Ok(Self { base, controllers })
+    }
+
+    /// A tree at `base` with `controllers` already enabled (tests, and a worker that
+    /// prepared it).
+    pub fn at(base: PathBuf, controllers: Vec<String>) -> Self {
+        Self { base, controllers }
+    }
+
+    pub fn base(&self) -> &Path {
+        &self.base
+    }
+
+    pub fn controllers(&self) -> &[String] {
+        &self.controllers
+    }
+
+    pub fn leftover_jobs(&self) -> Vec<u64> {
+        super::job_ids_in(&self.base)
+    }
+
+    pub fn job(&self, job_id: u64) -> Job {
+        Job {
+            dir: self.base.join(plan::job_dir(job_id)),
+            controllers: self.controllers.clone(),
+        }
+    }
+
+    pub fn create_job(&self, job_id: u64, limits: &JobLimits) -> io::Result<Job> {
+        let job = self.job(job_id);
+        fs::create_dir_all(&job.dir)?;
+        let has = |c: &str| job.controllers.iter().any(|x| x == c);
+        if has("memory")
+            && let Some(bytes) = limits.mem_bytes
+        {
+            fs::write(job.dir.join("memory.max"), bytes.to_string())?;
+            // No swapping past the limit either, where swap is accounted.
+            let swap = job.dir.join("memory.swap.max");
+            if swap.exists() {
+                let _ = fs::write(swap, "0");
+            }
+        }
+        if has("cpu")
+            && let Some(quota) = limits.cpu_quota_us
+        {
+            fs::write(
+                job.dir.join("cpu.max"),
+                format!("{quota} {}", plan::CPU_PERIOD_US),
+            )?;
+        }
+        Ok(job)
+    }
+}
+
+impl Job {
+    pub fn dir_exists(&self) -> bool {
+        self.dir.is_dir()
+    }
+
+    pub fn add_step(&self, step: Option<u32>) -> io::Result<Vec<PathBuf>> {
+        let d = self.dir.join(plan::step_dir(step));
+        fs::create_dir_all(&d)?;
+        Ok(vec![d.join("cgroup.procs")])
+    }
+
+    pub fn step_dirs(&self, step: Option<u32>) -> Vec<PathBuf> {
+        vec![self.dir.join(plan::step_dir(step))]
+    }
+
+    pub fn dirs(&self) -> Vec<PathBuf> {
+        vec![self.dir.clone()]
+    }
+
+    pub fn pids(&self) -> Vec<i32> {
+        super::pids_under(&self.dir)
+    }
+
+    pub fn signal(&self, signal: Signal) -> usize {
+        super::signal_pids(&self.pids(), signal)
+    }
+
+    /// `cgroup.kill` (Linux 5.14+) kills the whole subtree atomically; older kernels get
+    /// SIGKILL per process, repeated by the caller until the tree is empty.
+    pub fn kill_all(&self) {
+        let killfile = self.dir.join("cgroup.kill");
+        if killfile.exists() && fs::write(&killfile, "1").is_ok() {
+            return;
+        }
+        for pid in self.pids() {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+
+    /// `memory.events` of the job counts its descendants' OOM kills too.
+    pub fn oom_kills(&self) -> u64 {
+        fs::read_to_string(self.dir.join("memory.events"))
+            .ok()
+            .and_then(|t| plan::oom_kills(&t))
+            .unwrap_or(0)
+    }
+
+    pub fn remove(&self) -> io::Result<()> {
+        super::remove_tree(&self.dir)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enables_only_what_the_node_offers() {
+        let (line, on) = enable_line("cpuset cpu io memory hugetlb pids rdma misc");
+        assert_eq!(line, "+memory +cpu +pids");
+        assert_eq!(on, ["memory", "cpu", "pids"]);
+        let (line, on) = enable_line("hugetlb\n");
+        assert!(line.is_empty() && on.is_empty());
+    }
+
+    #[test]
+    fn writes_limits_in_v2_syntax() {
+        let tmp = tempfile::tempdir().unwrap();
+        let own = tmp.path();
+        fs::write(own.join("cgroup.controllers"), "cpu memory pids\n").unwrap();
+        let tree = Tree::prepare(own, "n1").unwrap();
+        assert_eq!(tree.controllers(), ["memory", "cpu", "pids"]);
+        let read = |p: &str| fs::read_to_string(own.join(p)).unwrap();
+        assert_eq!(read("cgroup.subtree_control"), "+memory +cpu +pids");
+        assert_eq!(
+            read("tandem/n1/cgroup.subtree_control"),
+            "+memory +cpu +pids"
+        );
+        let job = tree
+            .create_job(
+                9,
+                &JobLimits {
+                    mem_bytes: Some(64 << 20),
+                    cpu_quota_us: Some(150_000),
+                    deny: vec![],
+                },
+            )
+            .unwrap();
+        assert_eq!(read("tandem/n1/job_9/memory.max"), "67108864");
+        assert_eq!(read("tandem/n1/job_9/cpu.max"), "150000 100000");
+        let procs = job.add_step(Some(0)).unwrap();
+        assert_eq!(procs, vec![own.join("tandem/n1/job_9/step_0/cgroup.procs")]);
+        fs::write(
+            own.join("tandem/n1/job_9/memory.events"),
+            "oom 1\noom_kill 3\n",
+        )
+        .unwrap();
+        assert_eq!(job.oom_kills(), 3);
+        fs::write(&procs[0], "11\n").unwrap();
+        assert_eq!(job.pids(), vec![11]);
+        assert_eq!(tree.leftover_jobs(), vec![9]);
+    }
+
+    #[test]
+    fn without_controllers_no_limit_files_are_written() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tree = Tree::prepare(tmp.path(), "n1").unwrap();
+        assert!(tree.controllers().is_empty());
+        tree.create_job(
+            1,
+            &JobLimits {
+                mem_bytes: Some(1 << 20),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert!(!tmp.path().join("tandem/n1/job_1/memory.max").exists());
+    }
+}
