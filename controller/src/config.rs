@@ -77,6 +77,10 @@ pub struct Args {
     /// crash, including SIGKILL, but not a power loss), for much higher submit rates.
     #[arg(long, value_enum, default_value_t = Durability::Full)]
     pub durability: Durability,
+    /// Administrators besides root, comma-separated user names or uids (Slurm's
+    /// AdminLevel): they control every job and node and run `sacctmgr` changes.
+    #[arg(long, value_delimiter = ',')]
+    pub admins: Vec<String>,
 }
 
 /// Parses `500ms`, `2s`, `1m`, or a plain number of seconds.
@@ -114,6 +118,8 @@ pub struct Config {
     pub sched_interval: Duration,
     pub metrics_listen: Option<SocketAddr>,
     pub durability: Durability,
+    /// Users raised to administrator (root always is).
+    pub admins: tandem_proto::auth::Admins,
 }
 
 impl Config {
@@ -131,6 +137,7 @@ impl Config {
             sched_interval: Duration::from_secs(5),
             metrics_listen: None,
             durability: Durability::Full,
+            admins: tandem_proto::auth::Admins::default(),
         }
     }
 }
@@ -173,6 +180,7 @@ impl Args {
             sched_interval: self.sched_interval,
             metrics_listen: self.metrics_listen,
             durability: self.durability,
+            admins: tandem_proto::auth::Admins::parse(&self.admins),
         })
     }
 }
