@@ -25,11 +25,15 @@ const READ_TIMEOUT: Duration = Duration::from_secs(2);
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     /// Cluster key file (mode 0600, readable only by this agent's user).
-    #[arg(long, env = "TANDEM_KEY_FILE")]
-    pub key_file: PathBuf,
+    #[arg(long, env = "TANDEM_KEY_FILE", required_unless_present = "check")]
+    pub key_file: Option<PathBuf>,
     /// Socket to listen on. Default: authd.sock beside the key file (the cluster's state dir).
     #[arg(long)]
     pub socket: Option<PathBuf>,
+    /// Do not serve: ask the running agent (the cluster file's, or --socket) for a credential
+    /// and print whom it names, as `munge -n | unmunge` does.
+    #[arg(long)]
+    pub check: bool,
 }
 
 /// The default socket of a key file: `DIR/authd.sock`.
@@ -41,13 +45,19 @@ pub fn default_socket(key_file: &std::path::Path) -> PathBuf {
 }
 
 pub async fn run(args: Args) -> Exit {
+    if args.check {
+        return check(&args);
+    }
     crate::init_tracing();
-    let key = ClusterKey::load(&args.key_file)
-        .with_context(|| format!("cannot load the cluster key {}", args.key_file.display()))?;
+    let Some(key_file) = args.key_file.clone() else {
+        bail!("--key-file is required");
+    };
+    let key = ClusterKey::load(&key_file)
+        .with_context(|| format!("cannot load the cluster key {}", key_file.display()))?;
     let socket = args
         .socket
         .clone()
-        .unwrap_or_else(|| default_socket(&args.key_file));
+        .unwrap_or_else(|| default_socket(&key_file));
     let listener = bind(&socket)?;
     tracing::info!(socket = %socket.display(), "identity agent listening");
     let key = Arc::new(key);
@@ -76,6 +86,27 @@ pub async fn run(args: Args) -> Exit {
     }
     let _ = std::fs::remove_file(&socket);
     tracing::info!("identity agent stopped");
+    Ok(0)
+}
+
+/// `--check`: one request to the agent; prints the identity it vouched for as JSON.
+fn check(args: &Args) -> Exit {
+    let socket = match &args.socket {
+        Some(s) => s.clone(),
+        None => tandem_proto::endpoint::discover()?
+            .auth_socket
+            .context("the cluster file names no identity agent; pass --socket")?,
+    };
+    let issued = agent::request(&socket)?;
+    let out = serde_json::json!({
+        "user": issued.identity.user,
+        "uid": issued.identity.uid,
+        "gid": issued.identity.gid,
+        "role": format!("{:?}", issued.identity.role).to_lowercase(),
+        "expires": issued.exp,
+        "socket": socket,
+    });
+    println!("{out}");
     Ok(0)
 }
 
