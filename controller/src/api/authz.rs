@@ -66,8 +66,14 @@ pub fn require<T>(request: &Request<T>, rpc: Rpc) -> Result<Identity, Status> {
     if allowed(rpc, who.role) {
         Ok(who.clone())
     } else {
+        let hint = match rpc {
+            Rpc::AccountingChange | Rpc::UpdateNode => {
+                "; only operators (configured administrators) and root may"
+            }
+            _ => "",
+        };
         Err(Status::permission_denied(format!(
-            "{} ({:?} credential) may not call {rpc:?}",
+            "{} ({:?} credential) may not call {rpc:?}{hint}",
             who.user, who.role
         )))
     }

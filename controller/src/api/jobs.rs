@@ -133,8 +133,14 @@ impl Jobs for JobsService {
         request: Request<v1::ListJobsRequest>,
     ) -> Result<Response<v1::ListJobsResponse>, Status> {
         let who = authz::require(&request, authz::Rpc::ListJobs)?;
-        let req = request.into_inner();
+        let mut req = request.into_inner();
         let want = JobFields::from_names(&req.fields)?;
+        // Privacy below needs each job's owner even when the caller asked for fewer fields.
+        let add_uid =
+            !who.is_admin() && !req.fields.is_empty() && !req.fields.iter().any(|f| f == "uid");
+        if add_uid {
+            req.fields.push("uid".to_owned());
+        }
         let mut resp = self
             .handle
             .call(|reply| Command::ListJobs { req, reply })
@@ -155,6 +161,11 @@ impl Jobs for JobsService {
                 &mut j.comment,
             ] {
                 field.clear();
+            }
+        }
+        if add_uid {
+            for j in &mut resp.jobs {
+                j.uid = 0;
             }
         }
         Ok(Response::new(resp))
