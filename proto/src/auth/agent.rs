@@ -157,4 +157,34 @@ mod tests {
             assert!(parse_reply(bad, Path::new("/s")).is_err());
         }
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// Whatever an impostor on the socket path answers, the client never panics and
+            /// accepts only a well-formed v1 reply.
+            #[test]
+            fn arbitrary_replies_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+                let r = parse_reply(&bytes, Path::new("/s"));
+                if let Ok(issued) = r {
+                    prop_assert!(!issued.token.is_empty() && !issued.identity.user.is_empty());
+                }
+            }
+
+            #[test]
+            fn json_shaped_replies_are_checked(
+                v in 0u32..3,
+                token in "[A-Za-z0-9._-]{0,40}",
+                user in "[a-z]{0,8}",
+                error in "[a-z ]{0,10}",
+            ) {
+                let text = serde_json::json!({"v": v, "token": token, "user": user, "uid": 5, "gid": 5, "error": error}).to_string();
+                let r = parse_reply(text.as_bytes(), Path::new("/s"));
+                let good = v == 1 && error.is_empty() && !token.is_empty() && !user.is_empty();
+                prop_assert_eq!(r.is_ok(), good);
+            }
+        }
+    }
 }
