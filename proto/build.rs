@@ -1,5 +1,5 @@
-//! Compiles `tandem/v1/*.proto` with protox, a pure-Rust protobuf compiler, so that a fresh
-//! machine needs no system `protoc`.
+//! Compiles `tandem/v1/*.proto` and KEDA's vendored `keda/externalscaler.proto` with
+//! protox, a pure-Rust protobuf compiler, so that a fresh machine needs no system `protoc`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
@@ -8,6 +8,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "tandem/v1/nodes.proto",
         "tandem/v1/accounting.proto",
         "tandem/v1/worker.proto",
+        // Package `externalscaler`, served by the controller's KEDA scaler listener.
+        "keda/externalscaler.proto",
     ];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");

@@ -65,9 +65,13 @@ pub struct Args {
     /// Time between SIGTERM and SIGKILL at a time limit or cancel (Slurm's KillWait).
     #[arg(long, default_value = "30s", value_parser = parse_duration_arg)]
     pub kill_wait: Duration,
-    /// Serve Prometheus metrics (demand gauges for autoscalers) over HTTP on this address.
+    /// Serve Prometheus/OpenMetrics text at /metrics over HTTP on this address.
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
+    /// Serve KEDA's external scaler gRPC service (shape-aware worker demand; read-only, no
+    /// credential) on this address. Off unless given.
+    #[arg(long)]
+    pub scaler_listen: Option<SocketAddr>,
     /// Period of the safety-net scheduling pass (begin times, time limits); passes are
     /// otherwise triggered by events.
     #[arg(long, default_value = "5s", value_parser = parse_duration_arg)]
@@ -117,6 +121,7 @@ pub struct Config {
     pub kill_wait: Duration,
     pub sched_interval: Duration,
     pub metrics_listen: Option<SocketAddr>,
+    pub scaler_listen: Option<SocketAddr>,
     pub durability: Durability,
     /// Users raised to administrator (root always is).
     pub admins: tandem_proto::auth::Admins,
@@ -136,6 +141,7 @@ impl Config {
             kill_wait: Duration::from_secs(30),
             sched_interval: Duration::from_secs(5),
             metrics_listen: None,
+            scaler_listen: None,
             durability: Durability::Full,
             admins: tandem_proto::auth::Admins::default(),
         }
@@ -179,6 +185,7 @@ impl Args {
             kill_wait: self.kill_wait,
             sched_interval: self.sched_interval,
             metrics_listen: self.metrics_listen,
+            scaler_listen: self.scaler_listen,
             durability: self.durability,
             admins: tandem_proto::auth::Admins::parse(&self.admins),
         })

@@ -25,7 +25,8 @@
 //! - `workers`: connected worker streams and liveness.
 //! - [`launch`]: payloads, the `SLURM_*` environment, output paths (pure).
 //! - `steps`: step placement and records (pure).
-//! - [`metrics`]: the Prometheus registry with demand gauges.
+//! - [`metrics`]: the Prometheus registry (Slurm openmetrics names) served at `/metrics`, and
+//!   the demand snapshots the actor publishes after passes for [`api::scaler`] (KEDA).
 //!
 //! # Invariants
 //!

@@ -70,6 +70,12 @@ pub async fn run(
         }
         None => None,
     };
+    // The scaler answers from the first moment, before the actor's first pass.
+    metrics.publish(&recovered.state, state::unix_now());
+    let scaler_task = match config.scaler_listen {
+        Some(addr) => Some(serve_scaler(addr, metrics.snapshots()).await?),
+        None => None,
+    };
     let jobs_n = recovered.state.jobs().count();
     let max_array_size = recovered.state.config().sched.max_array_size;
     let (handle, actor_join) = state::spawn(
@@ -144,6 +150,9 @@ pub async fn run(
     if let Some(t) = metrics_task {
         t.abort();
     }
+    if let Some(t) = scaler_task {
+        t.abort();
+    }
     let _ = handle.send(Command::Shutdown);
     drop(handle);
     let actor = actor_done
@@ -161,4 +170,28 @@ pub async fn run(
     served.map_err(Error::Serve)?;
     info!("controller stopped");
     Ok(())
+}
+
+/// Binds `--scaler-listen` and serves KEDA's external scaler there (its own listener: no
+/// Tandem credential, read-only demand), until the returned task is aborted.
+async fn serve_scaler(
+    addr: std::net::SocketAddr,
+    snapshots: tokio::sync::watch::Receiver<Arc<tandem_sched::demand::Snapshot>>,
+) -> Result<tokio::task::JoinHandle<()>, Error> {
+    use tandem_proto::externalscaler::external_scaler_server::ExternalScalerServer;
+    let l = TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Bind { addr, source })?;
+    info!(addr = ?l.local_addr().ok(), "serving the KEDA external scaler");
+    let svc = ExternalScalerServer::new(crate::api::scaler::ScalerService::new(snapshots));
+    Ok(tokio::spawn(async move {
+        let served = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(svc)
+            .serve_with_incoming(TcpListenerStream::new(l))
+            .await;
+        if let Err(e) = served {
+            warn!(error = %e, "KEDA scaler server stopped");
+        }
+    }))
 }

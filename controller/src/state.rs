@@ -32,7 +32,7 @@
 //! - The actor stops on [`Command::Shutdown`] or when every [`Handle`] is gone, then
 //!   flushes; the committer drains its queue and exits after it.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
@@ -57,7 +57,7 @@ use crate::api::convert::{JobFields, job_field};
 use crate::api::{authz, convert};
 use crate::config::Config;
 use crate::launch::{self, ArrayFacts, LaunchFacts, Payload};
-use crate::metrics::{Demand, Metrics};
+use crate::metrics::Metrics;
 use crate::steps::{self, StepRec};
 use crate::store::{Batch, Committer, Effect, JobRecordRow, Store, StoreError};
 use crate::workers::{ConnId, WorkerTx, Workers};
@@ -1584,6 +1584,8 @@ impl Actor {
     fn tick(&mut self) {
         let now_i = Instant::now();
         let now = self.now();
+        // A pass whose demand was not published (too soon after the last) is, now.
+        self.metrics.publish_if_stale(&self.st, now);
         // Lost workers.
         let lost: Vec<String> = self
             .st
@@ -1663,19 +1665,10 @@ impl Actor {
         })
     }
 
+    /// Gauges and the scaler's demand snapshot, from what the pass left (at most every
+    /// `metrics::PUBLISH_EVERY`; the tick publishes what a burst of passes left).
     fn publish_demand(&self) {
-        let mut demand: BTreeMap<String, Demand> = BTreeMap::new();
-        for j in self.st.pending_jobs() {
-            let n = j.array.as_ref().map_or(1, |a| a.pending.len());
-            // Look up before inserting: one key allocation per partition, not per job.
-            let d = match demand.get_mut(&j.spec.partition) {
-                Some(d) => d,
-                None => demand.entry(j.spec.partition.clone()).or_default(),
-            };
-            d.pending_jobs += n;
-            d.pending_gpus += n * u64::from(j.shape.total().gpus);
-        }
-        self.metrics.set_demand(&demand);
+        self.metrics.pass_done(&self.st, self.now());
     }
 }
 

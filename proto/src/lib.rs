@@ -9,6 +9,7 @@
 //! | `Accounting` | controller | CLI (sacct, sacctmgr, sshare, sprio) |
 //! | `WorkerLink` | controller | worker: one bidirectional stream per node |
 //! | `StepLauncher` | worker | srun: launches step tasks and streams their output |
+//! | `externalscaler.ExternalScaler` | controller (`--scaler-listen`) | KEDA (vendored proto) |
 //!
 //! This crate holds only the contract. Conversions to and from the scheduling core live in the
 //! controller (`api/convert.rs`), which is also where hostile input is rejected.
@@ -16,6 +17,13 @@
 pub mod v1 {
     #![allow(clippy::all, missing_docs, unreachable_pub)]
     tonic::include_proto!("tandem.v1");
+}
+
+/// KEDA's external scaler contract (package `externalscaler`, vendored from kedacore/keda,
+/// Apache-2.0): the controller serves it so KEDA scales worker sets on shape-aware demand.
+pub mod externalscaler {
+    #![allow(clippy::all, missing_docs, unreachable_pub)]
+    tonic::include_proto!("externalscaler");
 }
 
 pub mod auth;

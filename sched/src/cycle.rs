@@ -465,7 +465,7 @@ fn singleton_blocked(st: &State) -> HashSet<JobId> {
 
 /// How many runs a record may start this pass: 1, or for an array its pending indices up to
 /// the throttle.
-fn start_budget(job: &Job) -> u64 {
+pub(crate) fn start_budget(job: &Job) -> u64 {
     // aftercorr was checked for the next index only.
     let corr = job.spec.dependency.as_ref().is_some_and(|d| {
         d.items

@@ -32,6 +32,8 @@
 //!   (reservation timeline), `profile` (a node's free resources over time), `preempt` (victims); `priority` and `fairshare` (multifactor and
 //!   Fair Tree) and `ranking` (the seam: builds a `PriorityInput` per job from `State` and calls
 //!   `priority::priority`; the pass and sprio share it); `sim` (trace simulator).
+//! - `demand`: autoscaling demand (how many workers of a shape the queue needs), from a
+//!   snapshot taken after each pass.
 //! - `fixtures`: fluent builders (`JobSpec::test().gpus(8).nodes(2)`) for tests and benches.
 //!
 //! # Invariants
@@ -59,6 +61,7 @@ mod backfill;
 pub mod config;
 pub mod constraint;
 pub mod cycle;
+pub mod demand;
 pub mod dependency;
 pub mod effect;
 pub mod fairshare;

@@ -1,11 +1,13 @@
 //! The gRPC services. Each is a thin shell: authenticate (the interceptor already verified
 //! the token; handlers read the [`Identity`](tandem_proto::auth::Identity)), convert and
 //! validate ([`convert`]), ask the state actor, convert back. Authorization rules are pure
-//! ([`authz`]).
+//! ([`authz`]). The exception is [`scaler`], KEDA's external scaler on its own listener:
+//! read-only demand, no credential.
 
 pub mod accounting;
 pub mod authz;
 pub mod convert;
 pub mod jobs;
 pub mod nodes;
+pub mod scaler;
 pub mod workers;
