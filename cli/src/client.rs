@@ -1,7 +1,7 @@
 //! Finding the cluster and talking to it as the current user.
 
 use anyhow::Context as _;
-use tandem_proto::auth::Identity;
+use tandem_proto::auth::{ClientAuth, Identity};
 use tandem_proto::endpoint::{self, AuthChannel, MAX_RESPONSE_BYTES};
 use tandem_proto::v1::accounting_client::AccountingClient;
 use tandem_proto::v1::jobs_client::JobsClient;
@@ -13,23 +13,30 @@ pub struct Client {
     pub jobs: JobsClient<AuthChannel>,
     pub nodes: NodesClient<AuthChannel>,
     pub accounting: AccountingClient<AuthChannel>,
+    /// Whom the credentials name (the agent's word when it issued them).
     pub identity: Identity,
+    /// The credentials, shared with connections to workers (srun).
+    pub auth: ClientAuth,
     pub cluster_name: String,
     pub controller: String,
 }
 
 impl Client {
-    /// Discovers the cluster (`$TANDEM_CONFIG`, `~/.tandem/cluster.json`, ...) and connects.
+    /// Discovers the cluster (`$TANDEM_CONFIG`, `~/.tandem/cluster.json`, ...), gets a
+    /// credential (from the identity agent, or signed with the key if this user can read
+    /// it: one round trip either way) and connects.
     pub async fn connect() -> anyhow::Result<Client> {
         let ep = endpoint::discover()?;
-        let identity = current_identity();
-        let channel = ep.connect(&identity).await?;
+        let auth = ep.client_auth(&current_identity())?;
+        let identity = auth.identity().clone();
+        let channel = endpoint::connect_with(&ep.controller, auth.clone()).await?;
         Ok(Client {
             jobs: JobsClient::new(channel.clone()).max_decoding_message_size(MAX_RESPONSE_BYTES),
             nodes: NodesClient::new(channel.clone()).max_decoding_message_size(MAX_RESPONSE_BYTES),
             accounting: AccountingClient::new(channel)
                 .max_decoding_message_size(MAX_RESPONSE_BYTES),
             identity,
+            auth,
             cluster_name: ep.cluster_name,
             controller: ep.controller,
         })

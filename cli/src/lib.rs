@@ -77,6 +77,8 @@ enum Command {
     Controller(cmd::controller::Args),
     /// Run the node agent daemon.
     Worker(cmd::worker::Args),
+    /// Run the local identity agent: credentials for local users, by their kernel uid.
+    Authd(cmd::authd::Args),
     /// Start an all-in-one local cluster (controller and workers) and return when it is ready.
     #[command(args_override_self = true)]
     Up(cmd::up::Args),
@@ -169,6 +171,7 @@ fn command_name(c: &Command) -> &'static str {
         Command::Sprio(_) => "sprio",
         Command::Controller(_) => "tandem controller",
         Command::Worker(_) => "tandem worker",
+        Command::Authd(_) => "tandem authd",
         Command::Up(_) => "tandem up",
         Command::Down(_) => "tandem down",
         Command::Links(_) => "tandem links",
@@ -207,6 +210,7 @@ fn run(name: &str, command: Command) -> ExitCode {
             daemon_runtime().and_then(|rt| rt.block_on(cmd::controller::run(a)))
         }
         Command::Worker(a) => daemon_runtime().and_then(|rt| rt.block_on(cmd::worker::run(a))),
+        Command::Authd(a) => daemon_runtime().and_then(|rt| rt.block_on(cmd::authd::run(a))),
         Command::Up(a) => client_runtime().and_then(|rt| rt.block_on(cmd::up::run(a))),
         Command::Down(a) => cmd::down::run(a),
         Command::Links(a) => cmd::links::run(a),

@@ -81,6 +81,10 @@ pub struct Args {
     /// crash, including SIGKILL, but not a power loss), for much higher submit rates.
     #[arg(long, value_enum, default_value_t = Durability::Full)]
     pub durability: Durability,
+    /// Administrators besides root, comma-separated user names or uids (Slurm's
+    /// AdminLevel): they control every job and node and run `sacctmgr` changes.
+    #[arg(long, value_delimiter = ',')]
+    pub admins: Vec<String>,
 }
 
 /// Parses `500ms`, `2s`, `1m`, or a plain number of seconds.
@@ -119,6 +123,8 @@ pub struct Config {
     pub metrics_listen: Option<SocketAddr>,
     pub scaler_listen: Option<SocketAddr>,
     pub durability: Durability,
+    /// Users raised to administrator (root always is).
+    pub admins: tandem_proto::auth::Admins,
 }
 
 impl Config {
@@ -137,6 +143,7 @@ impl Config {
             metrics_listen: None,
             scaler_listen: None,
             durability: Durability::Full,
+            admins: tandem_proto::auth::Admins::default(),
         }
     }
 }
@@ -180,6 +187,7 @@ impl Args {
             metrics_listen: self.metrics_listen,
             scaler_listen: self.scaler_listen,
             durability: self.durability,
+            admins: tandem_proto::auth::Admins::parse(&self.admins),
         })
     }
 }

@@ -108,7 +108,7 @@ pub async fn run(
         "controller ready"
     );
 
-    let auth = ServerAuth::new(key);
+    let auth = ServerAuth::with_admins(key, config.admins.clone());
     let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
     let stop_handle = handle.clone();
     let serve = tonic::transport::Server::builder()

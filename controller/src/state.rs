@@ -943,14 +943,19 @@ impl Actor {
             .steps
             .push((id.0, step_id, serde_json::to_vec(&rec).unwrap_or_default()));
         list.push(rec);
-        let token = self.key.sign(
-            &Identity {
-                user: format!("step:{}.{step_id}", id.0),
+        // The launch credential: workers run this step's tasks only with it (job, step,
+        // the step's nodes, the job's user, a short expiry).
+        let token = self.key.issue_step(
+            &tandem_proto::auth::StepGrant {
+                job_id: id.0,
+                step_id,
+                nodes: step_names.iter().map(|n| (*n).to_owned()).collect(),
                 uid,
                 gid,
-                role: Role::User,
+                exp: 0,
             },
             now,
+            authz::STEP_GRANT_LIFETIME,
         );
         Ok(v1::CreateStepResponse {
             job_id: id.0,
@@ -1177,12 +1182,25 @@ impl Actor {
                 let _ = self.st.heartbeat(node, now);
             }
             worker_message::Msg::JobStarted(s) => {
-                if let Err(e) = self.st.job_started(JobId(s.job_id), s.start_time) {
+                let job = self.st.job(JobId(s.job_id));
+                let host = job.and_then(|j| self.st.node_names(j).first().copied());
+                let current = job.and_then(|j| j.start_time);
+                if !authz::may_report_start(host, node, current, s.start_time, now) {
+                    warn!(node = %node, job_id = s.job_id, "refused a start report for a job this node does not host");
+                } else if let Err(e) = self.st.job_started(JobId(s.job_id), s.start_time) {
                     debug!(job_id = s.job_id, error = %e, "ignoring job start");
                 }
             }
             worker_message::Msg::JobEnded(e) => self.job_ended(node, &e, now),
             worker_message::Msg::StepEnded(s) => {
+                let on_node = self
+                    .st
+                    .job(JobId(s.job_id))
+                    .is_some_and(|j| self.st.node_names(j).contains(&node));
+                if !on_node {
+                    warn!(node = %node, job_id = s.job_id, "refused a step report for a job not on this node");
+                    return;
+                }
                 let worker = Identity::worker(node, 0, 0);
                 let _ = self.complete_step(&worker, s.job_id, s.step_id, s.exit_code, s.signal);
             }

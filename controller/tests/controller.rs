@@ -603,11 +603,12 @@ async fn steps_holds_and_node_administration() {
     assert_eq!(step.ntasks, 4);
     assert_eq!(step.targets[1].task_ids, vec![2, 3]);
     assert!(!step.launch_token.is_empty());
-    let t = ctl.key.verify(&step.launch_token).unwrap();
-    assert_eq!(
-        (t.user.as_str(), t.uid),
-        (format!("step:{id}.0").as_str(), 1000)
-    );
+    let t = ctl
+        .key
+        .verify_step(&step.launch_token, tandem_proto::auth::unix_now())
+        .unwrap();
+    assert_eq!((t.job_id, t.step_id, t.uid), (id, 0, 1000));
+    assert_eq!(t.nodes, vec!["n1".to_owned(), "n2".to_owned()]);
     jobs.complete_step(v1::CompleteStepRequest {
         job_id: id,
         step_id: 0,

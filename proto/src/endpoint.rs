@@ -3,10 +3,18 @@
 //! # Resolution order
 //!
 //! 1. The cluster file at `$TANDEM_CONFIG`, else `$HOME/.tandem/cluster.json`:
-//!    `{ "cluster_name": "...", "controller": "http://127.0.0.1:PORT", "key_file": "/path/key" }`.
+//!    `{ "cluster_name": "...", "controller": "http://127.0.0.1:PORT", "key_file": "/path/key",
+//!    "auth_socket": "/path/authd.sock" }`.
 //!    `tandem up --state-dir DIR` writes `DIR/cluster.json` (and the home one by default).
-//! 2. `$TANDEM_CONTROLLER` overrides the address and `$TANDEM_KEY_FILE` the key file; with
-//!    both set no file is needed at all (how pods and tests are wired).
+//! 2. `$TANDEM_CONTROLLER` overrides the address, `$TANDEM_KEY_FILE` the key file and
+//!    `$TANDEM_AUTH_SOCKET` the identity agent's socket; with the address and one of the
+//!    other two set no file is needed at all (how pods and tests are wired).
+//!
+//! # Credentials
+//!
+//! [`Endpoint::client_auth`] asks the identity agent (`tandem authd`) when a socket is known,
+//! and falls back to signing with the key when this process can read it (the key's owner).
+//! A user who can do neither gets an error naming both.
 //!
 //! Environment variables are read through a lookup function so tests pass a map instead of
 //! mutating the process environment (`set_var` is racy and banned by `clippy.toml`).
@@ -18,11 +26,12 @@ use serde::{Deserialize, Serialize};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-use crate::auth::{ClientAuth, ClusterKey, Identity, KeyError};
+use crate::auth::{AgentSource, ClientAuth, ClusterKey, Identity, KeyError, KeySigner};
 
 pub const ENV_CONFIG: &str = "TANDEM_CONFIG";
 pub const ENV_CONTROLLER: &str = "TANDEM_CONTROLLER";
 pub const ENV_KEY_FILE: &str = "TANDEM_KEY_FILE";
+pub const ENV_AUTH_SOCKET: &str = "TANDEM_AUTH_SOCKET";
 pub const DEFAULT_CLUSTER_NAME: &str = "tandem";
 
 /// Largest response a client should accept. tonic's default (4 MiB) is too small for
@@ -41,6 +50,9 @@ pub struct ClusterFile {
     /// `http://HOST:PORT` of the controller's gRPC server.
     pub controller: String,
     pub key_file: PathBuf,
+    /// The identity agent's Unix socket (`tandem authd`), if one runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_socket: Option<PathBuf>,
 }
 
 impl ClusterFile {
@@ -74,6 +86,7 @@ pub struct Endpoint {
     pub cluster_name: String,
     pub controller: String,
     pub key_file: PathBuf,
+    pub auth_socket: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -84,8 +97,12 @@ pub enum EndpointError {
     NotFound { path: PathBuf },
     #[error("cannot locate the cluster file: neither {ENV_CONFIG} nor HOME is set")]
     NoHome,
-    #[error("{ENV_CONTROLLER} is set but no key file is known; set {ENV_KEY_FILE}")]
+    #[error(
+        "{ENV_CONTROLLER} is set but neither a key file nor an identity agent is known; set {ENV_AUTH_SOCKET} or {ENV_KEY_FILE}"
+    )]
     NoKeyFile,
+    #[error("no credentials: {agent}; and the cluster key is not usable: {key}")]
+    NoCredentials { agent: String, key: String },
     #[error("cannot read cluster file {path}")]
     Read {
         path: PathBuf,
@@ -126,6 +143,8 @@ pub fn discover_with(env: &dyn Fn(&str) -> Option<String>) -> Result<Endpoint, E
     let nonempty = |k: &str| env(k).filter(|v| !v.is_empty());
     let addr_override = nonempty(ENV_CONTROLLER);
     let key_override = nonempty(ENV_KEY_FILE).map(PathBuf::from);
+    let socket_override = nonempty(ENV_AUTH_SOCKET).map(PathBuf::from);
+    let creds_override = key_override.is_some() || socket_override.is_some();
 
     let explicit = nonempty(ENV_CONFIG).map(PathBuf::from);
     let path = match (&explicit, nonempty("HOME")) {
@@ -138,32 +157,35 @@ pub fn discover_with(env: &dyn Fn(&str) -> Option<String>) -> Result<Endpoint, E
         Some(p) if p.exists() => Some(ClusterFile::read(p)?),
         // An explicitly named file must exist; the default one is optional when both
         // overrides are given.
-        Some(p) if explicit.is_some() || addr_override.is_none() || key_override.is_none() => {
+        Some(p) if explicit.is_some() || addr_override.is_none() || !creds_override => {
             return Err(EndpointError::NotFound { path: p.clone() });
         }
-        None if addr_override.is_none() || key_override.is_none() => {
+        None if addr_override.is_none() || !creds_override => {
             return Err(EndpointError::NoHome);
         }
         _ => None,
     };
 
-    let (cluster_name, controller, key_file) = match file {
-        Some(f) => (f.cluster_name, f.controller, f.key_file),
+    let (cluster_name, controller, key_file, auth_socket) = match file {
+        Some(f) => (f.cluster_name, f.controller, f.key_file, f.auth_socket),
         None => (
             DEFAULT_CLUSTER_NAME.to_owned(),
             String::new(),
             PathBuf::new(),
+            None,
         ),
     };
     let controller = addr_override.unwrap_or(controller);
     let key_file = key_override.unwrap_or(key_file);
-    if key_file.as_os_str().is_empty() {
+    let auth_socket = socket_override.or(auth_socket);
+    if key_file.as_os_str().is_empty() && auth_socket.is_none() {
         return Err(EndpointError::NoKeyFile);
     }
     Ok(Endpoint {
         cluster_name,
         controller: normalize_address(&controller)?,
         key_file,
+        auth_socket,
     })
 }
 
@@ -193,19 +215,54 @@ impl Endpoint {
         Ok(ClusterKey::load(&self.key_file)?)
     }
 
-    /// Loads the key and connects as `identity`.
+    /// Credentials for this process: from the identity agent if one is known and answers,
+    /// else signed with the key as `fallback` if this process can read it. The identity
+    /// the credentials carry is [`ClientAuth::identity`] (the agent's word, from the kernel).
+    pub fn client_auth(&self, fallback: &Identity) -> Result<ClientAuth, EndpointError> {
+        let agent_err = match &self.auth_socket {
+            Some(socket) => {
+                match ClientAuth::from_source(std::sync::Arc::new(AgentSource {
+                    socket: socket.clone(),
+                })) {
+                    Ok(auth) => return Ok(auth),
+                    Err(e) => e,
+                }
+            }
+            None => "no identity agent is configured".to_owned(),
+        };
+        if self.key_file.as_os_str().is_empty() {
+            return Err(EndpointError::NoCredentials {
+                agent: agent_err,
+                key: "no key file is configured".to_owned(),
+            });
+        }
+        match self.load_key() {
+            Ok(key) => ClientAuth::from_source(std::sync::Arc::new(KeySigner {
+                key,
+                identity: fallback.clone(),
+                host: String::new(),
+            }))
+            .map_err(|key| EndpointError::NoCredentials {
+                agent: agent_err,
+                key,
+            }),
+            Err(e) if self.auth_socket.is_none() => Err(e),
+            Err(e) => Err(EndpointError::NoCredentials {
+                agent: agent_err,
+                key: crate::auth::error_chain(&e),
+            }),
+        }
+    }
+
+    /// Gets credentials ([`Endpoint::client_auth`]) and connects.
     pub async fn connect(&self, identity: &Identity) -> Result<AuthChannel, EndpointError> {
-        let key = self.load_key()?;
-        connect(&self.controller, &key, identity).await
+        let auth = self.client_auth(identity)?;
+        connect_with(&self.controller, auth).await
     }
 }
 
-/// Connects to `address` and signs every request as `identity`.
-pub async fn connect(
-    address: &str,
-    key: &ClusterKey,
-    identity: &Identity,
-) -> Result<AuthChannel, EndpointError> {
+/// Connects to `address`; every request carries `auth`'s credential.
+pub async fn connect_with(address: &str, auth: ClientAuth) -> Result<AuthChannel, EndpointError> {
     let address = normalize_address(address)?;
     let channel = tonic::transport::Endpoint::from_shared(address.clone())
         .map_err(|_| EndpointError::InvalidAddress {
@@ -216,16 +273,28 @@ pub async fn connect(
         .connect()
         .await
         .map_err(|source| EndpointError::Connect { address, source })?;
-    Ok(authenticated(channel, key, identity))
+    Ok(InterceptedService::new(channel, auth))
+}
+
+/// Connects to `address` and signs every request as `identity`.
+pub async fn connect(
+    address: &str,
+    key: &ClusterKey,
+    identity: &Identity,
+) -> Result<AuthChannel, EndpointError> {
+    connect_with(
+        address,
+        ClientAuth::new(key, identity, crate::auth::unix_now()),
+    )
+    .await
 }
 
 /// Wraps an existing channel so its requests carry `identity`'s token.
 pub fn authenticated(channel: Channel, key: &ClusterKey, identity: &Identity) -> AuthChannel {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-        .unwrap_or(0);
-    InterceptedService::new(channel, ClientAuth::new(key, identity, now))
+    InterceptedService::new(
+        channel,
+        ClientAuth::new(key, identity, crate::auth::unix_now()),
+    )
 }
 
 #[cfg(test)]
@@ -247,6 +316,7 @@ mod tests {
             cluster_name: "c1".into(),
             controller: addr.into(),
             key_file: dir.join("key"),
+            auth_socket: None,
         }
         .write(&p)
         .unwrap();
@@ -282,6 +352,33 @@ mod tests {
         assert_eq!(ep.controller, "http://127.0.0.1:9");
         assert_eq!(ep.key_file, PathBuf::from("/k"));
         assert_eq!(ep.cluster_name, "c1");
+    }
+
+    #[test]
+    fn an_agent_socket_alone_is_enough() {
+        let ep = discover_with(&env_of(&[
+            ("HOME", "/nonexistent"),
+            (ENV_CONTROLLER, "http://127.0.0.1:9"),
+            (ENV_AUTH_SOCKET, "/run/tandem/authd.sock"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            ep.auth_socket.as_deref(),
+            Some(Path::new("/run/tandem/authd.sock"))
+        );
+        // Neither agent nor key: the error names both.
+        let err = Endpoint {
+            auth_socket: Some(PathBuf::from("/nonexistent/sock")),
+            key_file: PathBuf::from("/nonexistent/key"),
+            ..ep
+        }
+        .client_auth(&Identity::user("a", 1, 1))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("tandem authd") && err.contains("/nonexistent/key"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -50,8 +50,25 @@ fn request(
         task_ids: tasks.to_vec(),
         uid,
         gid,
+        launch_token: grant(h, job_id, step_id, uid, gid, &h.register.node_name),
         ..Default::default()
     }
+}
+
+/// The launch credential the controller would sign in `CreateStep`.
+fn grant(h: &Harness, job_id: u64, step_id: u32, uid: u32, gid: u32, node: &str) -> String {
+    h.key.issue_step(
+        &tandem_proto::auth::StepGrant {
+            job_id,
+            step_id,
+            nodes: vec![node.to_owned()],
+            uid,
+            gid,
+            exp: 0,
+        },
+        tandem_proto::auth::unix_now(),
+        60,
+    )
 }
 
 async fn launch(
@@ -182,6 +199,7 @@ async fn users_cannot_launch_as_someone_else_or_without_a_token() {
     let mut req = request(&h, 32, 0, &["true"], &[0]);
     req.uid = 4243;
     req.gid = 4242;
+    req.launch_token = grant(&h, 32, 0, 4243, 4242, &h.register.node_name);
     let err = c.launch_tasks(req).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
     assert!(
@@ -189,6 +207,43 @@ async fn users_cannot_launch_as_someone_else_or_without_a_token() {
         "{}",
         err.message()
     );
+
+    // Without a launch credential, with one for another node, job, or an expired one: refused,
+    // even for the job's own user.
+    let mut me_client = client(&h, &tester()).await;
+    let (uid, gid) = me();
+    let now = tandem_proto::auth::unix_now();
+    let node = h.register.node_name.clone();
+    let expired = h.key.issue_step(
+        &tandem_proto::auth::StepGrant {
+            job_id: 32,
+            step_id: 0,
+            nodes: vec![node.clone()],
+            uid,
+            gid,
+            exp: 0,
+        },
+        now - 120,
+        60,
+    );
+    for (token, want) in [
+        (String::new(), "no launch credential"),
+        (
+            grant(&h, 32, 0, uid, gid, "other-node"),
+            "another step, user or node",
+        ),
+        (
+            grant(&h, 99, 0, uid, gid, &node),
+            "another step, user or node",
+        ),
+        (expired, "expired"),
+    ] {
+        let mut req = request(&h, 32, 0, &["true"], &[0]);
+        req.launch_token = token;
+        let err = me_client.launch_tasks(req).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+        assert!(err.message().contains(want), "{want}: {}", err.message());
+    }
 
     let raw =
         tonic::transport::Endpoint::from_shared(format!("http://{}", h.register.step_address))

@@ -82,6 +82,7 @@ pub async fn run(args: Args) -> Exit {
         heartbeat_interval: None,
         node_timeout: None,
         durability: None,
+        admins: Vec::new(),
         timeout: 60,
     };
     println!(

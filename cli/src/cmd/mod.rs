@@ -2,6 +2,7 @@
 //! and an async or plain `run(Args) -> Exit`.
 
 pub mod acct_table;
+pub mod authd;
 pub mod controller;
 pub mod demo;
 pub mod down;

@@ -230,8 +230,7 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args) -> Exit {
         } else {
             format!("http://{}", target.address)
         };
-        let key = tandem_proto::endpoint::discover()?.load_key()?;
-        let channel = tandem_proto::endpoint::connect(&address, &key, &client.identity)
+        let channel = tandem_proto::endpoint::connect_with(&address, client.auth.clone())
             .await
             .with_context(|| format!("cannot reach node {}", target.node))?;
         let mut launcher = StepLauncherClient::new(channel);

@@ -7,6 +7,8 @@
 //! ```text
 //! DIR/cluster.key        the key (mode 0600)
 //! DIR/cluster.json       how clients find the cluster ($TANDEM_CONFIG)
+//! DIR/authd.sock         the identity agent's socket (mode 0666): users get credentials
+//!                        there without reading the key; DIR/authd.pid, DIR/authd.log
 //! DIR/controller/        the controller's durable store
 //! DIR/controller.pid     pid of the controller
 //! DIR/controller.args    its arguments, one per line (to restart it by hand or in tests)
@@ -72,6 +74,10 @@ pub struct Args {
     /// (survives a controller crash but not a power loss; much faster).
     #[arg(long, value_name = "full|process")]
     pub durability: Option<String>,
+    /// Administrators besides root (user names or uids, comma-separated): they control every
+    /// job and node and run sacctmgr changes.
+    #[arg(long, value_delimiter = ',')]
+    pub admins: Vec<String>,
     /// How long to wait for the cluster to be ready, in seconds.
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,
@@ -155,6 +161,23 @@ pub async fn start(args: &Args) -> anyhow::Result<Started> {
     let key = ClusterKey::load_or_create(&key_file)
         .with_context(|| format!("cannot create the cluster key {}", key_file.display()))?;
 
+    // The identity agent first: clients (and other local users) need it as soon as the
+    // cluster file names it.
+    let socket = super::authd::default_socket(&key_file);
+    let aargs: Vec<String> = vec![
+        "authd".into(),
+        "--key-file".into(),
+        key_file.to_string_lossy().into_owned(),
+        "--socket".into(),
+        socket.to_string_lossy().into_owned(),
+    ];
+    let mut authd = spawn_daemon(&exe_path()?, &aargs, &dir.join("authd.log"))?;
+    write_pid(&dir.join("authd.pid"), authd.id())?;
+    if let Err(e) = wait_agent(&socket, &mut authd, &dir.join("authd.log")).await {
+        super::down::stop(&dir, Duration::from_secs(5));
+        return Err(e);
+    }
+
     let addr = resolve_listen(args.listen)?;
     let controller_url = format!("http://{addr}");
     let exe = std::env::current_exe().context("cannot find this binary's path")?;
@@ -178,6 +201,10 @@ pub async fn start(args: &Args) -> anyhow::Result<Started> {
             cargs.push(flag.into());
             cargs.push(v.clone());
         }
+    }
+    if !args.admins.is_empty() {
+        cargs.push("--admins".into());
+        cargs.push(args.admins.join(","));
     }
     if let Some(c) = &args.config {
         cargs.push("--config".into());
@@ -251,6 +278,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Started> {
         cluster_name,
         controller: controller_url.clone(),
         key_file: key_file.clone(),
+        auth_socket: Some(socket),
     };
     file.write(&cluster_file)?;
     if !args.no_default_config
@@ -267,6 +295,40 @@ pub async fn start(args: &Args) -> anyhow::Result<Started> {
         cluster_file,
         controller: controller_url,
     })
+}
+
+fn exe_path() -> anyhow::Result<PathBuf> {
+    std::env::current_exe().context("cannot find this binary's path")
+}
+
+/// Waits until the identity agent answers on `socket`.
+async fn wait_agent(
+    socket: &Path,
+    authd: &mut std::process::Child,
+    log: &Path,
+) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = authd.try_wait()? {
+            bail!(
+                "the identity agent exited ({status}) during startup; log {}: {}",
+                log.display(),
+                log_tail(log, 5)
+            );
+        }
+        if tandem_proto::auth::agent::request(socket).is_ok() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!(
+                "the identity agent did not answer on {} within 30s; log {}: {}",
+                socket.display(),
+                log.display(),
+                log_tail(log, 5)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// A fixed address: port 0 is resolved here, once, so a restarted controller comes back on

@@ -6,7 +6,6 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use prost::Message;
-use tandem_proto::auth::identity;
 use tandem_proto::v1::{self, accounting_server::Accounting};
 use tonic::{Request, Response, Status};
 use tracing::instrument;
@@ -79,7 +78,7 @@ impl Accounting for AccountingService {
         &self,
         request: Request<v1::AddAccountRequest>,
     ) -> Result<Response<v1::AccountingChangeResponse>, Status> {
-        let who = identity(&request)?.clone();
+        let who = authz::require(&request, authz::Rpc::AccountingChange)?;
         self.change(&who, Change::AddAccount(request.into_inner()))
             .await
     }
@@ -89,7 +88,7 @@ impl Accounting for AccountingService {
         &self,
         request: Request<v1::ModifyAccountRequest>,
     ) -> Result<Response<v1::AccountingChangeResponse>, Status> {
-        let who = identity(&request)?.clone();
+        let who = authz::require(&request, authz::Rpc::AccountingChange)?;
         self.change(&who, Change::ModifyAccount(request.into_inner()))
             .await
     }
@@ -99,7 +98,7 @@ impl Accounting for AccountingService {
         &self,
         request: Request<v1::DeleteAccountRequest>,
     ) -> Result<Response<v1::AccountingChangeResponse>, Status> {
-        let who = identity(&request)?.clone();
+        let who = authz::require(&request, authz::Rpc::AccountingChange)?;
         self.change(&who, Change::DeleteAccount(request.into_inner()))
             .await
     }
@@ -109,7 +108,7 @@ impl Accounting for AccountingService {
         &self,
         request: Request<v1::AddUserRequest>,
     ) -> Result<Response<v1::AccountingChangeResponse>, Status> {
-        let who = identity(&request)?.clone();
+        let who = authz::require(&request, authz::Rpc::AccountingChange)?;
         self.change(&who, Change::AddUser(request.into_inner()))
             .await
     }
@@ -119,7 +118,7 @@ impl Accounting for AccountingService {
         &self,
         request: Request<v1::ModifyUserRequest>,
     ) -> Result<Response<v1::AccountingChangeResponse>, Status> {
-        let who = identity(&request)?.clone();
+        let who = authz::require(&request, authz::Rpc::AccountingChange)?;
         self.change(&who, Change::ModifyUser(request.into_inner()))
             .await
     }
@@ -129,7 +128,7 @@ impl Accounting for AccountingService {
         &self,
         request: Request<v1::DeleteUserRequest>,
     ) -> Result<Response<v1::AccountingChangeResponse>, Status> {
-        let who = identity(&request)?.clone();
+        let who = authz::require(&request, authz::Rpc::AccountingChange)?;
         self.change(&who, Change::DeleteUser(request.into_inner()))
             .await
     }
@@ -139,7 +138,7 @@ impl Accounting for AccountingService {
         &self,
         request: Request<v1::AddQosRequest>,
     ) -> Result<Response<v1::AccountingChangeResponse>, Status> {
-        let who = identity(&request)?.clone();
+        let who = authz::require(&request, authz::Rpc::AccountingChange)?;
         self.change(&who, Change::AddQos(request.into_inner()))
             .await
     }
@@ -149,7 +148,7 @@ impl Accounting for AccountingService {
         &self,
         request: Request<v1::ModifyQosRequest>,
     ) -> Result<Response<v1::AccountingChangeResponse>, Status> {
-        let who = identity(&request)?.clone();
+        let who = authz::require(&request, authz::Rpc::AccountingChange)?;
         self.change(&who, Change::ModifyQos(request.into_inner()))
             .await
     }
@@ -159,7 +158,7 @@ impl Accounting for AccountingService {
         &self,
         request: Request<v1::DeleteQosRequest>,
     ) -> Result<Response<v1::AccountingChangeResponse>, Status> {
-        let who = identity(&request)?.clone();
+        let who = authz::require(&request, authz::Rpc::AccountingChange)?;
         self.change(&who, Change::DeleteQos(request.into_inner()))
             .await
     }
@@ -169,7 +168,7 @@ impl Accounting for AccountingService {
         &self,
         request: Request<v1::ListAssociationsRequest>,
     ) -> Result<Response<v1::ListAssociationsResponse>, Status> {
-        identity(&request)?;
+        authz::require(&request, authz::Rpc::ListAssociations)?;
         let resp = self
             .handle
             .call(|reply| Command::Accounting(AcctCommand::Associations { reply }))
@@ -182,7 +181,7 @@ impl Accounting for AccountingService {
         &self,
         request: Request<v1::ListQosRequest>,
     ) -> Result<Response<v1::ListQosResponse>, Status> {
-        identity(&request)?;
+        authz::require(&request, authz::Rpc::ListQos)?;
         let resp = self
             .handle
             .call(|reply| Command::Accounting(AcctCommand::Qos { reply }))
@@ -195,7 +194,7 @@ impl Accounting for AccountingService {
         &self,
         request: Request<v1::ListSharesRequest>,
     ) -> Result<Response<v1::ListSharesResponse>, Status> {
-        identity(&request)?;
+        authz::require(&request, authz::Rpc::ListShares)?;
         let resp = self
             .handle
             .call(|reply| Command::Accounting(AcctCommand::Shares { reply }))
@@ -208,7 +207,7 @@ impl Accounting for AccountingService {
         &self,
         request: Request<v1::ListPrioritiesRequest>,
     ) -> Result<Response<v1::ListPrioritiesResponse>, Status> {
-        identity(&request)?;
+        authz::require(&request, authz::Rpc::ListPriorities)?;
         let req = request.into_inner();
         check_priorities_request(&req)?;
         let resp = self
@@ -223,7 +222,7 @@ impl Accounting for AccountingService {
         &self,
         request: Request<v1::ListJobRecordsRequest>,
     ) -> Result<Response<v1::ListJobRecordsResponse>, Status> {
-        identity(&request)?;
+        authz::require(&request, authz::Rpc::ListJobRecords)?;
         let req = request.into_inner();
         let mut states = Vec::new();
         for s in &req.states {

@@ -1,15 +1,123 @@
 //! Who may do what. Pure functions over the verified [`Identity`], so every rule has a test
 //! and handlers only ask.
 //!
+//! Two layers:
+//!
+//! - [`allowed`]: the one table of which role may call which RPC. Every handler starts with
+//!   [`require`], so a role never reaches a handler it has no business in (a worker cannot
+//!   submit, a user cannot attach as a node, nobody but an admin changes accounting).
+//! - Object rules (`may_*`), asked by handlers and the state actor once the object is known.
+//!
 //! Slurm's rules, kept: a user controls only their own jobs; an operator (admin) controls
 //! any; a user may lower but not raise a time limit, and may not set an absolute priority or
 //! release an operator's hold; nodes are changed only by operators.
 
-use tandem_proto::auth::{Identity, Role};
+use tandem_proto::auth::{Identity, Role, identity};
+use tonic::{Request, Status};
+
+/// Every RPC the controller serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Rpc {
+    Submit,
+    Cancel,
+    ListJobs,
+    UpdateJob,
+    WatchJob,
+    CreateStep,
+    CompleteStep,
+    ListNodes,
+    ListPartitions,
+    UpdateNode,
+    ClusterInfo,
+    WorkerAttach,
+    ListJobRecords,
+    /// sacctmgr add/modify/delete of accounts, users and QOS.
+    AccountingChange,
+    ListAssociations,
+    ListQos,
+    ListShares,
+    ListPriorities,
+}
+
+/// The table: may `role` call `rpc` at all? (Which objects it may touch is decided later.)
+pub fn allowed(rpc: Rpc, role: Role) -> bool {
+    use Role::{Admin, Bridge, Operator, User, Worker};
+    use Rpc::*;
+    match rpc {
+        // Jobs: users and the bridge (placeholder jobs) own jobs; admins act on any.
+        Submit | Cancel | UpdateJob | WatchJob => matches!(role, User | Admin | Bridge),
+        // Steps run inside allocations, as the job's user (srun).
+        CreateStep | CompleteStep => matches!(role, User | Admin),
+        // Reads: everyone but node agents, which have their own stream.
+        ListJobs | ListNodes | ListPartitions | ListJobRecords | ListAssociations | ListQos
+        | ListShares | ListPriorities => matches!(role, User | Admin | Bridge | Operator),
+        ClusterInfo => true,
+        // Drain/resume: admins and the operator (scale-in drains before deleting pods).
+        UpdateNode => matches!(role, Admin | Operator),
+        WorkerAttach => matches!(role, Worker | Admin),
+        AccountingChange => role == Admin,
+    }
+}
+
+/// The caller's identity if its role may call `rpc`; `PERMISSION_DENIED` otherwise.
+#[allow(clippy::result_large_err)]
+pub fn require<T>(request: &Request<T>, rpc: Rpc) -> Result<Identity, Status> {
+    let who = identity(request)?;
+    if allowed(rpc, who.role) {
+        Ok(who.clone())
+    } else {
+        let hint = match rpc {
+            Rpc::AccountingChange | Rpc::UpdateNode => {
+                "; only operators (configured administrators) and root may"
+            }
+            _ => "",
+        };
+        Err(Status::permission_denied(format!(
+            "{} ({:?} credential) may not call {rpc:?}{hint}",
+            who.user, who.role
+        )))
+    }
+}
+
+/// A worker speaks only for the node its credential names; an admin (tools, tests) for any.
+pub fn may_register_as(who: &Identity, node: &str) -> bool {
+    who.is_admin() || who.node() == Some(node)
+}
+
+/// Lifetime of a step launch credential: srun uses it right after CreateStep.
+pub const STEP_GRANT_LIFETIME: i64 = 300;
+
+/// A worker's `JobStarted`: only from the job's batch host, and it may only refine the start
+/// the controller recorded (the fork comes a little after the allocation), never move it
+/// back in time or far ahead (which would stretch the time limit).
+pub fn may_report_start(
+    batch_host: Option<&str>,
+    node: &str,
+    current: Option<i64>,
+    reported: i64,
+    now: i64,
+) -> bool {
+    const LAUNCH_SLACK: i64 = 120;
+    if batch_host != Some(node) {
+        return false;
+    }
+    match current {
+        Some(c) => {
+            reported <= 0 || (reported >= c - 5 && reported <= (c + LAUNCH_SLACK).min(now + 5))
+        }
+        None => reported <= now + 5,
+    }
+}
+
+/// Job details beyond its state (command, working directory, output paths, submit host):
+/// the owner and admins only, as Slurm's PrivateData=jobs would.
+pub fn may_read_job_details(who: &Identity, owner_uid: u32) -> bool {
+    who.is_admin() || who.uid == owner_uid && matches!(who.role, Role::User | Role::Bridge)
+}
 
 /// Cancel, hold, release, requeue, signal, update: the owner or an admin.
 pub fn may_control_job(who: &Identity, owner_uid: u32) -> bool {
-    who.is_admin() || (who.role == Role::User && who.uid == owner_uid)
+    who.is_admin() || (matches!(who.role, Role::User | Role::Bridge) && who.uid == owner_uid)
 }
 
 /// Release a hold: an admin hold only by an admin.
@@ -46,9 +154,9 @@ pub fn may_set_priority(who: &Identity) -> bool {
     who.is_admin()
 }
 
-/// Drain, resume, down: operators only.
+/// Drain, resume, down: admins and the Kubernetes operator.
 pub fn may_update_node(who: &Identity) -> bool {
-    who.is_admin()
+    who.is_admin() || who.role == Role::Operator
 }
 
 /// Accounts, users and QOS (sacctmgr add/modify/delete): operators only, as Slurm's
@@ -82,6 +190,73 @@ mod tests {
     }
     fn worker() -> Identity {
         Identity::worker("n1", 1000, 1000)
+    }
+
+    #[test]
+    fn the_rpc_table() {
+        use Role::*;
+        use Rpc::*;
+        let all = [User, Worker, Admin, Bridge, Operator];
+        let cases: &[(Rpc, &[Role])] = &[
+            (Submit, &[User, Admin, Bridge]),
+            (Cancel, &[User, Admin, Bridge]),
+            (UpdateJob, &[User, Admin, Bridge]),
+            (WatchJob, &[User, Admin, Bridge]),
+            (CreateStep, &[User, Admin]),
+            (CompleteStep, &[User, Admin]),
+            (ListJobs, &[User, Admin, Bridge, Operator]),
+            (ListNodes, &[User, Admin, Bridge, Operator]),
+            (ListJobRecords, &[User, Admin, Bridge, Operator]),
+            (ClusterInfo, &[User, Worker, Admin, Bridge, Operator]),
+            (UpdateNode, &[Admin, Operator]),
+            (WorkerAttach, &[Worker, Admin]),
+            (AccountingChange, &[Admin]),
+        ];
+        for (rpc, ok) in cases {
+            for role in all {
+                assert_eq!(allowed(*rpc, role), ok.contains(&role), "{rpc:?} {role:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn require_reads_the_verified_identity() {
+        let mut req = Request::new(());
+        assert_eq!(
+            require(&req, Rpc::Submit).unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
+        req.extensions_mut().insert(worker());
+        let e = require(&req, Rpc::Submit).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        assert!(require(&req, Rpc::WorkerAttach).is_ok());
+    }
+
+    #[test]
+    fn workers_speak_only_for_their_node() {
+        assert!(may_register_as(&worker(), "n1"));
+        assert!(!may_register_as(&worker(), "n2"));
+        assert!(!may_register_as(&alice(), "alice"));
+        assert!(may_register_as(&root(), "n2"));
+    }
+
+    #[test]
+    fn start_reports_come_from_the_batch_host_and_stay_near_the_allocation() {
+        assert!(may_report_start(Some("n1"), "n1", Some(100), 101, 200));
+        assert!(!may_report_start(Some("n1"), "n2", Some(100), 101, 200));
+        assert!(!may_report_start(None, "n1", Some(100), 101, 200));
+        // Back in time, or far ahead: a rewrite, not a refinement.
+        assert!(!may_report_start(Some("n1"), "n1", Some(100), 50, 200));
+        assert!(!may_report_start(Some("n1"), "n1", Some(100), 1_000, 2_000));
+        assert!(!may_report_start(Some("n1"), "n1", Some(100), 150, 120));
+    }
+
+    #[test]
+    fn job_details_are_private() {
+        assert!(may_read_job_details(&alice(), 1000));
+        assert!(!may_read_job_details(&bob(), 1000));
+        assert!(may_read_job_details(&root(), 1000));
+        assert!(!may_read_job_details(&worker(), 1000));
     }
 
     #[test]
@@ -125,6 +300,8 @@ mod tests {
     #[test]
     fn nodes_priorities_and_worker_links() {
         assert!(!may_update_node(&alice()) && may_update_node(&root()));
+        let op = Identity::service(Role::Operator, "tandem-operator", 0, 0);
+        assert!(may_update_node(&op) && !may_control_job(&op, 0));
         assert!(!may_change_accounting(&alice()) && may_change_accounting(&root()));
         assert!(!may_change_accounting(&worker()));
         assert!(!may_set_priority(&alice()) && may_set_priority(&root()));

@@ -4,12 +4,13 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use futures::Stream;
-use tandem_proto::auth::identity;
 use tandem_proto::v1::{self, jobs_server::Jobs};
 use tandem_sched::JobId;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::instrument;
+
+use super::authz;
 
 use super::convert::{self, JobFields, PAYLOAD_FIELDS};
 use crate::launch::Payload;
@@ -87,7 +88,7 @@ impl Jobs for JobsService {
         &self,
         request: Request<v1::SubmitRequest>,
     ) -> Result<Response<v1::SubmitResponse>, Status> {
-        let who = identity(&request)?.clone();
+        let who = authz::require(&request, authz::Rpc::Submit)?;
         tracing::Span::current().record("user", who.user.as_str());
         let spec = request
             .into_inner()
@@ -116,7 +117,7 @@ impl Jobs for JobsService {
         &self,
         request: Request<v1::CancelRequest>,
     ) -> Result<Response<v1::CancelResponse>, Status> {
-        let who = identity(&request)?.clone();
+        let who = authz::require(&request, authz::Rpc::Cancel)?;
         tracing::Span::current().record("user", who.user.as_str());
         let req = request.into_inner();
         let resp = self
@@ -131,14 +132,42 @@ impl Jobs for JobsService {
         &self,
         request: Request<v1::ListJobsRequest>,
     ) -> Result<Response<v1::ListJobsResponse>, Status> {
-        identity(&request)?;
-        let req = request.into_inner();
+        let who = authz::require(&request, authz::Rpc::ListJobs)?;
+        let mut req = request.into_inner();
         let want = JobFields::from_names(&req.fields)?;
+        // Privacy below needs each job's owner even when the caller asked for fewer fields.
+        let add_uid =
+            !who.is_admin() && !req.fields.is_empty() && !req.fields.iter().any(|f| f == "uid");
+        if add_uid {
+            req.fields.push("uid".to_owned());
+        }
         let mut resp = self
             .handle
             .call(|reply| Command::ListJobs { req, reply })
             .await?;
         add_payloads(&self.reader, &mut resp.jobs, want).await;
+        // Everyone sees every job's state (as squeue shows); only the owner and admins see
+        // what it runs and where its output goes.
+        for j in resp
+            .jobs
+            .iter_mut()
+            .filter(|j| !authz::may_read_job_details(&who, j.uid))
+        {
+            for field in [
+                &mut j.workdir,
+                &mut j.stdout,
+                &mut j.stderr,
+                &mut j.command,
+                &mut j.comment,
+            ] {
+                field.clear();
+            }
+        }
+        if add_uid {
+            for j in &mut resp.jobs {
+                j.uid = 0;
+            }
+        }
         Ok(Response::new(resp))
     }
 
@@ -147,7 +176,7 @@ impl Jobs for JobsService {
         &self,
         request: Request<v1::UpdateJobRequest>,
     ) -> Result<Response<v1::UpdateJobResponse>, Status> {
-        let who = identity(&request)?.clone();
+        let who = authz::require(&request, authz::Rpc::UpdateJob)?;
         tracing::Span::current().record("user", who.user.as_str());
         let req = request.into_inner();
         let resp = self
@@ -164,7 +193,7 @@ impl Jobs for JobsService {
         &self,
         request: Request<v1::WatchJobRequest>,
     ) -> Result<Response<Self::WatchJobStream>, Status> {
-        identity(&request)?;
+        authz::require(&request, authz::Rpc::WatchJob)?;
         let job = request
             .into_inner()
             .job
@@ -214,7 +243,7 @@ impl Jobs for JobsService {
         &self,
         request: Request<v1::CreateStepRequest>,
     ) -> Result<Response<v1::CreateStepResponse>, Status> {
-        let who = identity(&request)?.clone();
+        let who = authz::require(&request, authz::Rpc::CreateStep)?;
         tracing::Span::current().record("user", who.user.as_str());
         let req = request.into_inner();
         let resp = self
@@ -229,7 +258,7 @@ impl Jobs for JobsService {
         &self,
         request: Request<v1::CompleteStepRequest>,
     ) -> Result<Response<v1::CompleteStepResponse>, Status> {
-        let who = identity(&request)?.clone();
+        let who = authz::require(&request, authz::Rpc::CompleteStep)?;
         let req = request.into_inner();
         let resp = self
             .handle

@@ -1,9 +1,10 @@
 //! `tandem.v1.Nodes`: sinfo, scontrol show node|partition, drain/resume.
 
-use tandem_proto::auth::identity;
 use tandem_proto::v1::{self, nodes_server::Nodes};
 use tonic::{Request, Response, Status};
 use tracing::instrument;
+
+use super::authz;
 
 use crate::state::{Command, Handle};
 
@@ -24,7 +25,7 @@ impl Nodes for NodesService {
         &self,
         request: Request<v1::ListNodesRequest>,
     ) -> Result<Response<v1::ListNodesResponse>, Status> {
-        identity(&request)?;
+        authz::require(&request, authz::Rpc::ListNodes)?;
         let req = request.into_inner();
         let r = self
             .handle
@@ -38,7 +39,7 @@ impl Nodes for NodesService {
         &self,
         request: Request<v1::ListPartitionsRequest>,
     ) -> Result<Response<v1::ListPartitionsResponse>, Status> {
-        identity(&request)?;
+        authz::require(&request, authz::Rpc::ListPartitions)?;
         let r = self
             .handle
             .call(|reply| Command::ListPartitions { reply })
@@ -51,7 +52,7 @@ impl Nodes for NodesService {
         &self,
         request: Request<v1::UpdateNodeRequest>,
     ) -> Result<Response<v1::UpdateNodeResponse>, Status> {
-        let who = identity(&request)?.clone();
+        let who = authz::require(&request, authz::Rpc::UpdateNode)?;
         tracing::Span::current().record("user", who.user.as_str());
         let req = request.into_inner();
         let r = self
@@ -66,7 +67,7 @@ impl Nodes for NodesService {
         &self,
         request: Request<v1::ClusterInfoRequest>,
     ) -> Result<Response<v1::ClusterInfoResponse>, Status> {
-        identity(&request)?;
+        authz::require(&request, authz::Rpc::ClusterInfo)?;
         let r = self
             .handle
             .call(|reply| Command::ClusterInfo { reply })

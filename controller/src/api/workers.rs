@@ -6,7 +6,6 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::Stream;
-use tandem_proto::auth::identity;
 use tandem_proto::v1::{self, worker_link_server::WorkerLink, worker_message};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -43,13 +42,7 @@ impl WorkerLink for WorkerLinkService {
         &self,
         request: Request<Streaming<v1::WorkerMessage>>,
     ) -> Result<Response<Self::AttachStream>, Status> {
-        let who = identity(&request)?.clone();
-        if !authz::may_connect_worker(&who) {
-            return Err(Status::permission_denied(format!(
-                "{} is not a worker identity; only workers attach to WorkerLink",
-                who.user
-            )));
-        }
+        let who = authz::require(&request, authz::Rpc::WorkerAttach)?;
         let mut inbound = request.into_inner();
         let reg = match inbound.message().await? {
             Some(v1::WorkerMessage {
@@ -64,6 +57,12 @@ impl WorkerLink for WorkerLinkService {
                 return Err(Status::invalid_argument("stream closed before Register"));
             }
         };
+        if !authz::may_register_as(&who, &reg.node_name) {
+            return Err(Status::permission_denied(format!(
+                "worker credential for node {:?} may not register as node {:?}",
+                who.user, reg.node_name
+            )));
+        }
         tracing::Span::current().record("node", reg.node_name.as_str());
         let conn = self.next_conn.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();

@@ -67,11 +67,15 @@ impl StepLauncher for StepService {
         auth::authorize_launch(
             &caller,
             &self.key,
-            r.job_id,
-            r.step_id,
-            r.uid,
-            r.gid,
-            &r.launch_token,
+            &auth::LaunchAsk {
+                node: &self.node_name,
+                job_id: r.job_id,
+                step_id: r.step_id,
+                uid: r.uid,
+                gid: r.gid,
+                launch_token: &r.launch_token,
+            },
+            tandem_proto::auth::unix_now(),
         )
         .map_err(denied)?;
         if r.argv.is_empty() || r.argv[0].is_empty() {
