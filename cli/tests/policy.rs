@@ -236,6 +236,8 @@ fn preempted_low_qos_job_is_requeued_and_completes_after_the_high_one() {
          if [ $(wc -l < runs.txt) -eq 1 ]; then sleep 300; fi",
     ]);
     c.wait_state(victim, "RUNNING", T);
+    // RUNNING is reported when the worker accepts the launch; wait for the script itself.
+    c.wait_file(&c.work.join("runs.txt"), "run", T);
     let high = c.sbatch(&[
         "--qos",
         "high",
@@ -298,6 +300,7 @@ fn preempted_cancel_mode_job_ends_preempted_for_good() {
         "echo run >> runs.txt; sleep 300",
     ]);
     c.wait_state(victim, "RUNNING", T);
+    c.wait_file(&c.work.join("runs.txt"), "run", T);
     let high = c.sbatch(&[
         "--qos",
         "high",
