@@ -69,8 +69,19 @@ fn run(args: tandem_operator::reconcile::Args) -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_env_filter(filter).init();
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
+        // SIGTERM (pod deletion) or Ctrl-C.
         let shutdown = async {
-            let _ = tokio::signal::ctrl_c().await;
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut term) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = tokio::signal::ctrl_c() => {}
+                    }
+                }
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
         };
         tandem_operator::reconcile::run(args, shutdown).await
     })

@@ -408,9 +408,9 @@ fn client_volumes(tc: &str, o: &PodOverrides) -> (Vec<Value>, Vec<Value>) {
     (volumes, mounts)
 }
 
-fn merged<'a>(
+fn merged(
     base: BTreeMap<String, String>,
-    extra: &'a BTreeMap<String, String>,
+    extra: &BTreeMap<String, String>,
 ) -> BTreeMap<String, String> {
     let mut m = extra.clone();
     m.extend(base); // ours win: selectors depend on them

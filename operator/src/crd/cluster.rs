@@ -329,6 +329,9 @@ pub struct TandemClusterStatus {
     /// still reference them (slurm-operator #138: removing them crash-looped slurmctld).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub retained_partitions: Vec<String>,
+    /// Partitions in the controller's config now (spec and retained).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partitions: Vec<String>,
 }
 
 /// Node counts by state (`sinfo`'s states; a node counts once, by its base state).

@@ -7,9 +7,14 @@
 //! | [`LoginSet`] | `lgs` | pods with the CLI configured for the cluster |
 
 pub mod cel;
+// kube's `printcolumn(name = .., type_ = ..)` repeats keys across columns by design, which
+// clippy's duplicated_attributes takes for a mistake.
+#[allow(clippy::duplicated_attributes)]
 pub mod cluster;
+#[allow(clippy::duplicated_attributes)]
 pub mod loginset;
 pub mod template;
+#[allow(clippy::duplicated_attributes)]
 pub mod workerset;
 
 pub use cluster::{TandemCluster, TandemClusterSpec, TandemClusterStatus};
