@@ -47,7 +47,7 @@ pub enum Error {
     },
     #[error("rendering {0}")]
     Render(#[from] render::RenderError),
-    #[error("finalizer")]
+    #[error("finalizer: {0}")]
     Finalizer(#[source] Box<finalizer::Error<Error>>),
     #[error("the cluster key Secret {0} is malformed")]
     BadKey(String),
@@ -74,11 +74,21 @@ pub struct Context {
     batch: Mutex<HashMap<(String, String), GrpcBatch>>,
 }
 
+/// Runs with the client from the kubeconfig or the in-cluster config.
 pub async fn run(
     args: Args,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let client = Client::try_default().await?;
+    run_with_client(client, args, shutdown).await
+}
+
+/// Runs the reconcilers until `shutdown` resolves (tests pass their own client).
+pub async fn run_with_client(
+    client: Client,
+    args: Args,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     let ns = args.namespace.as_deref();
     let api_of =
         |client: &Client| -> (Api<TandemCluster>, Api<WorkerSet>, Api<LoginSet>, Api<Pod>) {
@@ -609,6 +619,21 @@ async fn patch_cluster_status(
 async fn reconcile_workerset(ws: Arc<WorkerSet>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let ns = ws.namespace().unwrap_or_default();
     let sets: Api<WorkerSet> = Api::namespaced(ctx.client.clone(), &ns);
+    // Add the finalizer with a merge patch guarded by resourceVersion (a 409 retries):
+    // kube's helper adds it with a JSON-patch `test` of the absent list, which the e2e
+    // harness's server rejects (see the report); removal still goes through the helper.
+    if ws.metadata.deletion_timestamp.is_none() && !ws.finalizers().iter().any(|f| f == FINALIZER) {
+        let mut finalizers = ws.finalizers().to_vec();
+        finalizers.push(FINALIZER.to_owned());
+        sets.patch(
+            &ws.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": finalizers, "resourceVersion": ws.resource_version()}})),
+        )
+        .await
+        .map_err(kube("add WorkerSet finalizer"))?;
+        return Ok(Requeue::requeue(Duration::from_millis(100)));
+    }
     finalizer::finalizer(&sets, FINALIZER, ws, |event| async {
         match event {
             finalizer::Event::Apply(ws) => sync_workerset(&ws, &ctx, false).await,
