@@ -51,6 +51,7 @@ use tonic::Status;
 use tracing::{debug, info, warn};
 
 mod accounting;
+mod node_admin;
 pub use accounting::{AcctCommand, Change, at_most};
 
 use crate::api::convert::{JobFields, job_field};
@@ -127,6 +128,12 @@ pub enum Command {
         who: Identity,
         req: v1::UpdateNodeRequest,
         reply: Reply<v1::UpdateNodeResponse>,
+    },
+    /// The operator's node removal (see `state/node_admin.rs`).
+    RemoveNode {
+        who: Identity,
+        req: v1::RemoveNodeRequest,
+        reply: Reply<v1::RemoveNodeResponse>,
     },
     ClusterInfo {
         reply: Reply<v1::ClusterInfoResponse>,
@@ -433,6 +440,12 @@ impl Actor {
                 let _ = reply.send(Ok(v1::ListPartitionsResponse { partitions }));
             }
             Command::UpdateNode { who, req, reply } => match self.update_node(&who, &req) {
+                Ok(resp) => self.reply_after_commit(reply, resp),
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
+            Command::RemoveNode { who, req, reply } => match self.remove_nodes(&who, &req) {
                 Ok(resp) => self.reply_after_commit(reply, resp),
                 Err(e) => {
                     let _ = reply.send(Err(e));
@@ -1021,11 +1034,13 @@ impl Actor {
             .filter(|n| wanted.as_ref().is_none_or(|w| w.contains(&n.name)))
             .filter(|n| req.partition.is_empty() || n.partitions.contains(&req.partition))
             .map(|n| {
-                convert::node_info(
+                let mut info = convert::node_info(
                     n,
                     self.workers.step_address(&n.name),
                     self.workers.version(&n.name),
-                )
+                );
+                info.busy_until = self.busy_until(n);
+                info
             })
             .collect();
         Ok(v1::ListNodesResponse { nodes })

@@ -916,3 +916,105 @@ async fn preemption_signal_carries_the_victims_qos_grace_time() {
     }
     ctl.stop().await;
 }
+
+/// The operator's node lifecycle: busy_until and the drain flag in the listing; removal
+/// refused while jobs run, forced removal requeues them, idle removal hides the node.
+#[tokio::test]
+async fn remove_node_refuses_busy_nodes_unless_forced_and_requeues() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = Controller::start(dir.path(), |_| {}).await;
+    let mut w1 = FakeWorker::attach(&ctl, "n1", 4, vec![]).await;
+    let _w2 = FakeWorker::attach(&ctl, "n2", 4, vec![]).await;
+    let mut jobs = ctl.jobs(&alice()).await;
+    let mut s = spec("long");
+    s.time_limit_s = 600;
+    let id = submit(&mut jobs, s).await;
+    // Wherever it started, find its node.
+    let info = wait_state(&mut jobs, id, v1::JobState::Running).await;
+    let host = info.nodelist.clone();
+    if host == "n1" {
+        let l = w1.expect_launch().await;
+        w1.send(worker_message::Msg::JobStarted(v1::JobStarted {
+            job_id: l.job_id,
+            start_time: info.start_time,
+            ..Default::default()
+        }))
+        .await;
+    }
+    let mut admin = NodesClient::new(ctl.channel(&Identity::user("root", 0, 0)).await);
+    let listed = admin
+        .list_nodes(v1::ListNodesRequest {
+            nodes: host.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes;
+    assert_eq!(listed[0].busy_until, info.start_time + 600);
+    assert!(!listed[0].drain);
+
+    let mut user = NodesClient::new(ctl.channel(&alice()).await);
+    let err = user
+        .remove_node(v1::RemoveNodeRequest {
+            nodes: host.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied);
+    let err = admin
+        .remove_node(v1::RemoveNodeRequest {
+            nodes: format!("{host},n9"),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert_eq!(
+        job(&mut jobs, id).await.unwrap().state,
+        v1::JobState::Running as i32
+    );
+
+    let r = admin
+        .remove_node(v1::RemoveNodeRequest {
+            nodes: format!("{host},n9"),
+            force: true,
+            reason: "tandem-operator: test".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.removed, vec![host.clone()]);
+    assert_eq!(r.unknown, vec!["n9".to_owned()]);
+    // The job was requeued (default JobRequeue) and runs again on the remaining node or waits.
+    let after = job(&mut jobs, id).await.unwrap();
+    let running_there = after.state == v1::JobState::Running as i32 && after.nodelist == host;
+    assert!(!running_there, "{after:?}");
+    assert_ne!(
+        after.state,
+        v1::JobState::NodeFail as i32,
+        "requeued, not failed: {after:?}"
+    );
+    let names: Vec<String> = admin
+        .list_nodes(v1::ListNodesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes
+        .into_iter()
+        .map(|n| n.name)
+        .collect();
+    assert!(!names.contains(&host), "{names:?}");
+    // Idempotent.
+    let again = admin
+        .remove_node(v1::RemoveNodeRequest {
+            nodes: host.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.unknown, vec![host]);
+    ctl.stop().await;
+}

@@ -121,6 +121,10 @@ pub struct Node {
     /// Jobs that hold the whole node (`--exclusive`).
     pub exclusive: bool,
     pub last_seen: i64,
+    /// Removed from the cluster (`RemoveNode`): hidden from queries and partitions, its id
+    /// kept so old allocations stay valid; a worker registering under the name revives it.
+    #[serde(default)]
+    pub removed: bool,
 }
 
 impl Node {
@@ -141,6 +145,7 @@ impl Node {
             jobs: Vec::new(),
             exclusive: false,
             last_seen: 0,
+            removed: false,
         }
     }
 

@@ -431,13 +431,16 @@ impl State {
     pub fn node(&self, id: NodeId) -> Option<&Node> {
         self.nodes.get(id.index())
     }
+    /// A node of the cluster by name (not one removed).
     pub fn node_by_name(&self, name: &str) -> Option<&Node> {
         self.node_by_name
             .get(name)
             .and_then(|id| self.nodes.get(id.index()))
+            .filter(|n| !n.removed)
     }
+    /// The cluster's nodes (not those removed).
     pub fn nodes(&self) -> impl Iterator<Item = &Node> + '_ {
-        self.nodes.iter()
+        self.nodes.iter().filter(|n| !n.removed)
     }
     pub fn partitions(&self) -> impl Iterator<Item = &Partition> + '_ {
         self.config.partitions.iter()
@@ -678,6 +681,10 @@ impl State {
         lists: &[Option<std::collections::HashSet<String>>],
     ) {
         let n = &mut self.nodes[id.index()];
+        if n.removed {
+            n.partitions.clear();
+            return;
+        }
         let mut names = Vec::new();
         for (i, p) in self.config.partitions.iter().enumerate() {
             let member = n.partitions.iter().any(|x| x == &p.name)
@@ -1905,6 +1912,7 @@ impl State {
         };
         {
             let n = &mut self.nodes[id.index()];
+            n.removed = false;
             n.total = reg.total;
             n.gpu_type = reg.gpu_type.clone();
             n.features = reg.features.clone();
@@ -2047,6 +2055,30 @@ impl State {
         n.drain = true;
         n.reason = Some(reason.to_string());
         self.changes.nodes.insert(id);
+        Ok(())
+    }
+
+    /// Removes an idle node from the cluster (its worker set shrank): it leaves sinfo and its
+    /// partitions. Refused while it holds jobs; set it DOWN first to requeue them. The id
+    /// stays reserved (finished jobs' allocations name it); registering revives it.
+    pub fn remove_node(&mut self, name: &str) -> Result<(), NodeError> {
+        let id = *self
+            .node_by_name
+            .get(name)
+            .ok_or_else(|| NodeError::Unknown(name.to_string()))?;
+        let n = &mut self.nodes[id.index()];
+        if !n.jobs.is_empty() {
+            return Err(NodeError::Invalid {
+                node: name.to_string(),
+                problem: format!("{} job(s) still run there", n.jobs.len()),
+            });
+        }
+        n.removed = true;
+        n.health = Health::Down;
+        n.drain = false;
+        n.reason = Some("removed".into());
+        self.changes.nodes.insert(id);
+        self.refresh_partitions_of(id);
         Ok(())
     }
 

@@ -633,6 +633,9 @@ pub fn node_info(n: &Node, address: &str, version: &str) -> v1::NodeInfo {
         address: address.to_owned(),
         running_jobs: n.jobs.iter().map(|j| j.0).collect(),
         worker_version: version.to_owned(),
+        drain: n.drain,
+        // Needs the jobs; filled by the state actor's node listing.
+        busy_until: 0,
     }
 }
 

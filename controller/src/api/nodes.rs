@@ -1,4 +1,5 @@
-//! `tandem.v1.Nodes`: sinfo, scontrol show node|partition, drain/resume.
+//! `tandem.v1.Nodes`: sinfo, scontrol show node|partition, drain/resume, and the operator's
+//! node removal.
 
 use tandem_proto::v1::{self, nodes_server::Nodes};
 use tonic::{Request, Response, Status};
@@ -58,6 +59,21 @@ impl Nodes for NodesService {
         let r = self
             .handle
             .call(|reply| Command::UpdateNode { who, req, reply })
+            .await?;
+        Ok(Response::new(r))
+    }
+
+    #[instrument(skip_all, fields(user, nodes = %request.get_ref().nodes, force = request.get_ref().force))]
+    async fn remove_node(
+        &self,
+        request: Request<v1::RemoveNodeRequest>,
+    ) -> Result<Response<v1::RemoveNodeResponse>, Status> {
+        let who = identity(&request)?.clone();
+        tracing::Span::current().record("user", who.user.as_str());
+        let req = request.into_inner();
+        let r = self
+            .handle
+            .call(|reply| Command::RemoveNode { who, req, reply })
             .await?;
         Ok(Response::new(r))
     }

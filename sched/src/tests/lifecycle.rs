@@ -979,3 +979,46 @@ fn each_running_limit_names_its_slurm_reason() {
         );
     }
 }
+
+#[test]
+fn removed_nodes_leave_queries_and_partitions_until_a_worker_registers_again() {
+    let mut st = State::test_cluster(2, 8, 8000, 0);
+    let a = st.submit(JobSpec::test(), 0).unwrap();
+    st.schedule(0);
+    let host = st.node_names(st.job(a).unwrap())[0].to_owned();
+    // Busy: refused, nothing changed.
+    assert!(st.remove_node(&host).is_err());
+    assert!(st.node_by_name(&host).is_some());
+    end(&mut st, a, 0, 1);
+    st.remove_node(&host).unwrap();
+    assert!(st.node_by_name(&host).is_none());
+    assert_eq!(st.nodes().count(), 1);
+    assert!(
+        st.partitions()
+            .all(|p| st.partition_nodes(&p.name).all(|n| n.name != host))
+    );
+    // Work goes only to the remaining node.
+    let b = st.submit(JobSpec::test().nodes(1), 2).unwrap();
+    let plan = st.schedule(2);
+    assert_eq!(started(&plan), vec![b]);
+    assert_ne!(plan.starts[0].nodes[0].name, host);
+    // Removal survives a restore (the record is persisted with the flag).
+    let restored = State::restore(RestoreInput {
+        config: st.config().clone(),
+        jobs: st.jobs().cloned().collect(),
+        nodes: st.nodes.clone(),
+        next_job_id: st.next_job_id(),
+        assoc: None,
+        usage_charged_at: None,
+    })
+    .unwrap();
+    assert!(restored.node_by_name(&host).is_none());
+    // A worker registering under the name brings it back.
+    st.register_node(NodeRegistration::test(&host, 8, 8000, 0), 3)
+        .unwrap();
+    assert!(
+        st.node_by_name(&host)
+            .is_some_and(|n| !n.partitions.is_empty())
+    );
+    assert_eq!(st.nodes().count(), 2);
+}

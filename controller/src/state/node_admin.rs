@@ -1,0 +1,90 @@
+//! The state actor's node administration for the operator: removing nodes whose worker
+//! pods are gone, and the per-node end time scale-in ranks victims by.
+
+use tandem_proto::auth::Identity;
+use tandem_proto::v1;
+use tandem_sched::node::Node;
+use tonic::Status;
+use tracing::info;
+
+use super::Actor;
+use crate::api::authz;
+
+impl Actor {
+    /// Latest expected end of the node's running jobs: 0 when none run, -1 when one has no
+    /// time limit.
+    pub(super) fn busy_until(&self, n: &Node) -> i64 {
+        let mut latest = 0;
+        for id in &n.jobs {
+            match self.st.job(*id).and_then(|j| j.expected_end()) {
+                Some(end) => latest = latest.max(end),
+                None => return -1,
+            }
+        }
+        latest
+    }
+
+    /// `RemoveNode`: admins only. Every named node is checked before any is changed, so a
+    /// refused request changes nothing; unknown names are reported, not an error, so the
+    /// operator can retry a removal that was applied but whose answer was lost.
+    pub(super) fn remove_nodes(
+        &mut self,
+        who: &Identity,
+        req: &v1::RemoveNodeRequest,
+    ) -> Result<v1::RemoveNodeResponse, Status> {
+        if !authz::may_update_node(who) {
+            return Err(Status::permission_denied(
+                "only an operator (root or admin) may remove nodes",
+            ));
+        }
+        let names = tandem_sched::hostlist::expand(&req.nodes)
+            .map_err(|e| Status::invalid_argument(format!("nodes: {e}")))?;
+        if names.is_empty() {
+            return Err(Status::invalid_argument("nodes: none given"));
+        }
+        let mut known = Vec::new();
+        let mut unknown = Vec::new();
+        for n in names {
+            match self.st.node_by_name(&n) {
+                Some(node) => {
+                    if !node.jobs.is_empty() && !req.force {
+                        return Err(Status::failed_precondition(format!(
+                            "node {n} still runs {} job(s); drain it first or remove with force (requeues them)",
+                            node.jobs.len()
+                        )));
+                    }
+                    known.push(n);
+                }
+                None => unknown.push(n),
+            }
+        }
+        let reason = if req.reason.trim().is_empty() {
+            format!("removed by {}", who.user)
+        } else {
+            req.reason.clone()
+        };
+        let now = self.now();
+        for n in &known {
+            let busy = self.st.node_by_name(n).is_some_and(|x| !x.jobs.is_empty());
+            if busy {
+                let effects = self
+                    .st
+                    .node_lost(n, &reason, now)
+                    .map_err(|e| Status::internal(e.to_string()))?;
+                self.apply_effects(effects);
+            }
+            self.st
+                .remove_node(n)
+                .map_err(|e| Status::internal(e.to_string()))?;
+            // End its stream: a worker still running would otherwise keep heartbeating a
+            // node that no longer exists (it re-registers, reviving it, if it is not gone).
+            self.workers.lost(n);
+            info!(node = %n, reason = %reason, forced = busy, "node removed");
+        }
+        self.pass_wanted = true;
+        Ok(v1::RemoveNodeResponse {
+            removed: known,
+            unknown,
+        })
+    }
+}

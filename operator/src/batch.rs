@@ -1,0 +1,185 @@
+//! The controller as the operator sees it: a small trait ([`BatchControl`]) so reconcile
+//! tests can use a fake, and its gRPC implementation over `tandem-proto` clients.
+//!
+//! The operator authenticates as an admin identity signed with the cluster key it keeps in
+//! the cluster's Secret (read from the API, never from a file or an environment variable).
+
+use std::collections::BTreeSet;
+
+use tandem_proto::auth::{ClusterKey, Identity};
+use tandem_proto::endpoint::{self, AuthChannel};
+use tandem_proto::v1;
+use tandem_proto::v1::accounting_client::AccountingClient;
+use tandem_proto::v1::jobs_client::JobsClient;
+use tandem_proto::v1::nodes_client::NodesClient;
+
+use crate::accounting::{Change, Current};
+use crate::plan::{BatchNode, NodeState};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BatchError {
+    #[error("connecting to the controller at {address}")]
+    Connect {
+        address: String,
+        #[source]
+        source: endpoint::EndpointError,
+    },
+    #[error("controller call {call} failed: {status}")]
+    Call {
+        call: &'static str,
+        status: Box<tonic::Status>,
+    },
+}
+
+fn call(call: &'static str) -> impl Fn(tonic::Status) -> BatchError {
+    move |status| BatchError::Call {
+        call,
+        status: Box::new(status),
+    }
+}
+
+/// What the reconcilers ask of the controller.
+#[allow(async_fn_in_trait)]
+pub trait BatchControl {
+    /// Nodes by name (all when `names` is empty).
+    async fn nodes(&self, names: &[String]) -> Result<Vec<BatchNode>, BatchError>;
+    /// Drain (`reason` must carry the operator's prefix), resume or set DOWN.
+    async fn update_node(&self, node: &str, state: &str, reason: &str) -> Result<(), BatchError>;
+    async fn remove_node(&self, node: &str, force: bool, reason: &str) -> Result<(), BatchError>;
+    /// Partitions named by jobs the controller still holds (pending, running, recent).
+    async fn referenced_partitions(&self) -> Result<BTreeSet<String>, BatchError>;
+    async fn accounting(&self) -> Result<Current, BatchError>;
+    async fn apply(&self, change: &Change) -> Result<(), BatchError>;
+}
+
+/// [`BatchControl`] over gRPC.
+#[derive(Clone)]
+pub struct GrpcBatch {
+    channel: AuthChannel,
+}
+
+impl GrpcBatch {
+    pub async fn connect(address: &str, key: &ClusterKey) -> Result<Self, BatchError> {
+        let who = Identity::user("tandem-operator", 0, 0);
+        let channel = endpoint::connect(address, key, &who)
+            .await
+            .map_err(|source| BatchError::Connect {
+                address: address.to_owned(),
+                source,
+            })?;
+        Ok(Self { channel })
+    }
+
+    fn nodes_client(&self) -> NodesClient<AuthChannel> {
+        NodesClient::new(self.channel.clone())
+            .max_decoding_message_size(endpoint::MAX_RESPONSE_BYTES)
+    }
+}
+
+pub fn batch_node(n: &v1::NodeInfo) -> BatchNode {
+    BatchNode {
+        name: n.name.clone(),
+        state: NodeState::parse(&n.state),
+        drain: n.drain,
+        reason: n.reason.clone(),
+        running_jobs: u32::try_from(n.running_jobs.len()).unwrap_or(u32::MAX),
+        busy_until: (n.busy_until >= 0).then_some(n.busy_until),
+        kube_mode: n.mode == v1::NodeMode::Kube as i32,
+    }
+}
+
+impl BatchControl for GrpcBatch {
+    async fn nodes(&self, names: &[String]) -> Result<Vec<BatchNode>, BatchError> {
+        let r = self
+            .nodes_client()
+            .list_nodes(v1::ListNodesRequest {
+                nodes: if names.is_empty() {
+                    String::new()
+                } else {
+                    tandem_sched::hostlist::compress(names)
+                },
+                partition: String::new(),
+            })
+            .await
+            .map_err(call("ListNodes"))?;
+        Ok(r.into_inner().nodes.iter().map(batch_node).collect())
+    }
+
+    async fn update_node(&self, node: &str, state: &str, reason: &str) -> Result<(), BatchError> {
+        self.nodes_client()
+            .update_node(v1::UpdateNodeRequest {
+                nodes: node.to_owned(),
+                state: state.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .await
+            .map_err(call("UpdateNode"))?;
+        Ok(())
+    }
+
+    async fn remove_node(&self, node: &str, force: bool, reason: &str) -> Result<(), BatchError> {
+        self.nodes_client()
+            .remove_node(v1::RemoveNodeRequest {
+                nodes: node.to_owned(),
+                force,
+                reason: reason.to_owned(),
+            })
+            .await
+            .map_err(call("RemoveNode"))?;
+        Ok(())
+    }
+
+    async fn referenced_partitions(&self) -> Result<BTreeSet<String>, BatchError> {
+        let r = JobsClient::new(self.channel.clone())
+            .max_decoding_message_size(endpoint::MAX_RESPONSE_BYTES)
+            .list_jobs(v1::ListJobsRequest {
+                include_finished: true,
+                fold_arrays: true,
+                fields: vec!["partition".into()],
+                ..Default::default()
+            })
+            .await
+            .map_err(call("ListJobs"))?;
+        Ok(r.into_inner()
+            .jobs
+            .into_iter()
+            .map(|j| j.partition)
+            .collect())
+    }
+
+    async fn accounting(&self) -> Result<Current, BatchError> {
+        let mut c = AccountingClient::new(self.channel.clone())
+            .max_decoding_message_size(endpoint::MAX_RESPONSE_BYTES);
+        let a = c
+            .list_associations(v1::ListAssociationsRequest {})
+            .await
+            .map_err(call("ListAssociations"))?
+            .into_inner();
+        let q = c
+            .list_qos(v1::ListQosRequest {})
+            .await
+            .map_err(call("ListQos"))?
+            .into_inner();
+        Ok(Current {
+            accounts: a.accounts,
+            users: a.users,
+            qos: q.qos,
+        })
+    }
+
+    async fn apply(&self, change: &Change) -> Result<(), BatchError> {
+        let mut c = AccountingClient::new(self.channel.clone());
+        let r = match change.clone() {
+            Change::AddQos(r) => c.add_qos(r).await.map_err(call("AddQos")),
+            Change::ModifyQos(r) => c.modify_qos(r).await.map_err(call("ModifyQos")),
+            Change::AddAccount(r) => c.add_account(r).await.map_err(call("AddAccount")),
+            Change::ModifyAccount(r) => c.modify_account(r).await.map_err(call("ModifyAccount")),
+            Change::AddUser(r) => c.add_user(r).await.map_err(call("AddUser")),
+            Change::ModifyUser(r) => c.modify_user(r).await.map_err(call("ModifyUser")),
+            Change::DeleteUser(r) => c.delete_user(r).await.map_err(call("DeleteUser")),
+            Change::DeleteAccount(r) => c.delete_account(r).await.map_err(call("DeleteAccount")),
+            Change::DeleteQos(r) => c.delete_qos(r).await.map_err(call("DeleteQos")),
+        };
+        r.map(|_| ())
+    }
+}
