@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use tandem_proto::auth::{ClusterKey, Identity};
+use tandem_proto::auth::{ClusterKey, Identity, Role};
 use tandem_proto::endpoint::{self, AuthChannel};
 use tandem_proto::v1;
 use tandem_proto::v1::accounting_client::AccountingClient;
@@ -60,7 +60,7 @@ pub struct GrpcBatch {
 
 impl GrpcBatch {
     pub async fn connect(address: &str, key: &ClusterKey) -> Result<Self, BatchError> {
-        let who = Identity::user("tandem-operator", 0, 0);
+        let who = Identity::service(Role::Operator, "tandem-operator", 0, 0);
         let channel = endpoint::connect(address, key, &who)
             .await
             .map_err(|source| BatchError::Connect {

@@ -28,6 +28,8 @@ pub enum Rpc {
     ListNodes,
     ListPartitions,
     UpdateNode,
+    /// Removing a node from the controller (worker-set scale-in and deletion).
+    RemoveNode,
     ClusterInfo,
     WorkerAttach,
     ListJobRecords,
@@ -53,9 +55,10 @@ pub fn allowed(rpc: Rpc, role: Role) -> bool {
         | ListShares | ListPriorities => matches!(role, User | Admin | Bridge | Operator),
         ClusterInfo => true,
         // Drain/resume: admins and the operator (scale-in drains before deleting pods).
-        UpdateNode => matches!(role, Admin | Operator),
+        UpdateNode | RemoveNode => matches!(role, Admin | Operator),
         WorkerAttach => matches!(role, Worker | Admin),
-        AccountingChange => role == Admin,
+        // The operator reconciles the accounts, users and QOS its TandemCluster declares.
+        AccountingChange => matches!(role, Admin | Operator),
     }
 }
 
@@ -67,7 +70,7 @@ pub fn require<T>(request: &Request<T>, rpc: Rpc) -> Result<Identity, Status> {
         Ok(who.clone())
     } else {
         let hint = match rpc {
-            Rpc::AccountingChange | Rpc::UpdateNode => {
+            Rpc::AccountingChange | Rpc::UpdateNode | Rpc::RemoveNode => {
                 "; only operators (configured administrators) and root may"
             }
             _ => "",
@@ -162,7 +165,7 @@ pub fn may_update_node(who: &Identity) -> bool {
 /// Accounts, users and QOS (sacctmgr add/modify/delete): operators only, as Slurm's
 /// AdminLevel=Operator. Reading them (show, sshare, sprio) is open to every user.
 pub fn may_change_accounting(who: &Identity) -> bool {
-    who.is_admin()
+    who.is_admin() || who.role == Role::Operator
 }
 
 /// The WorkerLink stream is for node agents (and admins, for tests and tools).
@@ -210,7 +213,8 @@ mod tests {
             (ClusterInfo, &[User, Worker, Admin, Bridge, Operator]),
             (UpdateNode, &[Admin, Operator]),
             (WorkerAttach, &[Worker, Admin]),
-            (AccountingChange, &[Admin]),
+            (AccountingChange, &[Admin, Operator]),
+            (RemoveNode, &[Admin, Operator]),
         ];
         for (rpc, ok) in cases {
             for role in all {
@@ -303,7 +307,7 @@ mod tests {
         let op = Identity::service(Role::Operator, "tandem-operator", 0, 0);
         assert!(may_update_node(&op) && !may_control_job(&op, 0));
         assert!(!may_change_accounting(&alice()) && may_change_accounting(&root()));
-        assert!(!may_change_accounting(&worker()));
+        assert!(!may_change_accounting(&worker()) && may_change_accounting(&op));
         assert!(!may_set_priority(&alice()) && may_set_priority(&root()));
         assert!(may_connect_worker(&worker()) && may_connect_worker(&root()));
         assert!(!may_connect_worker(&alice()));

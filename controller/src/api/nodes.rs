@@ -68,7 +68,7 @@ impl Nodes for NodesService {
         &self,
         request: Request<v1::RemoveNodeRequest>,
     ) -> Result<Response<v1::RemoveNodeResponse>, Status> {
-        let who = identity(&request)?.clone();
+        let who = authz::require(&request, authz::Rpc::RemoveNode)?;
         tracing::Span::current().record("user", who.user.as_str());
         let req = request.into_inner();
         let r = self
