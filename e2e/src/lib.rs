@@ -5,9 +5,15 @@
 //!   (also the `kube-sim` binary).
 //! - [`kubelet`]: a process kubelet that runs the containers of pods bound to declared nodes as
 //!   local processes and drives their status.
+//! - [`net`]: the loopback address plan (pod IPs, Service cluster IPs).
+//! - [`proxy`]: the service proxy (kube-proxy's part): cluster IPs forward to ready pods.
+//! - [`scheduler`]: a stand-in for the default scheduler (binds pods that name no scheduler).
 //! - [`testkit`]: what e2e tests use: start the server, declare nodes, get a client, wait for
 //!   conditions; or a real cluster when `KUBECONFIG` is set.
 
 pub mod apiserver;
 pub mod kubelet;
+pub mod net;
+pub mod proxy;
+pub mod scheduler;
 pub mod testkit;

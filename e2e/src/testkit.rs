@@ -26,6 +26,8 @@ use serde_json::json;
 
 use crate::apiserver;
 use crate::kubelet::{ImageTable, Kubelet, KubeletConfig, NodeSpec};
+use crate::proxy::ServiceProxy;
+use crate::scheduler::Scheduler;
 
 /// Why the test kit could not do what a test asked.
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +80,9 @@ pub struct TestCluster {
 struct Local {
     // Field order is drop order: stop the kubelet (and its processes) before the server.
     kubelet: Kubelet,
+    _scheduler: Option<Scheduler>,
+    proxy: Option<ServiceProxy>,
+    system_requests: RequestLog,
     kubelet_requests: RequestLog,
     server: apiserver::RunningServer,
 }
@@ -87,6 +92,10 @@ struct Local {
 pub struct Options {
     pub kubelet: KubeletConfig,
     pub server: apiserver::Config,
+    /// Run the stand-in default scheduler (binds pods that name no scheduler).
+    pub scheduler: bool,
+    /// Run the service proxy (cluster IPs forward to ready pods).
+    pub service_proxy: bool,
 }
 
 impl Default for Options {
@@ -94,6 +103,8 @@ impl Default for Options {
         Self {
             kubelet: KubeletConfig::new(ImageTable::standard(tandem_bin().as_deref())),
             server: apiserver::Config::default(),
+            scheduler: true,
+            service_proxy: true,
         }
     }
 }
@@ -135,8 +146,18 @@ impl TestCluster {
         let kubelet = Kubelet::start(kubelet_client, options.kubelet)
             .await
             .map_err(TestkitError::Kubelet)?;
+        // The scheduler and the proxy are clients like the kubelet, with a log of their own.
+        let system_requests = RequestLog::default();
+        let system = counted_client(config.clone(), &system_requests)?;
+        let scheduler = options.scheduler.then(|| Scheduler::start(system.clone()));
+        let proxy = options
+            .service_proxy
+            .then(|| ServiceProxy::start(system.clone()));
         let local = Local {
             kubelet,
+            _scheduler: scheduler,
+            proxy,
+            system_requests,
             kubelet_requests,
             server,
         };
@@ -185,6 +206,16 @@ impl TestCluster {
     /// The process kubelet, if the in-repo server runs.
     pub fn kubelet(&self) -> Option<&Kubelet> {
         self.local.as_ref().map(|l| &l.kubelet)
+    }
+
+    /// The service proxy, if it runs.
+    pub fn service_proxy(&self) -> Option<&ServiceProxy> {
+        self.local.as_ref().and_then(|l| l.proxy.as_ref())
+    }
+
+    /// Every request the stand-in scheduler and the service proxy sent, if they run.
+    pub fn system_requests(&self) -> Option<&RequestLog> {
+        self.local.as_ref().map(|l| &l.system_requests)
     }
 
     /// Every request the process kubelet sent, if it runs.
@@ -593,7 +624,7 @@ impl PodFixture {
 
     /// Merges raw JSON into the pod (anything the helpers do not cover).
     pub fn merge(mut self, patch: serde_json::Value) -> Self {
-        merge(&mut self.value, patch);
+        merge_json(&mut self.value, patch);
         self
     }
 
@@ -609,15 +640,15 @@ fn push(slot: &mut serde_json::Value, item: serde_json::Value) {
     }
 }
 
-/// RFC 7386 merge.
-fn merge(target: &mut serde_json::Value, patch: serde_json::Value) {
+/// RFC 7386 merge of `patch` into `target` (`null` removes a key).
+pub fn merge_json(target: &mut serde_json::Value, patch: serde_json::Value) {
     match (target, patch) {
         (serde_json::Value::Object(t), serde_json::Value::Object(p)) => {
             for (k, v) in p {
                 if v.is_null() {
                     t.remove(&k);
                 } else {
-                    merge(t.entry(k).or_insert(serde_json::Value::Null), v);
+                    merge_json(t.entry(k).or_insert(serde_json::Value::Null), v);
                 }
             }
         }

@@ -122,9 +122,18 @@ async fn failing_pod_reports_exit_code_and_logs_its_node_name() {
         (ready.status.as_str(), ready.reason.as_deref()),
         ("False", Some("PodCompleted"))
     );
-    assert_eq!(
-        done.status.as_ref().unwrap().pod_ip.as_deref(),
-        Some("127.0.0.1")
+    let ip: std::net::Ipv4Addr = done
+        .status
+        .as_ref()
+        .unwrap()
+        .pod_ip
+        .as_deref()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        tandem_e2e::net::POD_BLOCK.contains(ip),
+        "{ip} is a pod IP of its own"
     );
 
     assert_eq!(log(&pods, "echo-node").await, "node-a\n");
@@ -174,7 +183,8 @@ async fn running_pod_has_ready_conditions_and_downward_env() {
                 .is_some()
     );
     let logs = wait_for_log(&pods, "envy", "\n", WAIT).await.unwrap();
-    assert_eq!(logs, "hi there envy default 127.0.0.1 ml\n");
+    let ip = running.status.as_ref().unwrap().pod_ip.clone().unwrap();
+    assert_eq!(logs, format!("hi there envy default {ip} ml\n"));
 
     // The kubelet told the story in events, as `kubectl describe pod` shows it.
     let events: Api<Event> = Api::namespaced(cluster.client(), "default");
@@ -597,9 +607,9 @@ async fn config_map_env_waits_for_the_config_map_then_runs() {
 }
 
 #[tokio::test]
-async fn service_links_lead_to_the_backing_pods_port_on_loopback() {
+async fn service_links_and_command_expansion_name_the_cluster_ip() {
     let Some((cluster, pods)) =
-        cluster_with_node_a("service_links_lead_to_the_backing_pods_port_on_loopback").await
+        cluster_with_node_a("service_links_and_command_expansion_name_the_cluster_ip").await
     else {
         return;
     };
@@ -610,17 +620,23 @@ async fn service_links_lead_to_the_backing_pods_port_on_loopback() {
         "spec": {"selector": {"app": "ctl"}, "ports": [{"name": "grpc", "port": 80, "targetPort": 6817}]}
     }))
     .unwrap();
-    services.create(&PostParams::default(), &svc).await.unwrap();
+    let svc = services.create(&PostParams::default(), &svc).await.unwrap();
+    let ip = svc.spec.unwrap().cluster_ip.unwrap();
+    // `$(VAR)` in args, from an env value that itself expands service links; `$$` escapes.
     let pod = PodFixture::new("client")
         .node("node-a")
         .env(
             "ADDR",
             "http://$(TANDEM_CTL_SERVICE_HOST):$(TANDEM_CTL_SERVICE_PORT_GRPC)",
         )
-        .sh("echo $ADDR");
+        .command(&["sh", "-c", "echo \"$1 $2\"", "sh"])
+        .args(&["$(ADDR)", "$$(ADDR)"]);
     create(&pods, pod).await;
     wait_for_phase(&pods, "client", "Succeeded").await;
-    assert_eq!(log(&pods, "client").await, "http://127.0.0.1:6817\n");
+    assert_eq!(
+        log(&pods, "client").await,
+        format!("http://{ip}:80 $(ADDR)\n")
+    );
 }
 
 #[tokio::test]

@@ -176,11 +176,20 @@ fn qos_class(spec: &Value) -> &'static str {
 fn default_service(obj: &mut Value) {
     let spec = &mut obj["spec"];
     default_to(spec, "type", json!("ClusterIP"));
-    if spec["clusterIP"].is_null() {
-        let n: u16 = rand::random();
-        let ip = format!("10.96.{}.{}", n >> 8, (n & 0xff).max(1));
+    // Cluster IPs come from a loopback block (see `crate::net`), so the harness's service
+    // proxy can bind them; a real cluster's service CIDR (10.96.0.0/12) routes nowhere here.
+    // ExternalName services get none, as on a real server.
+    if spec["clusterIP"].is_null() && spec["type"] != "ExternalName" {
+        let ip = crate::net::SERVICE_BLOCK.random().to_string();
         spec["clusterIP"] = json!(ip);
         spec["clusterIPs"] = json!([ip]);
+    } else if spec["clusterIPs"].is_null() && spec["clusterIP"].is_string() {
+        spec["clusterIPs"] = json!([spec["clusterIP"].clone()]);
+    }
+    if spec["clusterIP"] != "None" && spec["type"] != "ExternalName" {
+        default_to(spec, "ipFamilies", json!(["IPv4"]));
+        default_to(spec, "ipFamilyPolicy", json!("SingleStack"));
+        default_to(spec, "internalTrafficPolicy", json!("Cluster"));
     }
     default_to(spec, "sessionAffinity", json!("None"));
     for p in items_mut(spec, "ports") {

@@ -126,25 +126,34 @@ pub fn container_env(
     Ok(env)
 }
 
+/// The container with `$(VAR)` expanded in every element of `command` and `args` against
+/// its environment, as the kubelet does before handing them to the runtime.
+pub fn expand_command(container: &Container, env: &[(String, String)]) -> Container {
+    let lookup = |n: &str| env.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
+    let expand_all = |list: &Option<Vec<String>>| {
+        list.as_ref()
+            .map(|l| l.iter().map(|a| expand(a, lookup)).collect())
+    };
+    let mut out = container.clone();
+    out.command = expand_all(&container.command);
+    out.args = expand_all(&container.args);
+    out
+}
+
 /// The service link variables a kubelet gives every container of a namespace's pods
 /// (`FOO_SERVICE_HOST`, `FOO_SERVICE_PORT`, `FOO_PORT_80_TCP_ADDR`, ...), for Services
-/// with a cluster IP.
-///
-/// Deliberate difference: the address is `127.0.0.1` and the port the Service's numeric
-/// `targetPort` (else its port), because every pod here listens on the host's loopback and
-/// cluster IPs route nowhere. Code that finds a Service through these variables therefore
-/// works both here and on a real cluster.
+/// with a cluster IP, exactly as a real kubelet writes them: the cluster IP and the
+/// Service's port (the harness's service proxy forwards that address to the endpoints).
 pub fn service_env(services: &[k8s_openapi::api::core::v1::Service]) -> Vec<(String, String)> {
-    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
     let mut out = Vec::new();
     let mut services: Vec<_> = services.iter().collect();
     services.sort_by_key(|s| s.metadata.name.clone());
     for svc in services {
         let Some(spec) = &svc.spec else { continue };
-        match spec.cluster_ip.as_deref() {
+        let host = match spec.cluster_ip.as_deref() {
             None | Some("") | Some("None") => continue,
-            Some(_) => {}
-        }
+            Some(ip) => ip,
+        };
         let ports = spec.ports.as_deref().unwrap_or_default();
         let Some(first) = ports.first() else { continue };
         let name = svc
@@ -154,11 +163,7 @@ pub fn service_env(services: &[k8s_openapi::api::core::v1::Service]) -> Vec<(Str
             .unwrap_or_default()
             .to_uppercase()
             .replace('-', "_");
-        let host = "127.0.0.1";
-        let reach = |p: &k8s_openapi::api::core::v1::ServicePort| match &p.target_port {
-            Some(IntOrString::Int(n)) => *n,
-            _ => p.port,
-        };
+        let reach = |p: &k8s_openapi::api::core::v1::ServicePort| p.port;
         out.push((format!("{name}_SERVICE_HOST"), host.to_owned()));
         out.push((format!("{name}_SERVICE_PORT"), reach(first).to_string()));
         for p in ports {
@@ -489,13 +494,13 @@ mod tests {
     }
 
     #[test]
-    fn service_links_point_at_loopback_and_the_target_port() {
+    fn service_links_name_the_cluster_ip_and_the_service_port() {
         let svc = |v: serde_json::Value| -> k8s_openapi::api::core::v1::Service {
             serde_json::from_value(v).unwrap()
         };
         let services = [
             svc(
-                json!({"metadata": {"name": "tandem-ctl"}, "spec": {"clusterIP": "10.96.0.7",
+                json!({"metadata": {"name": "tandem-ctl"}, "spec": {"clusterIP": "127.128.0.7",
                 "ports": [{"name": "grpc", "port": 80, "targetPort": 6817, "protocol": "TCP"}]}}),
             ),
             svc(
@@ -504,14 +509,36 @@ mod tests {
         ];
         let env = service_env(&services);
         let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
-        assert_eq!(get("TANDEM_CTL_SERVICE_HOST"), Some("127.0.0.1"));
-        assert_eq!(get("TANDEM_CTL_SERVICE_PORT"), Some("6817"));
-        assert_eq!(get("TANDEM_CTL_SERVICE_PORT_GRPC"), Some("6817"));
-        assert_eq!(get("TANDEM_CTL_PORT"), Some("tcp://127.0.0.1:6817"));
-        assert_eq!(get("TANDEM_CTL_PORT_80_TCP_ADDR"), Some("127.0.0.1"));
+        assert_eq!(get("TANDEM_CTL_SERVICE_HOST"), Some("127.128.0.7"));
+        assert_eq!(get("TANDEM_CTL_SERVICE_PORT"), Some("80"));
+        assert_eq!(get("TANDEM_CTL_SERVICE_PORT_GRPC"), Some("80"));
+        assert_eq!(get("TANDEM_CTL_PORT"), Some("tcp://127.128.0.7:80"));
+        assert_eq!(get("TANDEM_CTL_PORT_80_TCP"), Some("tcp://127.128.0.7:80"));
+        assert_eq!(get("TANDEM_CTL_PORT_80_TCP_PROTO"), Some("tcp"));
+        assert_eq!(get("TANDEM_CTL_PORT_80_TCP_PORT"), Some("80"));
+        assert_eq!(get("TANDEM_CTL_PORT_80_TCP_ADDR"), Some("127.128.0.7"));
         assert!(
             get("HEADLESS_SERVICE_HOST").is_none(),
             "headless services get no variables"
+        );
+    }
+
+    #[test]
+    fn command_and_args_expand_against_the_environment() {
+        let c: Container = serde_json::from_value(json!({"name": "c",
+            "command": ["$(BIN)", "--x=$(X)"], "args": ["$$(X)", "$(NOPE)", "$(X)$(X)"]}))
+        .unwrap();
+        let env = vec![
+            ("BIN".to_string(), "tandem".to_string()),
+            ("X".into(), "1".into()),
+        ];
+        let got = expand_command(&c, &env);
+        assert_eq!(got.command.unwrap(), vec!["tandem", "--x=1"]);
+        assert_eq!(got.args.unwrap(), vec!["$(X)", "$(NOPE)", "11"]);
+        let bare: Container = serde_json::from_value(json!({"name": "c"})).unwrap();
+        assert!(
+            expand_command(&bare, &env).command.is_none(),
+            "unset stays unset"
         );
     }
 

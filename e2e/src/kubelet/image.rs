@@ -21,6 +21,9 @@ pub struct Image {
     /// find the entry `sbatch`). The process sees the name it was called by as `argv[0]`,
     /// which is what a multi-call binary dispatches on.
     pub bins: BTreeMap<String, PathBuf>,
+    /// Directories whose executables the image also carries, by file name (looked up when
+    /// a container starts, so binaries built after the table was made are found).
+    pub dirs: Vec<PathBuf>,
     /// Whether a command not in `bins` is looked up on this machine's `PATH` (a
     /// busybox-like image that has `sh`, `sleep`, `echo`, ...).
     pub host_tools: bool,
@@ -33,6 +36,7 @@ impl Image {
             entrypoint: Vec::new(),
             cmd: vec!["sh".into()],
             bins: BTreeMap::new(),
+            dirs: Vec::new(),
             host_tools: true,
         }
     }
@@ -50,9 +54,56 @@ impl Image {
                 .iter()
                 .map(|n| ((*n).to_owned(), path.clone()))
                 .collect(),
+            dirs: Vec::new(),
             host_tools: true,
         }
     }
+
+    /// An image holding every executable in `dir` under its file name (no `ENTRYPOINT`:
+    /// containers name their command), plus the host's tools.
+    pub fn directory(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            entrypoint: Vec::new(),
+            cmd: Vec::new(),
+            bins: BTreeMap::new(),
+            dirs: vec![dir.into()],
+            host_tools: true,
+        }
+    }
+
+    /// Tandem's image (`ghcr.io/tandem-dev/tandem`) from a build directory
+    /// (`target/debug`): every binary there (`tandem`, `tandem-operator`, `tandem-bridge`),
+    /// the CLI names (`sbatch`, `squeue`, ...) as names of `tandem`, `ENTRYPOINT ["tandem"]`.
+    pub fn tandem(build_dir: impl Into<PathBuf>) -> Self {
+        let dir = build_dir.into();
+        let tandem = dir.join(format!("tandem{}", std::env::consts::EXE_SUFFIX));
+        Self {
+            dirs: vec![dir],
+            ..Self::binary(tandem, &TANDEM_NAMES)
+        }
+    }
+
+    /// The file for a command name, if the image has one.
+    fn find(&self, file_name: &str) -> Option<PathBuf> {
+        if let Some(path) = self.bins.get(file_name) {
+            return Some(path.clone());
+        }
+        self.dirs
+            .iter()
+            .map(|d| d.join(file_name))
+            .find(|p| is_executable(p))
+    }
+}
+
+/// The names the multi-call `tandem` binary answers to (by `argv[0]`).
+pub const TANDEM_NAMES: [&str; 10] = [
+    "tandem", "sbatch", "squeue", "scancel", "sinfo", "sacct", "scontrol", "srun", "sprio",
+    "salloc",
+];
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// Images by reference. A key with a tag (`tandem:dev`) matches that tag only; a key
@@ -102,11 +153,7 @@ impl ImageTable {
             table = table.with(name, Image::host_shell());
         }
         if let Some(path) = tandem {
-            let names = [
-                "tandem", "sbatch", "squeue", "scancel", "sinfo", "sacct", "scontrol", "srun",
-                "sprio", "salloc",
-            ];
-            table = table.with("tandem:dev", Image::binary(path, &names));
+            table = table.with("tandem:dev", Image::binary(path, &TANDEM_NAMES));
         }
         table
     }
@@ -141,8 +188,8 @@ impl ImageTable {
         let file_name = Path::new(arg0)
             .file_name()
             .map_or(arg0.as_str(), |n| n.to_str().unwrap_or(arg0));
-        let program = match image.bins.get(file_name) {
-            Some(path) => path.clone(),
+        let program = match image.find(file_name) {
+            Some(path) => path,
             // A host tool: `sh` is found on PATH, `/bin/sh` is used as written.
             None if image.host_tools => PathBuf::from(arg0),
             None => return Err(LaunchError::NotFound(arg0.clone())),
@@ -235,6 +282,44 @@ mod tests {
             assert_eq!(got.arg0, arg0, "{c}");
             assert_eq!(got.args, args, "{c}");
         }
+    }
+
+    #[test]
+    fn directory_images_find_executables_when_a_container_starts() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let t = ImageTable::new().with("ghcr.io/tandem-dev/tandem", Image::tandem(dir.path()));
+        let c = |cmd: &str| {
+            container(
+                json!({"name": "c", "image": "ghcr.io/tandem-dev/tandem:0.1.0", "command": [cmd]}),
+            )
+        };
+        let op = dir.path().join("tandem-operator");
+        std::fs::write(&op, "#!/bin/sh\n").unwrap();
+        assert_eq!(
+            t.launch(&c("tandem-operator")).unwrap().program,
+            PathBuf::from("tandem-operator"),
+            "not executable: not in the image (left to the host's PATH)"
+        );
+        std::fs::set_permissions(&op, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(
+            t.launch(&c("/usr/local/bin/tandem-operator"))
+                .unwrap()
+                .program,
+            op
+        );
+        let sbatch = t.launch(&c("sbatch")).unwrap();
+        assert_eq!(
+            (sbatch.program, sbatch.arg0.as_str()),
+            (dir.path().join("tandem"), "sbatch")
+        );
+        let default = t
+            .launch(&container(json!({"name": "c", "image": "ghcr.io/tandem-dev/tandem:x", "args": ["controller"]})))
+            .unwrap();
+        assert_eq!(
+            (default.arg0.as_str(), default.args),
+            ("tandem", vec!["controller".to_string()])
+        );
     }
 
     #[test]

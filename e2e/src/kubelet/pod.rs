@@ -30,8 +30,8 @@ use super::probe::Readiness;
 use super::process::{self, ProcessGroups, Target, signal_group};
 use super::status::{self, ContainerRecord, PodRuntime, State, Termination};
 
-/// The address every pod gets: pods run as host processes, so they share loopback.
-pub const POD_IP: &str = "127.0.0.1";
+/// The node's address, which `hostNetwork` pods share (see `crate::net` for pod IPs).
+pub const HOST_IP: &str = "127.0.0.1";
 
 /// Restart back-off: `initial` doubling up to `max`, reset after a container ran for
 /// `max` without failing. Far shorter than a real kubelet's 10 s .. 5 min, so tests of
@@ -183,6 +183,9 @@ struct Worker {
     deadline: Option<Instant>,
     /// Pod-level reason and message (`DeadlineExceeded`).
     reason: Option<(String, String)>,
+    /// The pod's own loopback address, given at admission (`hostNetwork`: the node's).
+    pod_ip: Option<std::net::Ipv4Addr>,
+    host_network: bool,
 }
 
 /// Runs one pod until it is gone from the API. `updates` starts with the pod.
@@ -236,6 +239,8 @@ pub async fn run(ctx: Arc<NodeCtx>, updates: watch::Receiver<Option<Pod>>) {
             .active_deadline_seconds
             .map(|secs| Instant::now() + Duration::from_secs(secs.max(0) as u64)),
         reason: None,
+        pod_ip: None,
+        host_network: spec.host_network == Some(true),
     };
     let span = tracing::info_span!("pod", pod = %format!("{}/{}", w.ns, w.name));
     w.lifecycle().instrument(span).await;
@@ -259,6 +264,10 @@ impl Worker {
         if let Err(rejection) = self.ctx.try_admit(&self.uid, &self.pod) {
             self.reject(rejection).await;
             return self.await_removal().await;
+        }
+        // The sandbox's address, as the CNI plugin gives it: held until the pod is gone.
+        if !self.host_network {
+            self.pod_ip = Some(crate::net::PodIps::global().allocate());
         }
         let names = self
             .init
@@ -321,11 +330,16 @@ impl Worker {
             init: self.init.iter().map(|s| s.record.clone()).collect(),
             containers: self.main.iter().map(|s| s.record.clone()).collect(),
             start_time: self.start_time,
-            host_ip: POD_IP.into(),
-            pod_ip: POD_IP.into(),
+            host_ip: HOST_IP.into(),
+            pod_ip: self.pod_ip_string(),
             terminal: self.terminal,
             reason: self.reason.clone(),
         }
+    }
+
+    fn pod_ip_string(&self) -> String {
+        self.pod_ip
+            .map_or_else(|| HOST_IP.to_owned(), |ip| ip.to_string())
     }
 
     fn phase(&self) -> &'static str {
@@ -399,8 +413,11 @@ impl Worker {
 
     async fn start(&mut self, kind: Kind, idx: usize) {
         let container = self.slot(kind, idx).spec.clone();
-        let launch = match self.ctx.images.launch(&container) {
-            Ok(l) => l,
+        // Checked on the spec as written first: the image is "pulled" before the
+        // environment exists, so a missing image wins over a bad env reference.
+        match self.ctx.images.launch(&container) {
+            // Whether the command exists is known only once `$(VAR)`s are expanded.
+            Ok(_) | Err(LaunchError::NotFound(_)) => {}
             Err(LaunchError::UnknownImage(image)) => {
                 let pulled_before = matches!(&self.slot(kind, idx).record.state,
                     State::Waiting { reason, .. } if reason == "ErrImagePull" || reason == "ImagePullBackOff");
@@ -429,11 +446,7 @@ impl Worker {
                 let msg = "failed to generate container spec: no command specified".to_owned();
                 return self.wait(kind, idx, "CreateContainerError", msg);
             }
-            Err(LaunchError::NotFound(cmd)) => {
-                let msg = format!("exec: \"{cmd}\": executable file not found in $PATH");
-                return self.start_failed(kind, idx, msg);
-            }
-        };
+        }
         let env = match self.resolve_env(&container).await {
             Ok(env) => env,
             Err(message) => {
@@ -446,9 +459,20 @@ impl Worker {
                 return self.wait(kind, idx, "CreateContainerConfigError", message);
             }
         };
-        let lookup = |n: &str| env.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
-        let mut launch = launch;
-        launch.args = launch.args.iter().map(|a| env::expand(a, lookup)).collect();
+        // `$(VAR)` in command and args, against the container's final environment, as
+        // the kubelet expands them; the program is then found for the expanded command.
+        let expanded = env::expand_command(&container, &env);
+        let launch = match self.ctx.images.launch(&expanded) {
+            Ok(l) => l,
+            Err(LaunchError::NotFound(cmd)) => {
+                let msg = format!("exec: \"{cmd}\": executable file not found in $PATH");
+                return self.start_failed(kind, idx, msg);
+            }
+            Err(e) => {
+                let msg = format!("failed to generate container spec: {e:?}");
+                return self.wait(kind, idx, "CreateContainerError", msg);
+            }
+        };
         let mut cwd = self.ctx.sandboxes.join(&self.uid);
         if let Some(dir) = container.working_dir.as_deref() {
             cwd.push(dir.trim_start_matches('/'));
@@ -459,6 +483,7 @@ impl Worker {
             container: &container.name,
             cwd: &cwd,
         };
+        let probe_ip = self.pod_ip.unwrap_or(crate::net::HOST_IP);
         match process::start(&launch, &env, target, &self.ctx.logs, &self.ctx.groups).await {
             Ok(started) => {
                 let slot = self.slot(kind, idx);
@@ -473,7 +498,7 @@ impl Worker {
                 slot.record.state = State::Running {
                     started_at: started.started_at,
                 };
-                slot.readiness = Readiness::for_container(&container, &env, cwd.clone());
+                slot.readiness = Readiness::for_container(&container, &env, cwd.clone(), probe_ip);
                 slot.record.ready = slot.readiness.is_none();
                 let exit = started.exit;
                 self.exits.push(Box::pin(async move {
@@ -570,12 +595,13 @@ impl Worker {
         } else {
             Vec::new()
         };
+        let pod_ip = self.pod_ip_string();
         let ctx = EnvContext {
             service_env: &service_env,
             pod: &self.pod,
             node_allocatable: &self.ctx.allocatable.resources,
-            pod_ip: POD_IP,
-            host_ip: POD_IP,
+            pod_ip: &pod_ip,
+            host_ip: HOST_IP,
             config_maps: &maps,
             secrets: &secrets,
         };
@@ -769,6 +795,9 @@ impl Worker {
             }
         }
         self.ctx.release(&self.uid);
+        if let Some(ip) = self.pod_ip.take() {
+            crate::net::PodIps::global().release(ip);
+        }
         self.ctx.logs.remove_pod(&self.ns, &self.name, &self.uid);
     }
 

@@ -1,5 +1,5 @@
-//! Readiness probes: `exec`, `tcpSocket` and `httpGet` against the container on the host's
-//! loopback, with the kubelet's timing fields and thresholds.
+//! Readiness probes: `exec`, `tcpSocket` and `httpGet` against the pod's IP (or the probe's
+//! `host`), with the kubelet's timing fields and thresholds.
 //!
 //! Liveness and startup probes are not run (see DIFFERENCES.md).
 
@@ -20,6 +20,8 @@ pub struct Readiness {
     /// The container's environment and directory, for `exec` probes.
     env: Vec<(String, String)>,
     cwd: PathBuf,
+    /// Where `tcpSocket` and `httpGet` connect when the probe names no `host`.
+    pod_ip: std::net::Ipv4Addr,
     successes: i32,
     failures: i32,
     pub next: Instant,
@@ -32,7 +34,12 @@ fn secs(v: Option<i32>, default: i32) -> Duration {
 
 impl Readiness {
     /// The readiness probe of a container that just started, if it has one.
-    pub fn for_container(c: &Container, env: &[(String, String)], cwd: PathBuf) -> Option<Self> {
+    pub fn for_container(
+        c: &Container,
+        env: &[(String, String)],
+        cwd: PathBuf,
+        pod_ip: std::net::Ipv4Addr,
+    ) -> Option<Self> {
         let probe = c.readiness_probe.clone()?;
         let delay = secs(probe.initial_delay_seconds, 0);
         let ports = c
@@ -46,6 +53,7 @@ impl Readiness {
             ports,
             env: env.to_vec(),
             cwd,
+            pod_ip,
             successes: 0,
             failures: 0,
             next: Instant::now() + delay,
@@ -104,7 +112,8 @@ impl Readiness {
             let Some(port) = self.port(&tcp.port) else {
                 return false;
             };
-            return tokio::net::TcpStream::connect(("127.0.0.1", port))
+            let host = tcp.host.clone().unwrap_or_else(|| self.pod_ip.to_string());
+            return tokio::net::TcpStream::connect((host.as_str(), port))
                 .await
                 .is_ok();
         }
@@ -113,19 +122,20 @@ impl Readiness {
                 return false;
             };
             let path = http.path.as_deref().unwrap_or("/");
-            return http_ok(port, path).await;
+            let host = http.host.clone().unwrap_or_else(|| self.pod_ip.to_string());
+            return http_ok(&host, port, path).await;
         }
         false
     }
 }
 
 /// `GET path` over HTTP/1.0; success is a 2xx or 3xx status, as for the kubelet.
-async fn http_ok(port: u16, path: &str) -> bool {
-    let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+async fn http_ok(host: &str, port: u16, path: &str) -> bool {
+    let Ok(mut stream) = tokio::net::TcpStream::connect((host, port)).await else {
         return false;
     };
     let request = format!(
-        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nUser-Agent: kube-probe/1.34\r\n\r\n"
+        "GET {path} HTTP/1.0\r\nHost: {host}:{port}\r\nUser-Agent: kube-probe/1.34\r\n\r\n"
     );
     if stream.write_all(request.as_bytes()).await.is_err() {
         return false;
@@ -146,11 +156,14 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// Probes go to the pod's IP, not to 127.0.0.1.
+    const POD_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(127, 64, 9, 9);
+
     fn readiness(probe: serde_json::Value) -> Readiness {
         let c: Container = serde_json::from_value(json!({"name": "c",
             "ports": [{"name": "web", "containerPort": 1}], "readinessProbe": probe}))
         .unwrap();
-        Readiness::for_container(&c, &[], std::env::temp_dir()).unwrap()
+        Readiness::for_container(&c, &[], std::env::temp_dir(), POD_IP).unwrap()
     }
 
     #[tokio::test]
@@ -164,8 +177,8 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn tcp_and_http_probes_reach_loopback() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    async fn tcp_and_http_probes_reach_the_pod_ip() {
+        let listener = tokio::net::TcpListener::bind((POD_IP, 0)).await.unwrap();
         let port = listener.local_addr().unwrap().port();
         tokio::spawn(async move {
             while let Ok((mut s, _)) = listener.accept().await {
@@ -189,5 +202,13 @@ mod tests {
         assert_eq!(bad.run(true).await, Some(false));
         let mut named = readiness(json!({"tcpSocket": {"port": "web"}, "failureThreshold": 1}));
         assert_eq!(named.run(true).await, Some(false), "port 1 is closed");
+        let mut elsewhere = readiness(
+            json!({"tcpSocket": {"port": port, "host": "127.0.0.1"}, "failureThreshold": 1}),
+        );
+        assert_eq!(
+            elsewhere.run(true).await,
+            Some(false),
+            "the probe's host replaces the pod IP"
+        );
     }
 }
