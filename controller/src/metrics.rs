@@ -143,7 +143,7 @@ impl Metrics {
 
 /// Serves the registry at any path over plain HTTP/1 (one response per connection), enough
 /// for Prometheus and KEDA's metrics-api scaler without another HTTP stack.
-pub async fn serve(listener: tokio::net::TcpListener, metrics: std::sync::Arc<Metrics>) {
+pub async fn serve(listener: tandem_proto::net::Listener, metrics: std::sync::Arc<Metrics>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     loop {
         let Ok((mut sock, _)) = listener.accept().await else {
@@ -205,7 +205,9 @@ mod tests {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let m = std::sync::Arc::new(Metrics::new());
         m.submitted(3);
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let l = tandem_proto::net::bind("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
         let addr = l.local_addr().unwrap();
         tokio::spawn(serve(l, m));
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();

@@ -20,3 +20,4 @@ pub mod v1 {
 
 pub mod auth;
 pub mod endpoint;
+pub mod net;
