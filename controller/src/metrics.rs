@@ -425,7 +425,14 @@ pub fn router(metrics: Arc<Metrics>) -> axum::Router {
 }
 
 /// Serves [`router`] on `listener` until the task is dropped.
-pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
+pub async fn serve(listener: tandem_proto::net::Listener, metrics: Arc<Metrics>) {
+    use axum::serve::ListenerExt;
+    // Every accepted socket gets TCP_NODELAY, as everywhere else (tandem_proto::net).
+    let listener = listener.into_tokio().tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY on a metrics connection");
+        }
+    });
     if let Err(e) = axum::serve(listener, router(metrics)).await {
         tracing::warn!(error = %e, "metrics server stopped");
     }
@@ -491,7 +498,9 @@ mod tests {
     async fn http_endpoint_serves_the_registry() {
         let m = Arc::new(Metrics::new());
         m.submitted(3);
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let l = tandem_proto::net::bind("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
         let addr = l.local_addr().unwrap();
         tokio::spawn(serve(l, m));
         use tokio::io::{AsyncReadExt, AsyncWriteExt};

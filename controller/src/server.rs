@@ -6,12 +6,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tandem_proto::auth::{ClusterKey, ServerAuth};
+use tandem_proto::net::{self, Listener};
 use tandem_proto::v1::accounting_server::AccountingServer;
 use tandem_proto::v1::jobs_server::JobsServer;
 use tandem_proto::v1::nodes_server::NodesServer;
 use tandem_proto::v1::worker_link_server::WorkerLinkServer;
-use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::interceptor::InterceptedService;
 use tracing::{info, warn};
 
@@ -33,9 +32,10 @@ use crate::store::{Committer, Store};
 /// be opened or recovered, or fails while running.
 pub async fn run(
     config: Config,
-    listener: TcpListener,
+    listener: impl Into<Listener>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
+    let listener = listener.into();
     let started = Instant::now();
     let addr = listener.local_addr().ok();
     let config = Arc::new(config);
@@ -62,7 +62,7 @@ pub async fn run(
     let metrics = Arc::new(Metrics::new());
     let metrics_task = match config.metrics_listen {
         Some(addr) => {
-            let l = TcpListener::bind(addr)
+            let l = net::bind(addr)
                 .await
                 .map_err(|source| Error::Bind { addr, source })?;
             info!(addr = ?l.local_addr().ok(), "serving metrics");
@@ -112,7 +112,6 @@ pub async fn run(
     let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
     let stop_handle = handle.clone();
     let serve = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         // Finds dead peers (a worker host that vanished) even when no message is due.
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
@@ -137,7 +136,7 @@ pub async fn run(
             WorkerLinkService::new(handle.clone(), stopping_rx),
             auth,
         ))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+        .serve_with_incoming_shutdown(listener.incoming(), async move {
             tokio::select! {
                 () = shutdown => info!("shutdown requested"),
                 _ = dead_rx => warn!("state actor stopped; shutting down"),
@@ -179,16 +178,15 @@ async fn serve_scaler(
     snapshots: tokio::sync::watch::Receiver<Arc<tandem_sched::demand::Snapshot>>,
 ) -> Result<tokio::task::JoinHandle<()>, Error> {
     use tandem_proto::externalscaler::external_scaler_server::ExternalScalerServer;
-    let l = TcpListener::bind(addr)
+    let l = net::bind(addr)
         .await
         .map_err(|source| Error::Bind { addr, source })?;
     info!(addr = ?l.local_addr().ok(), "serving the KEDA external scaler");
     let svc = ExternalScalerServer::new(crate::api::scaler::ScalerService::new(snapshots));
     Ok(tokio::spawn(async move {
         let served = tonic::transport::Server::builder()
-            .tcp_nodelay(true)
             .add_service(svc)
-            .serve_with_incoming(TcpListenerStream::new(l))
+            .serve_with_incoming(l.incoming())
             .await;
         if let Err(e) = served {
             warn!(error = %e, "KEDA scaler server stopped");

@@ -264,13 +264,12 @@ impl Endpoint {
 /// Connects to `address`; every request carries `auth`'s credential.
 pub async fn connect_with(address: &str, auth: ClientAuth) -> Result<AuthChannel, EndpointError> {
     let address = normalize_address(address)?;
-    let channel = tonic::transport::Endpoint::from_shared(address.clone())
+    let endpoint = tonic::transport::Endpoint::from_shared(address.clone())
         .map_err(|_| EndpointError::InvalidAddress {
             address: address.clone(),
         })?
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
-        .connect()
+        .connect_timeout(Duration::from_secs(5));
+    let channel = crate::net::connect(&endpoint)
         .await
         .map_err(|source| EndpointError::Connect { address, source })?;
     Ok(InterceptedService::new(channel, auth))

@@ -28,3 +28,4 @@ pub mod externalscaler {
 
 pub mod auth;
 pub mod endpoint;
+pub mod net;

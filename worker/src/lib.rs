@@ -65,9 +65,7 @@ use tandem_proto::auth::{ClusterKey, Identity, ServerAuth};
 use tandem_proto::v1::Register;
 use tandem_proto::v1::Tres;
 use tandem_proto::v1::step_launcher_server::StepLauncherServer;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
 use tracing::{info, warn};
 
 pub use config::{Args, Config};
@@ -126,7 +124,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     }
     let gpus = gpu::resolve(config.gpus, config.gpu_type.as_deref(), &detected);
 
-    let listener = TcpListener::bind(config.step_listen)
+    let listener = tandem_proto::net::bind(config.step_listen)
         .await
         .map_err(|source| Error::BindStepListener {
             addr: config.step_listen,
@@ -179,7 +177,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                 service,
                 ServerAuth::new(Arc::new(key.clone())),
             ))
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+            .serve_with_incoming_shutdown(listener.incoming(), async move {
                 let _ = server_stop.wait_for(|stop| *stop).await;
             }),
     );
