@@ -247,15 +247,22 @@ pub fn config_map(
     typed(
         "ConfigMap",
         json!({
-            "metadata": {
-                "name": config_map_name(&name),
-                "namespace": tc.metadata.namespace,
-                "labels": labels(&name, COMPONENT_CONTROLLER, &name),
-                "ownerReferences": [cluster_owner(tc)],
-            },
+            "metadata": controller_object_meta(tc, &config_map_name(&name)),
             "data": data,
         }),
     )
+}
+
+/// Metadata of an object that belongs to the cluster's controller (ConfigMap, Secret,
+/// Service, PVC): its name, the cluster's namespace and labels, owned by the cluster.
+fn controller_object_meta(tc: &TandemCluster, object: &str) -> serde_json::Value {
+    let name = tc.metadata.name.clone().unwrap_or_default();
+    json!({
+        "name": object,
+        "namespace": tc.metadata.namespace,
+        "labels": labels(&name, COMPONENT_CONTROLLER, &name),
+        "ownerReferences": [cluster_owner(tc)],
+    })
 }
 
 /// The cluster key Secret: created once with a fresh key, never rewritten (that would lock
@@ -265,12 +272,7 @@ pub fn key_secret(tc: &TandemCluster, key_hex: &str) -> Result<Secret, RenderErr
     typed(
         "Secret",
         json!({
-            "metadata": {
-                "name": key_secret_name(&name),
-                "namespace": tc.metadata.namespace,
-                "labels": labels(&name, COMPONENT_CONTROLLER, &name),
-                "ownerReferences": [cluster_owner(tc)],
-            },
+            "metadata": controller_object_meta(tc, &key_secret_name(&name)),
             "type": "Opaque",
             "stringData": { KEY_FILE: format!("{key_hex}\n") },
         }),
@@ -285,12 +287,7 @@ pub fn service(tc: &TandemCluster) -> Result<Service, RenderError> {
     typed(
         "Service",
         json!({
-            "metadata": {
-                "name": service_name(&name),
-                "namespace": tc.metadata.namespace,
-                "labels": labels(&name, COMPONENT_CONTROLLER, &name),
-                "ownerReferences": [cluster_owner(tc)],
-            },
+            "metadata": controller_object_meta(tc, &service_name(&name)),
             "spec": {
                 "type": "ClusterIP",
                 "selector": selector,
@@ -314,12 +311,7 @@ pub fn pvc(tc: &TandemCluster) -> Result<PersistentVolumeClaim, RenderError> {
     typed(
         "PersistentVolumeClaim",
         json!({
-            "metadata": {
-                "name": pvc_name(&name),
-                "namespace": tc.metadata.namespace,
-                "labels": labels(&name, COMPONENT_CONTROLLER, &name),
-                "ownerReferences": [cluster_owner(tc)],
-            },
+            "metadata": controller_object_meta(tc, &pvc_name(&name)),
             "spec": spec,
         }),
     )
