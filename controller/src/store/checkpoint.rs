@@ -277,6 +277,17 @@ mod tests {
         commit_jobs(&mut store, 40, |s| {
             ckpt.restart_if_over(s);
         });
+        // The checkpoint thread runs on its own: on a loaded machine the truncating RESTART
+        // can land a few commits later, so allow it a bounded number of further intervals.
+        for _ in 0..40 {
+            if wal_bytes(dir.path()) < 2 * 200 * PAGE {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            commit_jobs(&mut store, 5, |s| {
+                ckpt.restart_if_over(s);
+            });
+        }
         assert!(wal_bytes(dir.path()) < 2 * 200 * PAGE);
         drop(store);
         ckpt.join();
