@@ -59,6 +59,7 @@ mod node_admin;
 mod nodes;
 mod pass;
 mod persist;
+mod placeholders;
 mod timers;
 mod worker_link;
 pub use accounting::{AcctCommand, Change, at_most};
@@ -74,6 +75,10 @@ use crate::workers::{ConnId, WorkerTx, Workers};
 
 pub type Reply<T> = oneshot::Sender<Result<T, Status>>;
 pub type WatchTx = mpsc::UnboundedSender<Result<v1::JobInfo, Status>>;
+pub type PlaceholderTx = mpsc::Sender<Result<v1::PlaceholderEvent, Status>>;
+/// Events a bridge may have unread before its stream is ended (it subscribes again and
+/// gets a fresh snapshot): a stalled subscriber costs bounded memory.
+pub const PLACEHOLDER_STREAM_DEPTH: usize = 65_536;
 
 /// Finished jobs stay in memory (squeue/scontrol show them) this long, like Slurm's
 /// MinJobAge; their accounting records stay in the store for good.
@@ -173,6 +178,20 @@ pub enum Command {
     },
     /// sacctmgr changes, and the association, QOS, sshare and sprio views.
     Accounting(AcctCommand),
+    /// The bridge's placeholder jobs (see `state/placeholders.rs`).
+    SubmitPlaceholder {
+        spec: JobSpec,
+        reply: Reply<v1::SubmitPlaceholderResponse>,
+    },
+    EndPlaceholder {
+        job: JobId,
+        end_time: i64,
+        reply: Reply<v1::EndPlaceholderResponse>,
+    },
+    WatchPlaceholders {
+        tx: PlaceholderTx,
+        reply: Reply<()>,
+    },
     /// Stop after flushing what is queued.
     Shutdown,
 }
@@ -241,9 +260,12 @@ pub fn spawn(
         next_purge: now + Duration::from_secs(10),
         next_periodic_pass: now,
         timeout_signalled: HashSet::new(),
+        placeholders: placeholders::Placeholders::default(),
         start_time: unix_now(),
         stopping: false,
     };
+    let mut actor = actor;
+    actor.placeholders.index(&actor.st);
     let join = std::thread::Builder::new()
         .name("tandem-state".into())
         .spawn(move || actor.run(rx))?;
@@ -291,6 +313,8 @@ struct Actor {
     next_periodic_pass: Instant,
     /// Jobs past their time limit the controller already asked to end.
     timeout_signalled: HashSet<JobId>,
+    /// Live placeholder jobs by pod-group UID, and the bridges watching them.
+    placeholders: placeholders::Placeholders,
     start_time: i64,
     stopping: bool,
 }
@@ -460,6 +484,21 @@ impl Actor {
                     let _ = reply.send(Err(e));
                 }
             },
+            Command::SubmitPlaceholder { spec, reply } => self.submit_placeholder(spec, reply),
+            Command::EndPlaceholder {
+                job,
+                end_time,
+                reply,
+            } => match self.end_placeholder(job, end_time) {
+                Ok(resp) => self.reply_after_commit(reply, resp),
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
+            Command::WatchPlaceholders { tx, reply } => {
+                self.watch_placeholders(tx);
+                let _ = reply.send(Ok(()));
+            }
             Command::ClusterInfo { reply } => {
                 let _ = reply.send(Ok(v1::ClusterInfoResponse {
                     cluster_name: self.st.config().cluster_name.clone(),

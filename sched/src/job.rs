@@ -77,6 +77,9 @@ pub struct JobSpec {
     /// `--requeue` / `--no-requeue`; `None` = the cluster default.
     pub requeue: Option<bool>,
     pub mode: NodeMode,
+    /// A `kube`-mode placeholder's pod group (its UID): the bridge finds the job by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_uid: Option<String>,
     /// `--nice`: subtracted from the priority.
     pub nice: i32,
     /// Administrator's fixed priority (`scontrol update Priority=`).

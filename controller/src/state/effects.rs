@@ -34,6 +34,15 @@ impl Actor {
                     reason,
                     grace_s,
                 } => {
+                    // A placeholder's pods are the bridge's to evict (it watches the
+                    // job's ending); its worker runs nothing of it.
+                    if self
+                        .st
+                        .job(job)
+                        .is_some_and(|j| j.spec.mode == tandem_sched::node::NodeMode::Kube)
+                    {
+                        continue;
+                    }
                     for n in nodes {
                         if let Some(name) = self.st.node(n).map(|x| x.name.clone()) {
                             self.send_after_commit(

@@ -8,6 +8,10 @@ impl Actor {
         let Some(job) = self.st.job(start.job) else {
             return;
         };
+        // A placeholder holds its nodes for pods the bridge binds; no worker runs it.
+        if job.spec.mode == tandem_sched::node::NodeMode::Kube {
+            return;
+        }
         let Some(first) = start.nodes.first() else {
             return;
         };

@@ -16,6 +16,15 @@ impl Actor {
             self.launch(start, now);
         }
         for p in &plan.preemptions {
+            // A preempted placeholder's pods are evicted by the bridge (its event says
+            // PREEMPTED); there is nothing on the worker to signal.
+            if self
+                .st
+                .job(p.job)
+                .is_some_and(|j| j.spec.mode == tandem_sched::node::NodeMode::Kube)
+            {
+                continue;
+            }
             for n in &p.nodes {
                 if let Some(name) = self.st.node(*n).map(|x| x.name.clone()) {
                     self.send_after_commit(

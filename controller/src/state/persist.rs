@@ -43,6 +43,7 @@ impl Actor {
     /// gathered meanwhile. Returns the rows written.
     pub(super) fn flush(&mut self) -> usize {
         let changes = self.st.take_changes();
+        self.placeholders_changed(&changes.jobs, &changes.removed_jobs);
         let mut batch = std::mem::take(&mut self.batch);
         if !changes.jobs.is_empty() || !changes.removed_jobs.is_empty() {
             batch

@@ -30,6 +30,7 @@ impl Actor {
         let overdue: Vec<(JobId, Vec<String>)> = self
             .st
             .running_jobs()
+            .filter(|j| j.spec.mode != tandem_sched::node::NodeMode::Kube)
             .filter(|j| !self.timeout_signalled.contains(&j.id))
             .filter(|j| {
                 j.expected_end().is_some_and(|e| {
@@ -57,6 +58,7 @@ impl Actor {
             }
             self.timeout_signalled.insert(id);
         }
+        self.placeholder_timeouts();
         // Periodic work.
         if now_i >= self.next_periodic_pass {
             // Begin times and time-based eligibility have no event of their own.
