@@ -49,10 +49,11 @@ pub enum JobView {
         nodes: Vec<String>,
         pods_per_node: u32,
     },
-    Ended {
-        job_id: u64,
-        why: EndReason,
-    },
+    /// Still holding its nodes, but the controller wants the pods gone (scancel,
+    /// preemption, time limit): evict them, then report them gone.
+    Ending { job_id: u64, why: EndReason },
+    /// Over; its nodes are free.
+    Ended { job_id: u64, why: EndReason },
 }
 
 /// Why a placeholder job ended.
@@ -121,7 +122,14 @@ pub fn decide(members: &[Member], expected: Option<u32>, job: &JobView, now: i64
                 Some(_) => Decision::Submit,
             }
         }
-        JobView::Pending { reason, .. } => {
+        JobView::Pending { job_id, reason } => {
+            if live_unbound.is_empty() && holding.is_empty() {
+                // Its pods went away before it ran (a Deployment scaled down): withdraw it.
+                return Decision::EndJob {
+                    job_id: *job_id,
+                    end_time: now,
+                };
+            }
             if live_unbound.is_empty() {
                 return wait("no pod waits");
             }
@@ -143,6 +151,27 @@ pub fn decide(members: &[Member], expected: Option<u32>, job: &JobView, now: i64
             &holding,
             now,
         ),
+        JobView::Ending { job_id, why } => {
+            let evict: Vec<String> = holding
+                .iter()
+                .filter(|m| m.state == MemberState::Live)
+                .map(|m| m.name.clone())
+                .collect();
+            if !evict.is_empty() {
+                return Decision::Evict {
+                    job_id: *job_id,
+                    pods: evict,
+                    why: why.clone(),
+                };
+            }
+            if !holding.is_empty() {
+                return wait("evicted pods are still stopping");
+            }
+            Decision::EndJob {
+                job_id: *job_id,
+                end_time: last_stop(members, now),
+            }
+        }
         JobView::Ended { job_id, why } => {
             let evict: Vec<String> = holding
                 .iter()
@@ -189,15 +218,10 @@ fn allocated(
     }
     if unbound.is_empty() {
         if holding.is_empty() {
-            let end_time = members
-                .iter()
-                .filter_map(|m| match m.state {
-                    MemberState::Finished { at } => Some(at),
-                    _ => None,
-                })
-                .max()
-                .unwrap_or(now);
-            return Decision::EndJob { job_id, end_time };
+            return Decision::EndJob {
+                job_id,
+                end_time: last_stop(members, now),
+            };
         }
         return wait("every pod is placed");
     }
@@ -228,6 +252,18 @@ fn allocated(
         bindings.push((m.name.clone(), slot.0.clone()));
     }
     Decision::Bind { job_id, bindings }
+}
+
+/// When the last member stopped; `now` when none is known (all gone from the API).
+fn last_stop(members: &[Member], now: i64) -> i64 {
+    members
+        .iter()
+        .filter_map(|m| match m.state {
+            MemberState::Finished { at } => Some(at),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(now)
 }
 
 fn wait(why: &str) -> Decision {
@@ -360,6 +396,21 @@ mod tests {
     }
 
     #[test]
+    fn a_queued_job_whose_pods_left_is_withdrawn() {
+        let pending = JobView::Pending {
+            job_id: 9,
+            reason: "Priority".into(),
+        };
+        assert_eq!(
+            decide(&[], None, &pending, 5),
+            Decision::EndJob {
+                job_id: 9,
+                end_time: 5
+            }
+        );
+    }
+
+    #[test]
     fn an_allocation_binds_every_pod_in_rank_order() {
         let mut pods = waiting(4);
         for (i, p) in pods.iter_mut().enumerate() {
@@ -460,6 +511,36 @@ mod tests {
             Decision::Wait { .. }
         ));
         assert_eq!(decide(&waiting(1), Some(1), &ended, 0), Decision::Submit);
+    }
+
+    #[test]
+    fn an_ending_job_evicts_then_reports_the_pods_gone() {
+        let ending = JobView::Ending {
+            job_id: 7,
+            why: EndReason::TimedOut,
+        };
+        let live = vec![m("a", Some("k1"), MemberState::Live)];
+        assert_eq!(
+            decide(&live, Some(1), &ending, 0),
+            Decision::Evict {
+                job_id: 7,
+                pods: vec!["a".into()],
+                why: EndReason::TimedOut
+            }
+        );
+        let stopping = vec![m("a", Some("k1"), MemberState::Terminating)];
+        assert!(matches!(
+            decide(&stopping, Some(1), &ending, 0),
+            Decision::Wait { .. }
+        ));
+        let gone = vec![m("a", Some("k1"), MemberState::Finished { at: 42 })];
+        assert_eq!(
+            decide(&gone, Some(1), &ending, 99),
+            Decision::EndJob {
+                job_id: 7,
+                end_time: 42
+            }
+        );
     }
 
     #[test]

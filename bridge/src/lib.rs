@@ -29,6 +29,9 @@
 //! - A terminating pod keeps its slot until its containers have really stopped.
 
 pub mod annotations;
+pub mod apply;
+pub mod batch;
+pub mod cluster;
 pub mod decide;
 pub mod group;
 pub mod labels;
@@ -36,3 +39,4 @@ pub mod policy;
 pub mod quantity;
 pub mod request;
 pub mod resources;
+pub mod scheduler;

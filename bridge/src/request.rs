@@ -29,6 +29,8 @@ pub struct Placeholder {
     pub group_uid: String,
     /// `namespace/owner`, the job name `squeue` shows.
     pub name: String,
+    /// The pods' namespace: the job's user in Tandem's accounting.
+    pub namespace: String,
     pub settings: Resolved,
     pub pods: u32,
     pub nodes: u32,
@@ -78,6 +80,7 @@ pub fn placeholder(
     Ok(Placeholder {
         group_uid: group_uid.to_owned(),
         name: info.display.clone(),
+        namespace: info.key.namespace.clone(),
         settings,
         pods: count,
         nodes,
