@@ -31,6 +31,7 @@ pub mod directives;
 pub mod format;
 pub mod jobref;
 pub mod opts;
+pub mod timing;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -93,6 +94,7 @@ enum Command {
 
 /// Entry point of the binary.
 pub fn main_from_env() -> ExitCode {
+    timing::mark("main");
     let args: Vec<OsString> = std::env::args_os().collect();
     // The worker's job launcher (`tandem_worker::launch::exec`): no parsing, no runtime.
     if args
@@ -216,6 +218,7 @@ fn clap_exit(name: &str, e: clap::Error) -> ExitCode {
 pub type Exit = anyhow::Result<u8>;
 
 fn run(name: &str, command: Command) -> ExitCode {
+    timing::mark("parsed");
     let result = match command {
         Command::Controller(a) => {
             daemon_runtime().and_then(|rt| rt.block_on(cmd::controller::run(a)))
@@ -238,6 +241,7 @@ fn run(name: &str, command: Command) -> ExitCode {
         Command::Sshare(a) => client_runtime().and_then(|rt| rt.block_on(cmd::sshare::run(a))),
         Command::Sprio(a) => client_runtime().and_then(|rt| rt.block_on(cmd::sprio::run(a))),
     };
+    timing::mark("done");
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
@@ -251,9 +255,11 @@ fn run(name: &str, command: Command) -> ExitCode {
 }
 
 fn client_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_current_thread()
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()?)
+        .build()?;
+    timing::mark("runtime");
+    Ok(rt)
 }
 
 fn daemon_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
