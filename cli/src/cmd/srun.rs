@@ -207,6 +207,7 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args) -> Exit {
         .await
         .rpc()
         .context("cannot create the step")?;
+    crate::timing::mark("step-created");
     let ctx = crate::cmd::sbatch::submit_context()?;
     let export = opts
         .export
@@ -268,6 +269,7 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args) -> Exit {
         }));
     }
     drop(tx);
+    crate::timing::mark("nodes-connected");
     // Blocking writes to the terminal are fine here: this task does nothing else.
     let mut stdout = std::io::stdout().lock();
     let mut stderr = std::io::stderr().lock();
@@ -303,6 +305,7 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args) -> Exit {
     stdout.flush()?;
     stderr.flush()?;
     drop((stdout, stderr));
+    crate::timing::mark("tasks-ended");
     let mut launch_error = None;
     for l in launches {
         if let Err(e) = l.await.map_err(anyhow::Error::from).and_then(|r| r) {
@@ -318,6 +321,7 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args) -> Exit {
             signal: worst.1,
         })
         .await;
+    crate::timing::mark("step-completed");
     if let Some(e) = launch_error {
         return Err(e);
     }
