@@ -27,9 +27,12 @@ impl Client {
     /// it: one round trip either way) and connects.
     pub async fn connect() -> anyhow::Result<Client> {
         let ep = endpoint::discover()?;
+        crate::timing::mark("discovered");
         let auth = ep.client_auth(&current_identity())?;
+        crate::timing::mark("credential");
         let identity = auth.identity().clone();
         let channel = endpoint::connect_with(&ep.controller, auth.clone()).await?;
+        crate::timing::mark("connected");
         Ok(Client {
             jobs: JobsClient::new(channel.clone()).max_decoding_message_size(MAX_RESPONSE_BYTES),
             nodes: NodesClient::new(channel.clone()).max_decoding_message_size(MAX_RESPONSE_BYTES),

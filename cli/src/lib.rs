@@ -31,6 +31,7 @@ pub mod directives;
 pub mod format;
 pub mod jobref;
 pub mod opts;
+pub mod timing;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -45,7 +46,7 @@ pub const SLURM_COMMANDS: [&str; 10] = [
 
 /// Tandem: Slurm-compatible batch scheduling for GPU pools.
 #[derive(Debug, Parser)]
-#[command(name = "tandem", version)]
+#[command(name = "tandem", version, args_override_self = true)]
 struct Tandem {
     #[command(subcommand)]
     command: Command,
@@ -80,7 +81,6 @@ enum Command {
     /// Run the local identity agent: credentials for local users, by their kernel uid.
     Authd(cmd::authd::Args),
     /// Start an all-in-one local cluster (controller and workers) and return when it is ready.
-    #[command(args_override_self = true)]
     Up(cmd::up::Args),
     /// Stop the local cluster started by `tandem up`.
     Down(cmd::down::Args),
@@ -94,6 +94,7 @@ enum Command {
 
 /// Entry point of the binary.
 pub fn main_from_env() -> ExitCode {
+    timing::mark("main");
     let args: Vec<OsString> = std::env::args_os().collect();
     // The worker's job launcher (`tandem_worker::launch::exec`): no parsing, no runtime.
     if args
@@ -144,17 +145,29 @@ pub fn main_from_env() -> ExitCode {
 
 fn parse_slurm(name: &str, args: &[OsString]) -> Result<Command, clap::Error> {
     Ok(match name {
-        "sbatch" => Command::Sbatch(cmd::sbatch::Args::try_parse_from(args)?),
-        "squeue" => Command::Squeue(cmd::squeue::Args::try_parse_from(args)?),
-        "scancel" => Command::Scancel(cmd::scancel::Args::try_parse_from(args)?),
-        "sinfo" => Command::Sinfo(cmd::sinfo::Args::try_parse_from(args)?),
-        "sacct" => Command::Sacct(cmd::sacct::Args::try_parse_from(args)?),
-        "scontrol" => Command::Scontrol(cmd::scontrol::Args::try_parse_from(args)?),
-        "sacctmgr" => Command::Sacctmgr(cmd::sacctmgr::Args::try_parse_from(args)?),
-        "sshare" => Command::Sshare(cmd::sshare::Args::try_parse_from(args)?),
-        "sprio" => Command::Sprio(cmd::sprio::Args::try_parse_from(args)?),
-        _ => Command::Srun(cmd::srun::Args::try_parse_from(args)?),
+        "sbatch" => Command::Sbatch(parse_getopt(args)?),
+        "squeue" => Command::Squeue(parse_getopt(args)?),
+        "scancel" => Command::Scancel(parse_getopt(args)?),
+        "sinfo" => Command::Sinfo(parse_getopt(args)?),
+        "sacct" => Command::Sacct(parse_getopt(args)?),
+        "scontrol" => Command::Scontrol(parse_getopt(args)?),
+        "sacctmgr" => Command::Sacctmgr(parse_getopt(args)?),
+        "sshare" => Command::Sshare(parse_getopt(args)?),
+        "sprio" => Command::Sprio(parse_getopt(args)?),
+        _ => Command::Srun(parse_getopt(args)?),
     })
+}
+
+/// Parses a Slurm command line the way Slurm's getopt loop takes it: an option given twice
+/// is not an error (`squeue -h --noheader`, a wrapper script adding `-p` to a user's `-p`),
+/// and a single-valued option's last value wins. Options Slurm accumulates (sacct's `-j`,
+/// `-o`, `-s`, sshare's `-A`) are declared `Append` in their command and keep every value;
+/// list options Slurm replaces (squeue's `-u`, `-t`, `-p`) are declared `Set`.
+pub fn parse_getopt<A: clap::Parser>(args: &[OsString]) -> Result<A, clap::Error> {
+    let mut matches = A::command()
+        .args_override_self(true)
+        .try_get_matches_from(args)?;
+    A::from_arg_matches_mut(&mut matches)
 }
 
 fn command_name(c: &Command) -> &'static str {
@@ -205,6 +218,7 @@ fn clap_exit(name: &str, e: clap::Error) -> ExitCode {
 pub type Exit = anyhow::Result<u8>;
 
 fn run(name: &str, command: Command) -> ExitCode {
+    timing::mark("parsed");
     let result = match command {
         Command::Controller(a) => {
             daemon_runtime().and_then(|rt| rt.block_on(cmd::controller::run(a)))
@@ -227,6 +241,7 @@ fn run(name: &str, command: Command) -> ExitCode {
         Command::Sshare(a) => client_runtime().and_then(|rt| rt.block_on(cmd::sshare::run(a))),
         Command::Sprio(a) => client_runtime().and_then(|rt| rt.block_on(cmd::sprio::run(a))),
     };
+    timing::mark("done");
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
@@ -240,9 +255,11 @@ fn run(name: &str, command: Command) -> ExitCode {
 }
 
 fn client_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_current_thread()
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()?)
+        .build()?;
+    timing::mark("runtime");
+    Ok(rt)
 }
 
 fn daemon_runtime() -> anyhow::Result<tokio::runtime::Runtime> {

@@ -254,7 +254,8 @@ const ENV_OPTIONS: &[(&str, &str)] = &[
 #[command(
     no_binary_name = true,
     disable_help_flag = true,
-    infer_long_args = true
+    infer_long_args = true,
+    args_override_self = true
 )]
 struct DirectiveLine {
     #[command(flatten)]

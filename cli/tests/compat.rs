@@ -236,3 +236,234 @@ fn scancel_signal_reaches_the_batch_script() {
     let rec = c.wait_end(id, T);
     assert_eq!(rec["state"]["current"], "COMPLETED", "{rec}");
 }
+
+// === Differences found by a differential run against Slurm 22.05 (slurm-wlm 22.05.8, the
+// reference cluster in ../shared/slurm-reference); each test quotes what Slurm printed. ===
+
+/// `sbatch --wrap='env | grep ...'` on Slurm 22.05 printed, without a task count,
+/// `SLURM_TASKS_PER_NODE=1` and no SLURM_NTASKS, SLURM_NPROCS, SLURM_NTASKS_PER_NODE or
+/// SLURM_CPUS_PER_TASK; with `-N2 -n3`: `SLURM_NTASKS=3 SLURM_NPROCS=3
+/// SLURM_TASKS_PER_NODE=2,1`; with `-N2 --ntasks-per-node=2 -c2`: `SLURM_NTASKS=4
+/// SLURM_NTASKS_PER_NODE=2 SLURM_TASKS_PER_NODE=2(x2) SLURM_CPUS_PER_TASK=2`.
+#[test]
+fn task_variables_are_set_only_when_the_job_asked_for_tasks() {
+    let c = Cluster::start(3);
+    let probe = "for v in SLURM_NTASKS SLURM_NPROCS SLURM_NTASKS_PER_NODE SLURM_TASKS_PER_NODE \
+                 SLURM_CPUS_PER_TASK; do eval \"echo $v=\\${$v--}\"; done; echo end";
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &[],
+            "SLURM_NTASKS=- SLURM_NPROCS=- SLURM_NTASKS_PER_NODE=- SLURM_TASKS_PER_NODE=1 \
+             SLURM_CPUS_PER_TASK=-",
+        ),
+        (
+            &["-N2", "-n3"],
+            "SLURM_NTASKS=3 SLURM_NPROCS=3 SLURM_NTASKS_PER_NODE=- SLURM_TASKS_PER_NODE=2,1 \
+             SLURM_CPUS_PER_TASK=-",
+        ),
+        (
+            &["-N2", "--ntasks-per-node=2", "-c2"],
+            "SLURM_NTASKS=4 SLURM_NPROCS=4 SLURM_NTASKS_PER_NODE=2 \
+             SLURM_TASKS_PER_NODE=2(x2) SLURM_CPUS_PER_TASK=2",
+        ),
+    ];
+    for (i, (opts, want)) in cases.iter().enumerate() {
+        let out = format!("tasks-{i}.out");
+        let mut args = vec!["-o", &out, "--wrap", probe];
+        args.splice(0..0, opts.iter().copied());
+        // The submitting shell's own counts (sbatch from inside an allocation) must not leak.
+        let id = c
+            .cmd(&["sbatch", "--parsable"])
+            .args(&args)
+            .env("SLURM_NTASKS", "99")
+            .env("SLURM_CPUS_PER_TASK", "99")
+            .output()
+            .unwrap();
+        assert!(
+            id.status.success(),
+            "{}",
+            String::from_utf8_lossy(&id.stderr)
+        );
+        let text = c.wait_file(&c.work.join(&out), "end", T);
+        let got = text
+            .lines()
+            .filter(|l| *l != "end")
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert_eq!(got, *want, "sbatch {opts:?}");
+    }
+}
+
+/// Slurm 22.05, `sacct -P -o JobID,State,ExitCode,DerivedExitCode`:
+///
+/// ```text
+/// 10|CANCELLED by 0|0:0|0:0        scancel of `sleep 300`
+/// 10.batch|CANCELLED|0:15|
+/// 11|TIMEOUT|0:0|0:0               -t 1, `sleep 300`
+/// 11.batch|CANCELLED|0:15|
+/// 13|FAILED|0:9|0:0                `kill -9 $$`
+/// 13.batch|CANCELLED|0:9|
+/// 14|COMPLETED|0:0|0:15            `srun sh -c 'kill -TERM $$'; exit 0`
+/// 14.batch|COMPLETED|0:0|
+/// 14.0|CANCELLED|0:15|
+/// ```
+///
+/// Tandem records no canceller, so its allocation line says `CANCELLED` without `by UID`.
+#[test]
+fn sacct_puts_the_signal_on_the_batch_line_and_derives_the_steps_exit() {
+    let c = Cluster::start(3);
+    let rows = |id: u64, extra: &[&str]| -> String {
+        let mut args = vec![
+            "sacct",
+            "-P",
+            "-n",
+            "-o",
+            "JobID,State,ExitCode,DerivedExitCode",
+        ];
+        args.extend_from_slice(extra);
+        let ids = id.to_string();
+        args.extend(["-j", ids.as_str()]);
+        let out = c.ok(&args);
+        out.lines()
+            .map(|l| match l.strip_prefix(&ids) {
+                Some(rest) => format!("J{rest}\n"),
+                None => format!("{l}\n"),
+            })
+            .collect::<String>()
+    };
+    let cancelled = c.sbatch(&["-o", "/dev/null", "--wrap", "sleep 300"]);
+    let timeout = c.sbatch(&["-t", "0:02", "-o", "/dev/null", "--wrap", "sleep 300"]);
+    let killed = c.sbatch(&["-o", "/dev/null", "--wrap", "kill -9 $$"]);
+    let tandem = util::TANDEM;
+    let srun = c.sbatch(&[
+        "-o",
+        "/dev/null",
+        "--wrap",
+        &format!("{tandem} srun sh -c 'kill -TERM $$'; exit 0"),
+    ]);
+    c.wait_state(cancelled, "RUNNING", T);
+    c.ok(&["scancel", &cancelled.to_string()]);
+    c.wait_state(cancelled, "CANCELLED", T);
+    c.wait_state(timeout, "TIMEOUT", T);
+    c.wait_state(killed, "FAILED", T);
+    c.wait_state(srun, "COMPLETED", T);
+    // The job record may reach accounting a moment after the state changes.
+    let settled = |id: u64, want: &str| {
+        let deadline = Instant::now() + T;
+        let mut got = rows(id, &[]);
+        while got != want && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(200));
+            got = rows(id, &[]);
+        }
+        assert_eq!(got, want, "sacct of job {id}");
+    };
+    settled(cancelled, "J|CANCELLED|0:0|0:0\nJ.batch|CANCELLED|0:15|\n");
+    settled(timeout, "J|TIMEOUT|0:0|0:0\nJ.batch|CANCELLED|0:15|\n");
+    settled(killed, "J|FAILED|0:9|0:0\nJ.batch|CANCELLED|0:9|\n");
+    settled(
+        srun,
+        "J|COMPLETED|0:0|0:15\nJ.batch|COMPLETED|0:0|\nJ.0|CANCELLED|0:15|\n",
+    );
+    assert_eq!(rows(srun, &["-X"]), "J|COMPLETED|0:0|0:15\n", "-X");
+    // JSON: Slurm 22.05 printed "derived_exit_code": {"status": "SIGNALED", "return_code":
+    // null, "signal": {"signal_id": 15, "name": "Terminated"}} and step ids "batch" and 0.
+    let doc: serde_json::Value =
+        serde_json::from_str(&c.ok(&["sacct", "--json", "-j", &srun.to_string()])).unwrap();
+    let job = &doc["jobs"][0];
+    assert_eq!(job["derived_exit_code"]["status"], "SIGNALED", "{job}");
+    assert_eq!(job["derived_exit_code"]["signal"]["signal_id"], 15, "{job}");
+    assert_eq!(job["steps"][0]["step"]["id"], "batch", "{job}");
+    assert_eq!(job["steps"][1]["step"]["id"], 0, "{job}");
+}
+
+/// Slurm's commands parse with getopt: an option given twice is taken, the last value wins
+/// for single values and for the lists squeue, sinfo and scancel filter by, while sacct
+/// adds its lists up. What Slurm 22.05 did: `squeue -h --noheader` printed no header;
+/// `sbatch -p nope -p batch` was accepted, `sbatch -p batch -p nope` refused ("invalid
+/// partition specified: nope"); `sbatch -J a -J b` named the job b; `-t 5 -t 10` gave
+/// 10:00; `A=1 B=2 sbatch --export=A --export=B` ran with `A= B=2`; `squeue -u nobody -u
+/// root` listed root's jobs and `-u root -u nobody` none; `sacct -o JobID -o State` printed
+/// both columns and `sacct -j 10 -j 11` both jobs.
+#[test]
+fn repeated_options_are_taken_as_slurms_getopt_takes_them() {
+    let c = Cluster::start(2);
+    let held = c.sbatch(&[
+        "--hold", "-p", "nope", "-p", "batch", "-J", "a", "-J", "b", "-t", "5", "-t", "10",
+        "--wrap", "true",
+    ]);
+    let sid = held.to_string();
+    assert_eq!(
+        c.ok(&["squeue", "-h", "--noheader", "-j", &sid, "-o", "%j %l %P"])
+            .trim(),
+        "b 10:00 batch"
+    );
+    let refused = c.run(&["sbatch", "-p", "batch", "-p", "nope", "--wrap", "true"]);
+    assert!(!refused.status.success(), "the last -p (nope) must win");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !stderr.contains("cannot be used multiple times"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("nope"), "{stderr}");
+
+    let exported = c
+        .cmd(&[
+            "sbatch",
+            "--parsable",
+            "--export=A",
+            "--export=B",
+            "-o",
+            "export.out",
+        ])
+        .args(["--wrap", "echo \"A=$A B=$B\""])
+        .env("A", "1")
+        .env("B", "2")
+        .output()
+        .unwrap();
+    assert!(
+        exported.status.success(),
+        "{}",
+        String::from_utf8_lossy(&exported.stderr)
+    );
+    let text = c.wait_file(&c.work.join("export.out"), "B=", T);
+    assert_eq!(text.trim(), "A= B=2");
+
+    let me = c.squeue_job(held, "%u");
+    assert_eq!(
+        c.ok(&["squeue", "-h", "-u", "nobody", "-u", &me, "-o", "%i"])
+            .trim(),
+        sid
+    );
+    assert_eq!(
+        c.ok(&["squeue", "-h", "-u", &me, "-u", "nobody", "-o", "%i"])
+            .trim(),
+        ""
+    );
+    assert_eq!(
+        c.ok(&["squeue", "-h", "-t", "R", "-t", "PD", "-o", "%i"])
+            .trim(),
+        sid
+    );
+
+    let second = c.sbatch(&["--hold", "--wrap", "true"]);
+    let out = c.ok(&[
+        "sacct",
+        "-X",
+        "-n",
+        "-P",
+        "-o",
+        "JobID",
+        "-o",
+        "State",
+        "-j",
+        &sid,
+        "-j",
+        &second.to_string(),
+    ]);
+    assert_eq!(out, format!("{held}|PENDING\n{second}|PENDING\n"));
+
+    // scancel -n: the last name wins (Slurm's `scancel -n nope -n b` cancelled job b).
+    c.ok(&["scancel", "-n", "nope", "-n", "b"]);
+    c.wait_state(held, "CANCELLED", T);
+    assert_eq!(c.squeue_job(second, "%t").trim(), "PD");
+}

@@ -138,8 +138,16 @@ pub struct LaunchFacts {
     pub cpus_per_node: Vec<u32>,
     /// Memory requested per node; 0 = none requested.
     pub mem_per_node_mb: u64,
+    /// Tasks of the job, resolved (`-n`, or `--ntasks-per-node` times the nodes, or one per
+    /// node).
     pub ntasks: u32,
     pub tasks_per_node: u32,
+    /// `-n` or `--ntasks-per-node` was given. Slurm sets `SLURM_NTASKS`/`SLURM_NPROCS` only
+    /// then: a job that asked for no task count has none (launchers read its absence).
+    pub ntasks_given: bool,
+    /// `--ntasks-per-node` was given (`SLURM_NTASKS_PER_NODE` is set only then).
+    pub tasks_per_node_given: bool,
+    /// `-c` as submitted; 0 = not given, and then `SLURM_CPUS_PER_TASK` is not set.
     pub cpus_per_task: u32,
     /// Total GPUs of the job, and the GPU indices on the first node.
     pub gpus_total: u32,
@@ -170,6 +178,35 @@ pub fn compress_counts(counts: &[u32]) -> String {
     out.join(",")
 }
 
+/// Tasks on each allocated node, as Slurm lays them out for `SLURM_TASKS_PER_NODE`: without
+/// a task count, as many as the node's CPUs hold (`-c4` on 4 CPUs: 1; `--exclusive` on 64:
+/// 64); with one, a task on every node and the rest filling the nodes in order, each up to
+/// its CPUs (`-N2 -n3`: `2,1`, as Slurm prints). Tasks beyond every node's CPUs (not
+/// reachable through the scheduler) go round robin, so the counts always add up to `ntasks`.
+pub fn tasks_on_nodes(ntasks: Option<u32>, cpus: &[u32], cpus_per_task: u32) -> Vec<u32> {
+    let cpt = cpus_per_task.max(1);
+    let fit: Vec<u32> = cpus.iter().map(|c| (c / cpt).max(1)).collect();
+    let Some(ntasks) = ntasks else {
+        return fit;
+    };
+    let mut out: Vec<u32> = (0..cpus.len())
+        .map(|i| u32::from(u64::from(ntasks) > i as u64))
+        .collect();
+    let mut left = ntasks.saturating_sub(out.iter().sum());
+    for (n, cap) in out.iter_mut().zip(&fit) {
+        let more = cap.saturating_sub(*n).min(left);
+        *n += more;
+        left -= more;
+    }
+    let len = u32::try_from(out.len()).unwrap_or(u32::MAX);
+    if left > 0 && len > 0 {
+        for (i, n) in (0..len).zip(out.iter_mut()) {
+            *n += left / len + u32::from(i < left % len);
+        }
+    }
+    out
+}
+
 /// The environment of the batch script: the submitted environment, then the job-wide
 /// `SLURM_*` variables over it (a stale `SLURM_JOB_ID` exported from a login shell inside an
 /// allocation must not leak into a new job).
@@ -181,6 +218,16 @@ pub fn job_environment(
     let mut env = payload.environment.clone();
     // A first run must not see a count exported from the restarted job that submitted it.
     env.remove("SLURM_RESTART_COUNT");
+    // Nor a task count exported from a shell inside another allocation, for a job that set
+    // none of its own.
+    for k in [
+        "SLURM_NTASKS",
+        "SLURM_NPROCS",
+        "SLURM_NTASKS_PER_NODE",
+        "SLURM_CPUS_PER_TASK",
+    ] {
+        env.remove(k);
+    }
     let mut set = |k: &str, v: String| {
         env.insert(k.to_owned(), v);
     };
@@ -193,17 +240,26 @@ pub fn job_environment(
     let nnodes = facts.nodes.len().to_string();
     set("SLURM_JOB_NUM_NODES", nnodes.clone());
     set("SLURM_NNODES", nnodes);
-    set("SLURM_NTASKS", facts.ntasks.to_string());
-    set("SLURM_NPROCS", facts.ntasks.to_string());
-    set("SLURM_NTASKS_PER_NODE", facts.tasks_per_node.to_string());
+    // What Slurm 22.05 sets in a batch job (see `tasks_on_nodes` and the tests below): the
+    // task counts only when the job asked for one, SLURM_TASKS_PER_NODE always.
+    if facts.ntasks_given {
+        set("SLURM_NTASKS", facts.ntasks.to_string());
+        set("SLURM_NPROCS", facts.ntasks.to_string());
+    }
+    if facts.tasks_per_node_given {
+        set("SLURM_NTASKS_PER_NODE", facts.tasks_per_node.to_string());
+    }
     set(
         "SLURM_TASKS_PER_NODE",
-        compress_counts(&vec![facts.tasks_per_node; facts.nodes.len()]),
+        compress_counts(&tasks_on_nodes(
+            facts.ntasks_given.then_some(facts.ntasks),
+            &facts.cpus_per_node,
+            facts.cpus_per_task,
+        )),
     );
-    set(
-        "SLURM_CPUS_PER_TASK",
-        facts.cpus_per_task.max(1).to_string(),
-    );
+    if facts.cpus_per_task > 0 {
+        set("SLURM_CPUS_PER_TASK", facts.cpus_per_task.to_string());
+    }
     set(
         "SLURM_JOB_CPUS_PER_NODE",
         compress_counts(&facts.cpus_per_node),
@@ -378,6 +434,8 @@ mod tests {
             mem_per_node_mb: 4096,
             ntasks: 4,
             tasks_per_node: 2,
+            ntasks_given: true,
+            tasks_per_node_given: true,
             cpus_per_task: 4,
             gpus_total: 16,
             batch_node_gpus: (0..8).collect(),
@@ -582,5 +640,215 @@ mod tests {
             ..payload()
         };
         assert_eq!(Payload::decode(&p.clone().into_bytes()).unwrap(), p);
+    }
+
+    /// The task variables of a batch job, as Slurm 22.05 (slurm-wlm 22.05.8, 8 nodes x 64
+    /// CPUs, `sbatch OPTS --wrap='env | grep ...'`) printed them; a dash = not set.
+    /// The CPUs per node are Tandem's allocation for the same options (Slurm's for `-N2 -n3`
+    /// were `2,1`; Tandem gives every node of a job the same share).
+    #[test]
+    fn task_variables_match_slurm_for_each_way_of_asking() {
+        struct Case {
+            opts: &'static str,
+            nodes: usize,
+            cpus: u32,
+            ntasks: u32,
+            per_node: u32,
+            ntasks_given: bool,
+            per_node_given: bool,
+            cpt: u32,
+            // SLURM_NTASKS (= SLURM_NPROCS), SLURM_NTASKS_PER_NODE, SLURM_TASKS_PER_NODE,
+            // SLURM_CPUS_PER_TASK
+            want: [&'static str; 4],
+        }
+        let cases = [
+            Case {
+                opts: "",
+                nodes: 1,
+                cpus: 1,
+                ntasks: 1,
+                per_node: 1,
+                ntasks_given: false,
+                per_node_given: false,
+                cpt: 0,
+                want: ["-", "-", "1", "-"],
+            },
+            Case {
+                opts: "-N2",
+                nodes: 2,
+                cpus: 1,
+                ntasks: 2,
+                per_node: 1,
+                ntasks_given: false,
+                per_node_given: false,
+                cpt: 0,
+                want: ["-", "-", "1(x2)", "-"],
+            },
+            Case {
+                opts: "-n3",
+                nodes: 1,
+                cpus: 3,
+                ntasks: 3,
+                per_node: 3,
+                ntasks_given: true,
+                per_node_given: false,
+                cpt: 0,
+                want: ["3", "-", "3", "-"],
+            },
+            Case {
+                opts: "-N2 -n3",
+                nodes: 2,
+                cpus: 2,
+                ntasks: 3,
+                per_node: 2,
+                ntasks_given: true,
+                per_node_given: false,
+                cpt: 0,
+                want: ["3", "-", "2,1", "-"],
+            },
+            Case {
+                opts: "--ntasks-per-node=2",
+                nodes: 1,
+                cpus: 2,
+                ntasks: 2,
+                per_node: 2,
+                ntasks_given: true,
+                per_node_given: true,
+                cpt: 0,
+                want: ["2", "2", "2", "-"],
+            },
+            Case {
+                opts: "-N2 --ntasks-per-node=2",
+                nodes: 2,
+                cpus: 2,
+                ntasks: 4,
+                per_node: 2,
+                ntasks_given: true,
+                per_node_given: true,
+                cpt: 0,
+                want: ["4", "2", "2(x2)", "-"],
+            },
+            Case {
+                opts: "-c4",
+                nodes: 1,
+                cpus: 4,
+                ntasks: 1,
+                per_node: 1,
+                ntasks_given: false,
+                per_node_given: false,
+                cpt: 4,
+                want: ["-", "-", "1", "4"],
+            },
+            Case {
+                opts: "-N2 -c4",
+                nodes: 2,
+                cpus: 4,
+                ntasks: 2,
+                per_node: 1,
+                ntasks_given: false,
+                per_node_given: false,
+                cpt: 4,
+                want: ["-", "-", "1(x2)", "4"],
+            },
+            Case {
+                opts: "-n2 -c3",
+                nodes: 1,
+                cpus: 6,
+                ntasks: 2,
+                per_node: 2,
+                ntasks_given: true,
+                per_node_given: false,
+                cpt: 3,
+                want: ["2", "-", "2", "3"],
+            },
+            Case {
+                opts: "-N2 -n3 -c2",
+                nodes: 2,
+                cpus: 4,
+                ntasks: 3,
+                per_node: 2,
+                ntasks_given: true,
+                per_node_given: false,
+                cpt: 2,
+                want: ["3", "-", "2,1", "2"],
+            },
+            Case {
+                opts: "-N3 -n4",
+                nodes: 3,
+                cpus: 2,
+                ntasks: 4,
+                per_node: 2,
+                ntasks_given: true,
+                per_node_given: false,
+                cpt: 0,
+                want: ["4", "-", "2,1(x2)", "-"],
+            },
+            Case {
+                opts: "--exclusive",
+                nodes: 1,
+                cpus: 64,
+                ntasks: 1,
+                per_node: 1,
+                ntasks_given: false,
+                per_node_given: false,
+                cpt: 0,
+                want: ["-", "-", "64", "-"],
+            },
+        ];
+        for c in cases {
+            let f = LaunchFacts {
+                nodes: (0..c.nodes).map(|i| format!("n{i}")).collect(),
+                cpus_per_node: vec![c.cpus; c.nodes],
+                ntasks: c.ntasks,
+                tasks_per_node: c.per_node,
+                ntasks_given: c.ntasks_given,
+                tasks_per_node_given: c.per_node_given,
+                cpus_per_task: c.cpt,
+                ..facts()
+            };
+            // A submitting shell inside another allocation exported its own counts.
+            let mut p = payload();
+            for k in [
+                "SLURM_NTASKS",
+                "SLURM_NPROCS",
+                "SLURM_NTASKS_PER_NODE",
+                "SLURM_CPUS_PER_TASK",
+            ] {
+                p.environment.insert(k.to_owned(), "99".to_owned());
+            }
+            let env = job_environment(&f, &p, "n[0-9]");
+            let get = |k: &str| env.get(k).map_or("-", String::as_str).to_owned();
+            assert_eq!(
+                [
+                    get("SLURM_NTASKS"),
+                    get("SLURM_NTASKS_PER_NODE"),
+                    get("SLURM_TASKS_PER_NODE"),
+                    get("SLURM_CPUS_PER_TASK"),
+                ],
+                c.want.map(str::to_owned),
+                "sbatch {}",
+                c.opts
+            );
+            assert_eq!(
+                get("SLURM_NPROCS"),
+                get("SLURM_NTASKS"),
+                "sbatch {}",
+                c.opts
+            );
+        }
+    }
+
+    #[test]
+    fn tasks_fill_nodes_in_order_and_always_add_up() {
+        assert_eq!(tasks_on_nodes(Some(7), &[3, 3, 3], 1), [3, 3, 1]);
+        assert_eq!(tasks_on_nodes(Some(2), &[8, 8, 8], 1), [1, 1, 0]);
+        assert_eq!(
+            tasks_on_nodes(Some(10), &[2, 2], 1),
+            [5, 5],
+            "over capacity"
+        );
+        assert_eq!(tasks_on_nodes(None, &[8, 8], 3), [2, 2]);
+        assert_eq!(tasks_on_nodes(None, &[2], 4), [1], "at least one task");
+        assert!(tasks_on_nodes(Some(3), &[], 1).is_empty());
     }
 }

@@ -7,7 +7,7 @@ use tandem_proto::v1::ListJobRecordsRequest;
 use crate::Exit;
 use crate::client::{Client, RpcResult as _};
 use crate::format::columns::sacct_format;
-use crate::format::view::JobView;
+use crate::format::view::{ExitCode, JobView};
 use crate::format::{Columns, Human, Json, Output};
 
 /// Show accounting data of jobs and steps.
@@ -54,9 +54,10 @@ pub struct Args {
     /// Only allocations, not steps.
     #[arg(short = 'X', long = "allocations")]
     pub allocations: bool,
-    /// Fields: JobID,JobName%20,State,... (JobName%20 sets a width).
+    /// Fields: JobID,JobName%20,State,... (JobName%20 sets a width). Given twice, the
+    /// lists add up, as in Slurm (`-o JobID -o State` shows both).
     #[arg(short = 'o', long = "format", value_name = "FIELDS")]
-    pub format: Option<String>,
+    pub format: Vec<String>,
     /// Brief: JobID, State, ExitCode.
     #[arg(short = 'b', long = "brief")]
     pub brief: bool,
@@ -78,10 +79,10 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> Exit {
-    let format = match (&args.format, args.brief) {
-        (Some(f), _) => Some(f.clone()),
-        (None, true) => Some("JobID,State,ExitCode".to_string()),
-        (None, false) => None,
+    let format = match (args.format.is_empty(), args.brief) {
+        (false, _) => Some(args.format.join(",")),
+        (true, true) => Some("JobID,State,ExitCode".to_string()),
+        (true, false) => None,
     };
     if let Some(f) = &format {
         sacct_format(f)?;
@@ -138,16 +139,12 @@ pub async fn run(args: Args) -> Exit {
     });
     for j in &sorted {
         let view = JobView::from_job(j, now);
-        let steps: Vec<JobView> = if args.allocations {
-            Vec::new()
-        } else {
-            j.steps
-                .iter()
-                .map(|s| JobView::from_step(&view, s, now))
-                .collect()
-        };
-        rows.push(view);
-        rows.extend(steps);
+        let steps: Vec<JobView> = j
+            .steps
+            .iter()
+            .map(|s| JobView::from_step(&view, s, now))
+            .collect();
+        rows.extend(accounting_rows(view, steps, args.allocations));
     }
     let output: Box<dyn Output> = if args.json {
         Box::new(Json)
@@ -162,6 +159,61 @@ pub async fn run(args: Args) -> Exit {
     };
     crate::emit(&output.records(&rows)?)?;
     Ok(0)
+}
+
+/// The rows sacct prints for one job: its allocation line, then (without `-X`) its steps,
+/// with Slurm's accounting view of how the job ended. What Slurm 22.05 printed
+/// (`sacct -o JobID,State,ExitCode,DerivedExitCode`):
+///
+/// ```text
+/// 10          CANCELLED+      0:0             0:0    scancel of `sleep 300`
+/// 10.batch     CANCELLED     0:15
+/// 11             TIMEOUT      0:0             0:0    -t 1, `sleep 300`
+/// 11.batch     CANCELLED     0:15
+/// 13              FAILED      0:9             0:0    `kill -9 $$`
+/// 13.batch     CANCELLED      0:9
+/// 14           COMPLETED      0:0            0:15    `srun sh -c 'kill -TERM $$'; exit 0`
+/// 14.batch     COMPLETED      0:0
+/// 14.0         CANCELLED     0:15
+/// ```
+///
+/// So: a job Slurm ended itself (cancelled, timed out) shows 0:0 on its allocation line and
+/// the signal on `.batch` (`scontrol show job` still says 0:15: that is the job's own
+/// record, and Tandem's squeue/scontrol keep it); a batch script a signal ended is
+/// CANCELLED on its `.batch` line, whatever the job's state; DerivedExitCode is the highest
+/// exit of the srun steps (the batch script's own does not count), blank on step lines.
+pub fn accounting_rows<'a>(
+    mut job: JobView<'a>,
+    mut steps: Vec<JobView<'a>>,
+    allocations_only: bool,
+) -> Vec<JobView<'a>> {
+    let derived = steps
+        .iter()
+        .filter(|s| !matches!(s.step_id, Some("batch" | "extern")))
+        .map(|s| s.exit_code)
+        .max_by_key(|e| e.wait_status())
+        .unwrap_or(ExitCode { code: 0, signal: 0 });
+    job.derived_exit_code = Some(derived);
+    if matches!(job.state, "CANCELLED" | "TIMEOUT") {
+        job.exit_code = ExitCode { code: 0, signal: 0 };
+    }
+    if allocations_only {
+        return vec![job];
+    }
+    for s in &mut steps {
+        let ended_by_signal = s.exit_code.signal != 0 && s.end_time.is_some();
+        if s.step_id == Some("batch")
+            && ended_by_signal
+            && matches!(s.state, "FAILED" | "TIMEOUT" | "CANCELLED")
+        {
+            s.state = "CANCELLED";
+            s.state_compact = "CA";
+        }
+    }
+    let mut rows = Vec::with_capacity(steps.len() + 1);
+    rows.push(job);
+    rows.extend(steps);
+    rows
 }
 
 /// A requeued job has one record per run; like Slurm's sacct without `-D`, keep only the
@@ -252,6 +304,115 @@ mod tests {
                 (3, JobState::Running),
                 (4, JobState::Pending)
             ]
+        );
+    }
+
+    /// The cases of [`accounting_rows`]' doc, as the controller records them (the batch
+    /// step carries the script's wait status, the job its state and the same status).
+    #[test]
+    fn allocation_and_batch_lines_read_as_slurms() {
+        use tandem_proto::v1::{JobInfo, JobState, StepInfo};
+        let step = |id: &str, state: JobState, code: i32, signal: i32| StepInfo {
+            step_id: id.into(),
+            state: state as i32,
+            exit_code: code,
+            signal,
+            start_time: 10,
+            end_time: 20,
+            ..StepInfo::default()
+        };
+        let job = |state: JobState, code: i32, signal: i32, steps: Vec<StepInfo>| JobInfo {
+            job_id: 1,
+            array_task_id: -1,
+            state: state as i32,
+            exit_code: code,
+            exit_signal: signal,
+            start_time: 10,
+            end_time: 20,
+            steps,
+            ..JobInfo::default()
+        };
+        let rows = |j: &JobInfo, x: bool| -> Vec<String> {
+            let view = JobView::from_job(j, 30);
+            let steps = j
+                .steps
+                .iter()
+                .map(|s| JobView::from_step(&view, s, 30))
+                .collect();
+            accounting_rows(view, steps, x)
+                .iter()
+                .map(|r| {
+                    let d = r
+                        .derived_exit_code
+                        .map(|e| e.to_string())
+                        .unwrap_or_default();
+                    format!("{} {} {} {d}", r.job_id, r.state, r.exit_code)
+                        .trim_end()
+                        .to_owned()
+                })
+                .collect()
+        };
+        use JobState::*;
+        let cancelled = job(Cancelled, 0, 15, vec![step("batch", Cancelled, 0, 15)]);
+        assert_eq!(
+            rows(&cancelled, false),
+            ["1 CANCELLED 0:0 0:0", "1.batch CANCELLED 0:15"]
+        );
+        let timeout = job(Timeout, 0, 15, vec![step("batch", Timeout, 0, 15)]);
+        assert_eq!(
+            rows(&timeout, false),
+            ["1 TIMEOUT 0:0 0:0", "1.batch CANCELLED 0:15"]
+        );
+        assert_eq!(rows(&timeout, true), ["1 TIMEOUT 0:0 0:0"], "-X");
+        let killed = job(Failed, 0, 9, vec![step("batch", Failed, 0, 9)]);
+        assert_eq!(
+            rows(&killed, false),
+            ["1 FAILED 0:9 0:0", "1.batch CANCELLED 0:9"]
+        );
+        let failed = job(Failed, 3, 0, vec![step("batch", Failed, 3, 0)]);
+        assert_eq!(
+            rows(&failed, false),
+            ["1 FAILED 3:0 0:0", "1.batch FAILED 3:0"]
+        );
+        let srun_killed = job(
+            Completed,
+            0,
+            0,
+            vec![
+                step("batch", Completed, 0, 0),
+                step("0", Cancelled, 0, 15),
+                step("1", Completed, 0, 0),
+            ],
+        );
+        assert_eq!(
+            rows(&srun_killed, false),
+            [
+                "1 COMPLETED 0:0 0:15",
+                "1.batch COMPLETED 0:0",
+                "1.0 CANCELLED 0:15",
+                "1.1 COMPLETED 0:0"
+            ]
+        );
+        assert_eq!(
+            rows(&srun_killed, true),
+            ["1 COMPLETED 0:0 0:15"],
+            "-X keeps the derived code"
+        );
+        // An exit code outranks a signal (wait status 2 << 8 > 15), as in Slurm.
+        let mixed = job(
+            Completed,
+            0,
+            0,
+            vec![step("0", Cancelled, 0, 15), step("1", Failed, 2, 0)],
+        );
+        assert_eq!(rows(&mixed, true), ["1 COMPLETED 0:0 2:0"]);
+        // A running job's batch line keeps its state.
+        let mut running = job(Running, 0, 0, vec![step("batch", Running, 0, 0)]);
+        running.end_time = 0;
+        running.steps[0].end_time = 0;
+        assert_eq!(
+            rows(&running, false),
+            ["1 RUNNING 0:0 0:0", "1.batch RUNNING 0:0"]
         );
     }
 

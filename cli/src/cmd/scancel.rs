@@ -26,7 +26,7 @@ pub struct Args {
     #[arg(short = 'p', long = "partition", value_name = "PARTITION")]
     pub partition: Option<String>,
     /// Only jobs in these states.
-    #[arg(short = 't', long = "state", value_name = "STATES")]
+    #[arg(short = 't', long = "state", value_name = "STATES", action = clap::ArgAction::Set)]
     pub states: Vec<String>,
     /// Only jobs of this account.
     #[arg(short = 'A', long = "account", value_name = "ACCOUNT")]

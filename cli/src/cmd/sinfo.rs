@@ -23,13 +23,13 @@ pub struct Args {
     #[arg(short = 'l', long)]
     pub long: bool,
     /// Only these partitions.
-    #[arg(short = 'p', long = "partition", value_name = "PARTITIONS")]
+    #[arg(short = 'p', long = "partition", value_name = "PARTITIONS", action = clap::ArgAction::Set)]
     pub partitions: Vec<String>,
     /// Only these nodes (host list).
     #[arg(short = 'n', long = "nodes", value_name = "HOSTS")]
     pub nodes: Option<String>,
     /// Only nodes in these states (idle, mix, alloc, down, drain, ...).
-    #[arg(short = 't', long = "states", value_name = "STATES")]
+    #[arg(short = 't', long = "states", value_name = "STATES", action = clap::ArgAction::Set)]
     pub states: Vec<String>,
     /// Columns as %-fields, e.g. "%P %a %l %D %t %N".
     #[arg(short = 'o', long = "format", value_name = "FORMAT")]

@@ -23,10 +23,10 @@ pub struct Args {
     #[arg(long, action = clap::ArgAction::Help)]
     pub help: Option<bool>,
     /// Only these jobs (comma separated: -j12,13).
-    #[arg(short = 'j', long = "jobs", value_name = "JOBS")]
+    #[arg(short = 'j', long = "jobs", value_name = "JOBS", action = clap::ArgAction::Set)]
     pub jobs: Vec<String>,
     /// Only jobs of these users (comma separated).
-    #[arg(short = 'u', long = "user", value_name = "USERS")]
+    #[arg(short = 'u', long = "user", value_name = "USERS", action = clap::ArgAction::Set)]
     pub users: Vec<String>,
     /// Also USER's account, QOS name and NICE.
     #[arg(short = 'l', long = "long")]

@@ -19,25 +19,25 @@ pub struct Args {
     #[arg(long, action = clap::ArgAction::Help)]
     pub help: Option<bool>,
     /// Only these users' jobs (comma list).
-    #[arg(short = 'u', long = "user", value_name = "USERS")]
+    #[arg(short = 'u', long = "user", value_name = "USERS", action = clap::ArgAction::Set)]
     pub users: Vec<String>,
     /// Only the current user's jobs.
     #[arg(long)]
     pub me: bool,
     /// Only these jobs: 12, 12_3, 12_[3-5] (comma list).
-    #[arg(short = 'j', long = "jobs", value_name = "IDS")]
+    #[arg(short = 'j', long = "jobs", value_name = "IDS", action = clap::ArgAction::Set)]
     pub jobs: Vec<String>,
     /// Only jobs in these states: PD, R, PENDING, RUNNING, ... or all.
-    #[arg(short = 't', long = "states", value_name = "STATES")]
+    #[arg(short = 't', long = "states", value_name = "STATES", action = clap::ArgAction::Set)]
     pub states: Vec<String>,
     /// Only jobs in these partitions.
-    #[arg(short = 'p', long = "partition", value_name = "PARTITIONS")]
+    #[arg(short = 'p', long = "partition", value_name = "PARTITIONS", action = clap::ArgAction::Set)]
     pub partitions: Vec<String>,
     /// Only jobs with these names.
-    #[arg(short = 'n', long = "name", value_name = "NAMES")]
+    #[arg(short = 'n', long = "name", value_name = "NAMES", action = clap::ArgAction::Set)]
     pub names: Vec<String>,
     /// Only jobs charged to these accounts.
-    #[arg(short = 'A', long = "account", value_name = "ACCOUNTS")]
+    #[arg(short = 'A', long = "account", value_name = "ACCOUNTS", action = clap::ArgAction::Set)]
     pub accounts: Vec<String>,
     /// Do not print the header line.
     #[arg(short = 'h', long = "noheader")]

@@ -207,6 +207,7 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args) -> Exit {
         .await
         .rpc()
         .context("cannot create the step")?;
+    crate::timing::mark("step-created");
     let ctx = crate::cmd::sbatch::submit_context()?;
     let export = opts
         .export
@@ -230,10 +231,6 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args) -> Exit {
         } else {
             format!("http://{}", target.address)
         };
-        let channel = tandem_proto::endpoint::connect_with(&address, client.auth.clone())
-            .await
-            .with_context(|| format!("cannot reach node {}", target.node))?;
-        let mut launcher = StepLauncherClient::new(channel);
         let req = LaunchTasksRequest {
             job_id,
             step_id: step.step_id,
@@ -250,7 +247,14 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args) -> Exit {
         };
         let tx = tx.clone();
         let node = target.node.clone();
+        let auth = client.auth.clone();
+        // Each node is connected to and launched on in its own task: the step starts on all
+        // of them after one connection time, not one per node in turn.
         launches.push(tokio::spawn(async move {
+            let channel = tandem_proto::endpoint::connect_with(&address, auth)
+                .await
+                .with_context(|| format!("cannot reach node {node}"))?;
+            let mut launcher = StepLauncherClient::new(channel);
             let mut stream = launcher
                 .launch_tasks(req)
                 .await
@@ -268,6 +272,7 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args) -> Exit {
         }));
     }
     drop(tx);
+    crate::timing::mark("launches-started");
     // Blocking writes to the terminal are fine here: this task does nothing else.
     let mut stdout = std::io::stdout().lock();
     let mut stderr = std::io::stderr().lock();
@@ -303,11 +308,17 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args) -> Exit {
     stdout.flush()?;
     stderr.flush()?;
     drop((stdout, stderr));
+    crate::timing::mark("tasks-ended");
     let mut launch_error = None;
     for l in launches {
         if let Err(e) = l.await.map_err(anyhow::Error::from).and_then(|r| r) {
             launch_error = Some(e);
         }
+    }
+    // A node that could not run its tasks fails the step even if every task that ran
+    // succeeded.
+    if launch_error.is_some() && worst == (0, 0) {
+        worst.0 = 1;
     }
     let _ = client
         .jobs
@@ -318,6 +329,7 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args) -> Exit {
             signal: worst.1,
         })
         .await;
+    crate::timing::mark("step-completed");
     if let Some(e) = launch_error {
         return Err(e);
     }

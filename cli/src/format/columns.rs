@@ -707,6 +707,7 @@ pub enum AcctField {
     AllocTres,
     State,
     ExitCode,
+    DerivedExitCode,
     Elapsed,
     ElapsedRaw,
     Start,
@@ -744,6 +745,7 @@ impl AcctField {
             "alloctres" => AllocTres,
             "state" => State,
             "exitcode" => ExitCode,
+            "derivedexitcode" => DerivedExitCode,
             "elapsed" => Elapsed,
             "elapsedraw" => ElapsedRaw,
             "start" => Start,
@@ -772,6 +774,7 @@ impl AcctField {
         match self {
             JobId | JobIdRaw => 12,
             ExitCode => 8,
+            DerivedExitCode => 15,
             Start | End | Submit | Eligible => 19,
             NodeList => 15,
             User | Uid => 9,
@@ -802,6 +805,7 @@ impl Field<JobView<'_>> for AcctField {
             AllocTres => "AllocTRES",
             State => "State",
             ExitCode => "ExitCode",
+            DerivedExitCode => "DerivedExitCode",
             Elapsed => "Elapsed",
             ElapsedRaw => "ElapsedRaw",
             Start => "Start",
@@ -849,6 +853,10 @@ impl Field<JobView<'_>> for AcctField {
                 }
             }
             ExitCode => j.exit_code.to_string(),
+            DerivedExitCode => j
+                .derived_exit_code
+                .map(|e| e.to_string())
+                .unwrap_or_default(),
             Elapsed => tandem_sched::time::format_elapsed(j.elapsed_s),
             ElapsedRaw => j.elapsed_s.to_string(),
             Start => timestamp(j.start_time, ctx.utc_offset_s),

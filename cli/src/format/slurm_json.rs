@@ -216,6 +216,8 @@ pub struct AcctJob<'a> {
     pub array: AcctArray<'a>,
     pub comment: AcctComment<'a>,
     pub constraints: &'a str,
+    /// The highest exit of the job's steps; SUCCESS without steps, as Slurm prints it.
+    pub derived_exit_code: AcctExit,
     pub exit_code: AcctExit,
     pub job_id: u64,
     pub name: &'a str,
@@ -398,9 +400,24 @@ pub struct StepNodes<'a> {
 #[derive(Debug, Serialize)]
 pub struct StepId<'a> {
     pub job_id: u64,
-    /// `batch`, `extern`, `0`, ...: a string, as in Slurm's schema.
-    pub id: &'a str,
+    /// `"batch"`, `"extern"`, or a number for srun's steps: Slurm 22.05 prints
+    /// `"id": "batch"` and `"id": 0`.
+    pub id: StepNumber<'a>,
     pub name: &'a str,
+}
+
+/// A step id as Slurm's JSON writes it: a number where it is one.
+#[derive(Debug, Serialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum StepNumber<'a> {
+    Number(u64),
+    Name(&'a str),
+}
+
+impl<'a> StepNumber<'a> {
+    pub fn of(id: &'a str) -> StepNumber<'a> {
+        id.parse().map_or(StepNumber::Name(id), StepNumber::Number)
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -437,6 +454,10 @@ impl<'a> AcctJob<'a> {
                 job: (!v.comment.is_empty()).then_some(v.comment),
             },
             constraints: v.constraint,
+            derived_exit_code: AcctExit::from_exit(
+                v.derived_exit_code
+                    .unwrap_or(ExitCode { code: 0, signal: 0 }),
+            ),
             exit_code: AcctExit::from_exit(v.exit_code),
             job_id: v.job_id_raw,
             name: v.name,
@@ -487,7 +508,7 @@ impl<'a> AcctStep<'a> {
             state: v.state,
             step: StepId {
                 job_id: v.job_id_raw,
-                id: step_id,
+                id: StepNumber::of(step_id),
                 name: v.name,
             },
             tasks: StepTasks { count: v.tasks },

@@ -49,6 +49,9 @@ pub struct JobView<'a> {
     pub tres: AllocTres,
     /// `exit:signal`.
     pub exit_code: ExitCode,
+    /// sacct's DerivedExitCode of an allocation row: the highest exit of the job's steps
+    /// (srun's, not the batch script's). `None` elsewhere, shown blank as Slurm does.
+    pub derived_exit_code: Option<ExitCode>,
     pub workdir: &'a str,
     pub stdout: &'a str,
     pub stderr: &'a str,
@@ -168,6 +171,14 @@ pub struct ExitCode {
     pub signal: i32,
 }
 
+impl ExitCode {
+    /// The exit as a wait(2) status (`code << 8 | signal`): Slurm compares steps' exits in
+    /// this form, so an exit code outranks any signal.
+    pub fn wait_status(self) -> i64 {
+        (i64::from(self.code) << 8) | i64::from(self.signal)
+    }
+}
+
 impl std::fmt::Display for ExitCode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}:{}", self.code, self.signal)
@@ -243,6 +254,7 @@ impl<'a> JobView<'a> {
                 code: j.exit_code,
                 signal: j.exit_signal,
             },
+            derived_exit_code: None,
             workdir: &j.workdir,
             stdout: &j.stdout,
             stderr: &j.stderr,
@@ -295,6 +307,7 @@ impl<'a> JobView<'a> {
                 code: s.exit_code,
                 signal: s.signal,
             },
+            derived_exit_code: None,
             ..job.clone()
         }
     }

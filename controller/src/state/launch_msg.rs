@@ -116,7 +116,9 @@ impl Actor {
             mem_per_node_mb: job.shape.per_node.mem_mb,
             ntasks: job.shape.ntasks,
             tasks_per_node: job.shape.tasks_per_node,
-            cpus_per_task: job.spec.cpus_per_task.max(1),
+            ntasks_given: job.spec.ntasks > 0 || job.spec.ntasks_per_node > 0,
+            tasks_per_node_given: job.spec.ntasks_per_node > 0,
+            cpus_per_task: job.spec.cpus_per_task,
             gpus_total: start.nodes.iter().map(|n| n.gpus.len() as u32).sum(),
             batch_node_gpus: start
                 .nodes
