@@ -60,8 +60,11 @@ mod nodes;
 mod pass;
 mod persist;
 mod timers;
+mod view;
 mod worker_link;
 pub use accounting::{AcctCommand, Change, at_most};
+use view::ViewPublisher;
+pub use view::{ReadView, SharedView};
 
 use crate::api::convert::{JobFields, job_field};
 use crate::api::{authz, convert};
@@ -102,10 +105,6 @@ pub enum Command {
         req: v1::CancelRequest,
         reply: Reply<v1::CancelResponse>,
     },
-    ListJobs {
-        req: v1::ListJobsRequest,
-        reply: Reply<v1::ListJobsResponse>,
-    },
     UpdateJob {
         who: Identity,
         req: v1::UpdateJobRequest,
@@ -126,13 +125,6 @@ pub enum Command {
         req: v1::CompleteStepRequest,
         reply: Reply<v1::CompleteStepResponse>,
     },
-    ListNodes {
-        req: v1::ListNodesRequest,
-        reply: Reply<v1::ListNodesResponse>,
-    },
-    ListPartitions {
-        reply: Reply<v1::ListPartitionsResponse>,
-    },
     UpdateNode {
         who: Identity,
         req: v1::UpdateNodeRequest,
@@ -143,13 +135,6 @@ pub enum Command {
         who: Identity,
         req: v1::RemoveNodeRequest,
         reply: Reply<v1::RemoveNodeResponse>,
-    },
-    ClusterInfo {
-        reply: Reply<v1::ClusterInfoResponse>,
-    },
-    /// Jobs still in memory, for sacct's active part.
-    ActiveJobs {
-        reply: Reply<Vec<v1::JobInfo>>,
     },
     WorkerRegister {
         conn: ConnId,
@@ -181,9 +166,15 @@ pub enum Command {
 #[derive(Clone)]
 pub struct Handle {
     tx: std_mpsc::Sender<Command>,
+    view: SharedView,
 }
 
 impl Handle {
+    /// The latest published read view (listings are served from it, not by the actor).
+    pub fn view(&self) -> Arc<ReadView> {
+        self.view.load_full()
+    }
+
     /// Sends a command built around a fresh reply channel and waits for the answer.
     pub async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, Status> {
         let (tx, rx) = oneshot::channel();
@@ -217,10 +208,15 @@ pub fn spawn(
     parts: ActorParts,
 ) -> std::io::Result<(Handle, std::thread::JoinHandle<()>)> {
     let (tx, rx) = std_mpsc::channel();
-    let handle = Handle { tx };
+    let start_time = unix_now();
+    let view = ViewPublisher::new(st.config().cluster_name.clone(), start_time);
+    let handle = Handle {
+        tx,
+        view: view.shared(),
+    };
     let (launch_failed_tx, launch_failed_rx) = std_mpsc::channel();
     let now = Instant::now();
-    let actor = Actor {
+    let mut actor = Actor {
         st,
         cfg: parts.config,
         key: parts.key,
@@ -241,9 +237,10 @@ pub fn spawn(
         next_purge: now + Duration::from_secs(10),
         next_periodic_pass: now,
         timeout_signalled: HashSet::new(),
-        start_time: unix_now(),
         stopping: false,
+        view,
     };
+    actor.publish_initial_view();
     let join = std::thread::Builder::new()
         .name("tandem-state".into())
         .spawn(move || actor.run(rx))?;
@@ -291,8 +288,9 @@ struct Actor {
     next_periodic_pass: Instant,
     /// Jobs past their time limit the controller already asked to end.
     timeout_signalled: HashSet<JobId>,
-    start_time: i64,
     stopping: bool,
+    /// What listings read, published after every flush.
+    view: ViewPublisher,
 }
 
 /// How often timers (node timeouts, purge) are looked at.
@@ -411,9 +409,6 @@ impl Actor {
                     }
                 }
             }
-            Command::ListJobs { req, reply } => {
-                let _ = reply.send(self.list_jobs(&req));
-            }
             Command::UpdateJob { who, req, reply } => match self.update_job(&who, &req) {
                 Ok(resp) => self.reply_after_commit(reply, resp),
                 Err(e) => {
@@ -437,17 +432,6 @@ impl Actor {
                     }
                 }
             }
-            Command::ListNodes { req, reply } => {
-                let _ = reply.send(self.list_nodes(&req));
-            }
-            Command::ListPartitions { reply } => {
-                let partitions = self
-                    .st
-                    .partitions()
-                    .map(|p| convert::partition_info(&self.st, p))
-                    .collect();
-                let _ = reply.send(Ok(v1::ListPartitionsResponse { partitions }));
-            }
             Command::UpdateNode { who, req, reply } => match self.update_node(&who, &req) {
                 Ok(resp) => self.reply_after_commit(reply, resp),
                 Err(e) => {
@@ -460,26 +444,6 @@ impl Actor {
                     let _ = reply.send(Err(e));
                 }
             },
-            Command::ClusterInfo { reply } => {
-                let _ = reply.send(Ok(v1::ClusterInfoResponse {
-                    cluster_name: self.st.config().cluster_name.clone(),
-                    version: env!("CARGO_PKG_VERSION").to_owned(),
-                    now: self.now(),
-                    start_time: self.start_time,
-                }));
-            }
-            Command::ActiveJobs { reply } => {
-                let jobs = self
-                    .st
-                    .jobs()
-                    .filter(|j| {
-                        !j.is_array_meta()
-                            || j.array.as_ref().is_some_and(|a| !a.pending.is_empty())
-                    })
-                    .map(|j| self.job_info(j))
-                    .collect();
-                let _ = reply.send(Ok(jobs));
-            }
             Command::WorkerRegister {
                 conn,
                 reg,
@@ -492,6 +456,7 @@ impl Actor {
             Command::WorkerEvent { conn, node, msg } => self.worker_event(conn, &node, msg),
             Command::WorkerGone { conn, node } => {
                 self.workers.disconnected(&node, conn);
+                self.view.nodes_dirty = true;
                 info!(node = %node, "worker stream closed");
             }
             Command::Barrier { reply } => self.reply_after_commit(reply, ()),

@@ -10,7 +10,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
-use super::authz;
+use super::{authz, reads};
 
 use super::convert::{self, JobFields, PAYLOAD_FIELDS};
 use crate::launch::Payload;
@@ -141,10 +141,7 @@ impl Jobs for JobsService {
         if add_uid {
             req.fields.push("uid".to_owned());
         }
-        let mut resp = self
-            .handle
-            .call(|reply| Command::ListJobs { req, reply })
-            .await?;
+        let mut resp = reads::on_view(&self.handle, move |v| v.list_jobs(&req)).await?;
         add_payloads(&self.reader, &mut resp.jobs, want).await;
         // Everyone sees every job's state (as squeue shows); only the owner and admins see
         // what it runs and where its output goes.

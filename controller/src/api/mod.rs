@@ -9,5 +9,6 @@ pub mod authz;
 pub mod convert;
 pub mod jobs;
 pub mod nodes;
+pub mod reads;
 pub mod scaler;
 pub mod workers;

@@ -65,6 +65,7 @@ impl Actor {
             );
         }
         self.publish_demand();
+        self.publish_facts(false);
     }
 
     /// Whether any node could take more work now.

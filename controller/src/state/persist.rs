@@ -43,6 +43,8 @@ impl Actor {
     /// gathered meanwhile. Returns the rows written.
     pub(super) fn flush(&mut self) -> usize {
         let changes = self.st.take_changes();
+        // Before the batch's replies can run: read-your-writes for listings.
+        self.publish_view(&changes);
         let mut batch = std::mem::take(&mut self.batch);
         if !changes.jobs.is_empty() || !changes.removed_jobs.is_empty() {
             batch
