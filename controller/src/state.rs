@@ -83,6 +83,10 @@ pub type WatchTx = mpsc::UnboundedSender<Result<v1::JobInfo, Status>>;
 const MIN_JOB_AGE_S: i64 = 300;
 /// Retried submits arrive within seconds; keys older than this are forgotten.
 const IDEMPOTENCY_TTL_S: i64 = 3600;
+/// Requests queued for the actor at most; past it clients get `RESOURCE_EXHAUSTED`. About
+/// eight rounds of the actor: room for bursts (a group commit's worth of submits), not for
+/// a flood's backlog.
+pub const QUEUE_CAPACITY: usize = 65_536;
 /// Commands applied before the actor flushes and looks at its timers again.
 const MAX_COMMANDS_PER_ROUND: usize = 8192;
 /// Grace on top of time limit + kill wait before the controller itself ends a job whose
@@ -165,7 +169,7 @@ pub enum Command {
 /// The handlers' side of the actor.
 #[derive(Clone)]
 pub struct Handle {
-    tx: std_mpsc::Sender<Command>,
+    tx: std_mpsc::SyncSender<Command>,
     view: SharedView,
 }
 
@@ -183,11 +187,38 @@ impl Handle {
             .map_err(|_| Status::unavailable("controller is shutting down"))?
     }
 
+    /// Queues a command without waiting: a full queue answers `RESOURCE_EXHAUSTED` (the
+    /// client retries later) instead of growing the controller's memory.
     #[allow(clippy::result_large_err)]
     pub fn send(&self, cmd: Command) -> Result<(), Status> {
-        self.tx
-            .send(cmd)
-            .map_err(|_| Status::unavailable("controller is shutting down"))
+        self.tx.try_send(cmd).map_err(|e| match e {
+            std_mpsc::TrySendError::Full(_) => Status::resource_exhausted(format!(
+                "controller busy: its request queue is full ({QUEUE_CAPACITY} requests); retry later"
+            )),
+            std_mpsc::TrySendError::Disconnected(_) => {
+                Status::unavailable("controller is shutting down")
+            }
+        })
+    }
+
+    /// Queues a command that must not be dropped (a worker's report, shutdown), waiting
+    /// while the queue is full: back-pressure on that one stream.
+    #[allow(clippy::result_large_err)]
+    pub async fn send_wait(&self, mut cmd: Command) -> Result<(), Status> {
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match self.tx.try_send(cmd) {
+                Ok(()) => return Ok(()),
+                Err(std_mpsc::TrySendError::Full(c)) => {
+                    cmd = c;
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(50));
+                }
+                Err(std_mpsc::TrySendError::Disconnected(_)) => {
+                    return Err(Status::unavailable("controller is shutting down"));
+                }
+            }
+        }
     }
 }
 
@@ -207,7 +238,7 @@ pub fn spawn(
     st: State,
     parts: ActorParts,
 ) -> std::io::Result<(Handle, std::thread::JoinHandle<()>)> {
-    let (tx, rx) = std_mpsc::channel();
+    let (tx, rx) = std_mpsc::sync_channel(QUEUE_CAPACITY);
     let start_time = unix_now();
     let view = ViewPublisher::new(st.config().cluster_name.clone(), start_time);
     let handle = Handle {
@@ -477,5 +508,52 @@ impl Actor {
             self.apply_effects(effects);
             self.pass_wanted = true;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handle(capacity: usize) -> (Handle, std_mpsc::Receiver<Command>) {
+        let (tx, rx) = std_mpsc::sync_channel(capacity);
+        let view = ViewPublisher::new("test".into(), 0);
+        (
+            Handle {
+                tx,
+                view: view.shared(),
+            },
+            rx,
+        )
+    }
+
+    #[test]
+    fn a_full_queue_answers_resource_exhausted_and_keeps_what_it_holds() {
+        let (h, rx) = handle(2);
+        h.send(Command::Shutdown).expect("room for one");
+        h.send(Command::Shutdown).expect("room for two");
+        let err = h.send(Command::Shutdown).expect_err("queue is full");
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err}");
+        assert_eq!(rx.try_iter().count(), 2);
+        h.send(Command::Shutdown).expect("room again once drained");
+        drop(rx);
+        let err = h.send(Command::Shutdown).expect_err("actor gone");
+        assert_eq!(err.code(), tonic::Code::Unavailable);
+    }
+
+    #[tokio::test]
+    async fn send_wait_waits_for_room_instead_of_dropping() {
+        let (h, rx) = handle(1);
+        h.send(Command::Shutdown).expect("room for one");
+        let drain = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            let first = rx.recv().is_ok();
+            let second = rx.recv_timeout(Duration::from_secs(30)).is_ok();
+            first && second
+        });
+        h.send_wait(Command::Shutdown)
+            .await
+            .expect("queued once drained");
+        assert!(drain.join().expect("drain thread"), "both commands arrived");
     }
 }
