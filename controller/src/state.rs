@@ -46,7 +46,7 @@ use tandem_sched::job::{Hold, Job, JobOutcome, JobSpec, JobState};
 use tandem_sched::node::Health;
 use tandem_sched::state::{JobSelector, NodeRegistration, Requester};
 use tandem_sched::{JobId, State};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tonic::Status;
 use tracing::{debug, info, warn};
 
@@ -61,6 +61,7 @@ mod pass;
 mod persist;
 mod timers;
 mod view;
+mod watch;
 mod worker_link;
 pub use accounting::{AcctCommand, Change, at_most};
 use view::ViewPublisher;
@@ -76,7 +77,7 @@ use crate::store::{Batch, Committer, Effect, JobRecordRow, Store, StoreError};
 use crate::workers::{ConnId, WorkerTx, Workers};
 
 pub type Reply<T> = oneshot::Sender<Result<T, Status>>;
-pub type WatchTx = mpsc::UnboundedSender<Result<v1::JobInfo, Status>>;
+pub use watch::WatchTx;
 
 /// Finished jobs stay in memory (squeue/scontrol show them) this long, like Slurm's
 /// MinJobAge; their accounting records stay in the store for good.

@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex};
 use futures::Stream;
 use tandem_proto::v1::{self, jobs_server::Jobs};
 use tandem_sched::JobId;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
@@ -14,7 +13,7 @@ use super::{authz, reads};
 
 use super::convert::{self, JobFields, PAYLOAD_FIELDS};
 use crate::launch::Payload;
-use crate::state::{Command, DETAIL_LIMIT, Handle};
+use crate::state::{Command, DETAIL_LIMIT, Handle, WatchTx};
 use crate::store::{RecordFilter, Store};
 
 /// Largest request the Jobs service decodes: a maximal script plus environment and
@@ -198,7 +197,7 @@ impl Jobs for JobsService {
         if job.job_id == 0 {
             return Err(Status::invalid_argument("job id: 0 is not a job id"));
         }
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (tx, rx) = WatchTx::channel();
         let id = JobId(job.job_id);
         match self
             .handle
@@ -232,7 +231,7 @@ impl Jobs for JobsService {
             }
             Err(e) => return Err(e),
         }
-        Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(rx)))
     }
 
     #[instrument(skip_all, fields(user, job_id = request.get_ref().job_id))]

@@ -261,7 +261,7 @@ impl Actor {
         };
         let info = self.job_info(j);
         let terminal = j.state.is_terminal();
-        let _ = tx.send(Ok(info));
+        tx.push(info);
         if !terminal {
             self.watchers.entry(job).or_default().push(tx);
         }

@@ -87,6 +87,10 @@ impl Actor {
                     batch.removed_steps.push(id.0);
                 }
             }
+            // A consumer that fell behind was told so (its stream ends with the error).
+            if let Some(ws) = self.watchers.get_mut(id) {
+                ws.retain(|w| !w.lagged());
+            }
             if let Some(ws) = self.watchers.get(id) {
                 let info = self.job_info(job);
                 let ws = if job.state.is_terminal() {
@@ -98,7 +102,7 @@ impl Actor {
                     .push(Box::new(move |_: &Store, r: Result<(), &StoreError>| {
                         if r.is_ok() {
                             for w in ws {
-                                let _ = w.send(Ok(info.clone()));
+                                w.push(info.clone());
                             }
                         }
                     }));
