@@ -10,9 +10,10 @@ use tonic::Status;
 
 use crate::state::{Handle, ReadView};
 
-/// Listings that may run at once (the rest wait their turn): the machine's cores, at least 2.
+/// Listings that may run at once (the rest wait their turn): half the machine's cores, at
+/// least one, so listings never take the cores the actor and the committer need.
 pub fn max_listings() -> usize {
-    std::thread::available_parallelism().map_or(2, |n| n.get().max(2))
+    std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
 }
 
 fn permits() -> &'static Arc<Semaphore> {
