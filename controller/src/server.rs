@@ -27,6 +27,10 @@ use crate::state::{self, ActorParts, Command};
 use crate::store::recover::recover;
 use crate::store::{Committer, Store};
 
+/// Requests one connection may have in flight (below HTTP/2's usual 200 concurrent
+/// streams, so clients see the limit rather than queueing in their own stack).
+pub const MAX_IN_FLIGHT_PER_CONNECTION: usize = 128;
+
 /// Runs the controller on `listener` until `shutdown` resolves.
 ///
 /// Every acknowledged change is durable before its reply is sent, so stopping (or a
@@ -117,6 +121,9 @@ pub async fn run(
         // Finds dead peers (a worker host that vanished) even when no message is due.
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        // A client with more requests in flight on one connection gets RESOURCE_EXHAUSTED.
+        .concurrency_limit_per_connection(MAX_IN_FLIGHT_PER_CONNECTION)
+        .load_shed(true)
         .add_service(InterceptedService::new(
             JobsServer::new(JobsService::new(
                 handle.clone(),
@@ -149,7 +156,7 @@ pub async fn run(
             }
             // Ends worker and watch streams so the server can drain.
             let _ = stopping_tx.send(true);
-            let _ = stop_handle.send(Command::Shutdown);
+            let _ = stop_handle.send_wait(Command::Shutdown).await;
         });
     let served = serve.await;
     if let Some(t) = metrics_task {
@@ -158,7 +165,7 @@ pub async fn run(
     if let Some(t) = scaler_task {
         t.abort();
     }
-    let _ = handle.send(Command::Shutdown);
+    let _ = handle.send_wait(Command::Shutdown).await;
     drop(handle);
     let actor = actor_done
         .await

@@ -46,7 +46,7 @@ use tandem_sched::job::{Hold, Job, JobOutcome, JobSpec, JobState};
 use tandem_sched::node::Health;
 use tandem_sched::state::{JobSelector, NodeRegistration, Requester};
 use tandem_sched::{JobId, State};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tonic::Status;
 use tracing::{debug, info, warn};
 
@@ -61,8 +61,12 @@ mod pass;
 mod persist;
 mod placeholders;
 mod timers;
+mod view;
+mod watch;
 mod worker_link;
 pub use accounting::{AcctCommand, Change, at_most};
+use view::ViewPublisher;
+pub use view::{ReadView, SharedView};
 
 use crate::api::convert::{JobFields, job_field};
 use crate::api::{authz, convert};
@@ -74,8 +78,8 @@ use crate::store::{Batch, Committer, Effect, JobRecordRow, Store, StoreError};
 use crate::workers::{ConnId, WorkerTx, Workers};
 
 pub type Reply<T> = oneshot::Sender<Result<T, Status>>;
-pub type WatchTx = mpsc::UnboundedSender<Result<v1::JobInfo, Status>>;
-pub type PlaceholderTx = mpsc::Sender<Result<v1::PlaceholderEvent, Status>>;
+pub use watch::WatchTx;
+pub type PlaceholderTx = tokio::sync::mpsc::Sender<Result<v1::PlaceholderEvent, Status>>;
 /// Events a bridge may have unread before its stream is ended (it subscribes again and
 /// gets a fresh snapshot): a stalled subscriber costs bounded memory.
 pub const PLACEHOLDER_STREAM_DEPTH: usize = 65_536;
@@ -85,6 +89,10 @@ pub const PLACEHOLDER_STREAM_DEPTH: usize = 65_536;
 const MIN_JOB_AGE_S: i64 = 300;
 /// Retried submits arrive within seconds; keys older than this are forgotten.
 const IDEMPOTENCY_TTL_S: i64 = 3600;
+/// Requests queued for the actor at most; past it clients get `RESOURCE_EXHAUSTED`. About
+/// eight rounds of the actor: room for bursts (a group commit's worth of submits), not for
+/// a flood's backlog.
+pub const QUEUE_CAPACITY: usize = 65_536;
 /// Commands applied before the actor flushes and looks at its timers again.
 const MAX_COMMANDS_PER_ROUND: usize = 8192;
 /// Grace on top of time limit + kill wait before the controller itself ends a job whose
@@ -107,10 +115,6 @@ pub enum Command {
         req: v1::CancelRequest,
         reply: Reply<v1::CancelResponse>,
     },
-    ListJobs {
-        req: v1::ListJobsRequest,
-        reply: Reply<v1::ListJobsResponse>,
-    },
     UpdateJob {
         who: Identity,
         req: v1::UpdateJobRequest,
@@ -131,13 +135,6 @@ pub enum Command {
         req: v1::CompleteStepRequest,
         reply: Reply<v1::CompleteStepResponse>,
     },
-    ListNodes {
-        req: v1::ListNodesRequest,
-        reply: Reply<v1::ListNodesResponse>,
-    },
-    ListPartitions {
-        reply: Reply<v1::ListPartitionsResponse>,
-    },
     UpdateNode {
         who: Identity,
         req: v1::UpdateNodeRequest,
@@ -148,13 +145,6 @@ pub enum Command {
         who: Identity,
         req: v1::RemoveNodeRequest,
         reply: Reply<v1::RemoveNodeResponse>,
-    },
-    ClusterInfo {
-        reply: Reply<v1::ClusterInfoResponse>,
-    },
-    /// Jobs still in memory, for sacct's active part.
-    ActiveJobs {
-        reply: Reply<Vec<v1::JobInfo>>,
     },
     WorkerRegister {
         conn: ConnId,
@@ -199,10 +189,16 @@ pub enum Command {
 /// The handlers' side of the actor.
 #[derive(Clone)]
 pub struct Handle {
-    tx: std_mpsc::Sender<Command>,
+    tx: std_mpsc::SyncSender<Command>,
+    view: SharedView,
 }
 
 impl Handle {
+    /// The latest published read view (listings are served from it, not by the actor).
+    pub fn view(&self) -> Arc<ReadView> {
+        self.view.load_full()
+    }
+
     /// Sends a command built around a fresh reply channel and waits for the answer.
     pub async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, Status> {
         let (tx, rx) = oneshot::channel();
@@ -211,11 +207,38 @@ impl Handle {
             .map_err(|_| Status::unavailable("controller is shutting down"))?
     }
 
+    /// Queues a command without waiting: a full queue answers `RESOURCE_EXHAUSTED` (the
+    /// client retries later) instead of growing the controller's memory.
     #[allow(clippy::result_large_err)]
     pub fn send(&self, cmd: Command) -> Result<(), Status> {
-        self.tx
-            .send(cmd)
-            .map_err(|_| Status::unavailable("controller is shutting down"))
+        self.tx.try_send(cmd).map_err(|e| match e {
+            std_mpsc::TrySendError::Full(_) => Status::resource_exhausted(format!(
+                "controller busy: its request queue is full ({QUEUE_CAPACITY} requests); retry later"
+            )),
+            std_mpsc::TrySendError::Disconnected(_) => {
+                Status::unavailable("controller is shutting down")
+            }
+        })
+    }
+
+    /// Queues a command that must not be dropped (a worker's report, shutdown), waiting
+    /// while the queue is full: back-pressure on that one stream.
+    #[allow(clippy::result_large_err)]
+    pub async fn send_wait(&self, mut cmd: Command) -> Result<(), Status> {
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match self.tx.try_send(cmd) {
+                Ok(()) => return Ok(()),
+                Err(std_mpsc::TrySendError::Full(c)) => {
+                    cmd = c;
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(50));
+                }
+                Err(std_mpsc::TrySendError::Disconnected(_)) => {
+                    return Err(Status::unavailable("controller is shutting down"));
+                }
+            }
+        }
     }
 }
 
@@ -235,11 +258,16 @@ pub fn spawn(
     st: State,
     parts: ActorParts,
 ) -> std::io::Result<(Handle, std::thread::JoinHandle<()>)> {
-    let (tx, rx) = std_mpsc::channel();
-    let handle = Handle { tx };
+    let (tx, rx) = std_mpsc::sync_channel(QUEUE_CAPACITY);
+    let start_time = unix_now();
+    let view = ViewPublisher::new(st.config().cluster_name.clone(), start_time);
+    let handle = Handle {
+        tx,
+        view: view.shared(),
+    };
     let (launch_failed_tx, launch_failed_rx) = std_mpsc::channel();
     let now = Instant::now();
-    let actor = Actor {
+    let mut actor = Actor {
         st,
         cfg: parts.config,
         key: parts.key,
@@ -261,11 +289,11 @@ pub fn spawn(
         next_periodic_pass: now,
         timeout_signalled: HashSet::new(),
         placeholders: placeholders::Placeholders::default(),
-        start_time: unix_now(),
         stopping: false,
+        view,
     };
-    let mut actor = actor;
     actor.placeholders.index(&actor.st);
+    actor.publish_initial_view();
     let join = std::thread::Builder::new()
         .name("tandem-state".into())
         .spawn(move || actor.run(rx))?;
@@ -315,8 +343,9 @@ struct Actor {
     timeout_signalled: HashSet<JobId>,
     /// Live placeholder jobs by pod-group UID, and the bridges watching them.
     placeholders: placeholders::Placeholders,
-    start_time: i64,
     stopping: bool,
+    /// What listings read, published after every flush.
+    view: ViewPublisher,
 }
 
 /// How often timers (node timeouts, purge) are looked at.
@@ -435,9 +464,6 @@ impl Actor {
                     }
                 }
             }
-            Command::ListJobs { req, reply } => {
-                let _ = reply.send(self.list_jobs(&req));
-            }
             Command::UpdateJob { who, req, reply } => match self.update_job(&who, &req) {
                 Ok(resp) => self.reply_after_commit(reply, resp),
                 Err(e) => {
@@ -460,17 +486,6 @@ impl Actor {
                         let _ = reply.send(Err(e));
                     }
                 }
-            }
-            Command::ListNodes { req, reply } => {
-                let _ = reply.send(self.list_nodes(&req));
-            }
-            Command::ListPartitions { reply } => {
-                let partitions = self
-                    .st
-                    .partitions()
-                    .map(|p| convert::partition_info(&self.st, p))
-                    .collect();
-                let _ = reply.send(Ok(v1::ListPartitionsResponse { partitions }));
             }
             Command::UpdateNode { who, req, reply } => match self.update_node(&who, &req) {
                 Ok(resp) => self.reply_after_commit(reply, resp),
@@ -499,26 +514,6 @@ impl Actor {
                 self.watch_placeholders(tx);
                 let _ = reply.send(Ok(()));
             }
-            Command::ClusterInfo { reply } => {
-                let _ = reply.send(Ok(v1::ClusterInfoResponse {
-                    cluster_name: self.st.config().cluster_name.clone(),
-                    version: env!("CARGO_PKG_VERSION").to_owned(),
-                    now: self.now(),
-                    start_time: self.start_time,
-                }));
-            }
-            Command::ActiveJobs { reply } => {
-                let jobs = self
-                    .st
-                    .jobs()
-                    .filter(|j| {
-                        !j.is_array_meta()
-                            || j.array.as_ref().is_some_and(|a| !a.pending.is_empty())
-                    })
-                    .map(|j| self.job_info(j))
-                    .collect();
-                let _ = reply.send(Ok(jobs));
-            }
             Command::WorkerRegister {
                 conn,
                 reg,
@@ -531,6 +526,7 @@ impl Actor {
             Command::WorkerEvent { conn, node, msg } => self.worker_event(conn, &node, msg),
             Command::WorkerGone { conn, node } => {
                 self.workers.disconnected(&node, conn);
+                self.view.nodes_dirty = true;
                 info!(node = %node, "worker stream closed");
             }
             Command::Barrier { reply } => self.reply_after_commit(reply, ()),
@@ -551,5 +547,52 @@ impl Actor {
             self.apply_effects(effects);
             self.pass_wanted = true;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handle(capacity: usize) -> (Handle, std_mpsc::Receiver<Command>) {
+        let (tx, rx) = std_mpsc::sync_channel(capacity);
+        let view = ViewPublisher::new("test".into(), 0);
+        (
+            Handle {
+                tx,
+                view: view.shared(),
+            },
+            rx,
+        )
+    }
+
+    #[test]
+    fn a_full_queue_answers_resource_exhausted_and_keeps_what_it_holds() {
+        let (h, rx) = handle(2);
+        h.send(Command::Shutdown).expect("room for one");
+        h.send(Command::Shutdown).expect("room for two");
+        let err = h.send(Command::Shutdown).expect_err("queue is full");
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err}");
+        assert_eq!(rx.try_iter().count(), 2);
+        h.send(Command::Shutdown).expect("room again once drained");
+        drop(rx);
+        let err = h.send(Command::Shutdown).expect_err("actor gone");
+        assert_eq!(err.code(), tonic::Code::Unavailable);
+    }
+
+    #[tokio::test]
+    async fn send_wait_waits_for_room_instead_of_dropping() {
+        let (h, rx) = handle(1);
+        h.send(Command::Shutdown).expect("room for one");
+        let drain = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            let first = rx.recv().is_ok();
+            let second = rx.recv_timeout(Duration::from_secs(30)).is_ok();
+            first && second
+        });
+        h.send_wait(Command::Shutdown)
+            .await
+            .expect("queued once drained");
+        assert!(drain.join().expect("drain thread"), "both commands arrived");
     }
 }

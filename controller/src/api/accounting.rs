@@ -10,7 +10,7 @@ use tandem_proto::v1::{self, accounting_server::Accounting};
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
-use super::{authz, convert};
+use super::{authz, convert, reads};
 use crate::state::{AcctCommand, Change, Command, Handle, at_most};
 use crate::store::{RecordFilter, Store};
 
@@ -253,9 +253,7 @@ impl Accounting for AccountingService {
         // is then in the store (and dropped from the active part by `merge_runs`) instead
         // of in neither.
         let active = if req.include_active {
-            self.handle
-                .call(|reply| Command::ActiveJobs { reply })
-                .await?
+            reads::on_view(&self.handle, |v| Ok(v.active_jobs())).await?
         } else {
             Vec::new()
         };

@@ -489,17 +489,7 @@ pub fn job_info_with(st: &State, job: &Job, want: JobFields) -> v1::JobInfo {
             s
         })
         .unwrap_or_default();
-    let reason = || {
-        let name = if job.state == JobState::Pending && job.hold != Hold::None {
-            match job.hold {
-                Hold::Admin => "JobHeldAdmin",
-                _ => "JobHeldUser",
-            }
-        } else {
-            job.reason.name()
-        };
-        name.to_owned()
-    };
+    let reason = || reason_name(job).to_owned();
     v1::JobInfo {
         job_id: job.id.0,
         array_job_id: job
@@ -573,6 +563,18 @@ pub fn job_info_with(st: &State, job: &Job, want: JobFields) -> v1::JobInfo {
         comment: String::new(),
         mem_per_node_mb: want.get(f::MEM_PER_NODE_MB, || job.shape.per_node.mem_mb),
         ntasks_per_node: want.get(f::NTASKS_PER_NODE, || job.shape.tasks_per_node),
+    }
+}
+
+/// What squeue's REASON column shows for a job.
+pub fn reason_name(job: &Job) -> &'static str {
+    if job.state == JobState::Pending && job.hold != Hold::None {
+        match job.hold {
+            Hold::Admin => "JobHeldAdmin",
+            _ => "JobHeldUser",
+        }
+    } else {
+        job.reason.name()
     }
 }
 

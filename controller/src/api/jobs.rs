@@ -6,15 +6,14 @@ use std::sync::{Arc, Mutex};
 use futures::Stream;
 use tandem_proto::v1::{self, jobs_server::Jobs};
 use tandem_sched::JobId;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
-use super::authz;
+use super::{authz, reads};
 
 use super::convert::{self, JobFields, PAYLOAD_FIELDS};
 use crate::launch::Payload;
-use crate::state::{Command, DETAIL_LIMIT, Handle};
+use crate::state::{Command, DETAIL_LIMIT, Handle, WatchTx};
 use crate::store::{RecordFilter, Store};
 
 /// Largest request the Jobs service decodes: a maximal script plus environment and
@@ -147,10 +146,7 @@ impl Jobs for JobsService {
         if add_uid {
             req.fields.push("uid".to_owned());
         }
-        let mut resp = self
-            .handle
-            .call(|reply| Command::ListJobs { req, reply })
-            .await?;
+        let mut resp = reads::on_view(&self.handle, move |v| v.list_jobs(&req)).await?;
         add_payloads(&self.reader, &mut resp.jobs, want).await;
         // Everyone sees every job's state (as squeue shows); only the owner and admins see
         // what it runs and where its output goes.
@@ -207,7 +203,7 @@ impl Jobs for JobsService {
         if job.job_id == 0 {
             return Err(Status::invalid_argument("job id: 0 is not a job id"));
         }
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (tx, rx) = WatchTx::channel();
         let id = JobId(job.job_id);
         match self
             .handle
@@ -241,7 +237,7 @@ impl Jobs for JobsService {
             }
             Err(e) => return Err(e),
         }
-        Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(rx)))
     }
 
     #[instrument(skip_all, fields(user, job_id = request.get_ref().job_id))]

@@ -10,5 +10,6 @@ pub mod bridge;
 pub mod convert;
 pub mod jobs;
 pub mod nodes;
+pub mod reads;
 pub mod scaler;
 pub mod workers;

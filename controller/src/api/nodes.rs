@@ -5,7 +5,7 @@ use tandem_proto::v1::{self, nodes_server::Nodes};
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
-use super::authz;
+use super::{authz, reads};
 
 use crate::state::{Command, Handle};
 
@@ -28,10 +28,7 @@ impl Nodes for NodesService {
     ) -> Result<Response<v1::ListNodesResponse>, Status> {
         authz::require(&request, authz::Rpc::ListNodes)?;
         let req = request.into_inner();
-        let r = self
-            .handle
-            .call(|reply| Command::ListNodes { req, reply })
-            .await?;
+        let r = reads::on_view(&self.handle, move |v| v.list_nodes(&req)).await?;
         Ok(Response::new(r))
     }
 
@@ -41,10 +38,7 @@ impl Nodes for NodesService {
         request: Request<v1::ListPartitionsRequest>,
     ) -> Result<Response<v1::ListPartitionsResponse>, Status> {
         authz::require(&request, authz::Rpc::ListPartitions)?;
-        let r = self
-            .handle
-            .call(|reply| Command::ListPartitions { reply })
-            .await?;
+        let r = self.handle.view().list_partitions();
         Ok(Response::new(r))
     }
 
@@ -84,10 +78,7 @@ impl Nodes for NodesService {
         request: Request<v1::ClusterInfoRequest>,
     ) -> Result<Response<v1::ClusterInfoResponse>, Status> {
         authz::require(&request, authz::Rpc::ClusterInfo)?;
-        let r = self
-            .handle
-            .call(|reply| Command::ClusterInfo { reply })
-            .await?;
+        let r = self.handle.view().cluster_info();
         Ok(Response::new(r))
     }
 }

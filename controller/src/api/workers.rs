@@ -93,7 +93,7 @@ impl WorkerLink for WorkerLinkService {
                                 node: node.clone(),
                                 msg,
                             };
-                            if handle.send(cmd).is_err() {
+                            if handle.send_wait(cmd).await.is_err() {
                                 break;
                             }
                         }
@@ -104,7 +104,7 @@ impl WorkerLink for WorkerLinkService {
                         }
                     }
                 }
-                let _ = handle.send(Command::WorkerGone { conn, node });
+                let _ = handle.send_wait(Command::WorkerGone { conn, node }).await;
             }
             .instrument(span),
         );

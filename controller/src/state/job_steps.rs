@@ -81,6 +81,7 @@ impl Actor {
             .steps
             .push((id.0, step_id, serde_json::to_vec(&rec).unwrap_or_default()));
         list.push(rec);
+        self.view.dirty_jobs.insert(id.0);
         // The launch credential: workers run this step's tasks only with it (job, step,
         // the step's nodes, the job's user, a short expiry).
         let token = self.key.issue_step(
@@ -137,6 +138,7 @@ impl Actor {
         rec.signal = signal;
         let bytes = serde_json::to_vec(&*rec).unwrap_or_default();
         self.batch.steps.push((job_id, step_id, bytes));
+        self.view.dirty_jobs.insert(job_id);
         Ok(())
     }
 }

@@ -253,118 +253,6 @@ impl Actor {
         info
     }
 
-    pub(super) fn list_jobs(
-        &self,
-        req: &v1::ListJobsRequest,
-    ) -> Result<v1::ListJobsResponse, Status> {
-        let selectors: Vec<JobSelector> = req
-            .jobs
-            .iter()
-            .map(convert::selector)
-            .collect::<Result<_, _>>()?;
-        let states: Vec<JobState> = req
-            .states
-            .iter()
-            .map(|s| convert::state_from_proto(*s))
-            .collect::<Result<_, _>>()?;
-        let want = JobFields::from_names(&req.fields)?;
-        let any = |v: &[String], x: &str| v.is_empty() || v.iter().any(|s| s == x);
-        // Sized for "every job" up front: growing a vector of 100,000 records copies it
-        // several times over, and untouched capacity costs no memory.
-        let mut out = Vec::with_capacity(if selectors.is_empty() {
-            self.st.jobs().size_hint().0
-        } else {
-            0
-        });
-        let mut consider = |job: &Job| {
-            if !any(&req.users, &job.spec.user)
-                || !any(&req.partitions, &job.spec.partition)
-                || !any(&req.names, &job.spec.name)
-                || !any(&req.accounts, &job.spec.account)
-            {
-                return;
-            }
-            if job.state.is_terminal() && !req.include_finished {
-                return;
-            }
-            match &job.array {
-                Some(a) => {
-                    // The meta record stands for its pending indices only; started tasks
-                    // are their own records.
-                    if a.pending.is_empty() || job.state.is_terminal() {
-                        return;
-                    }
-                    if !states.is_empty() && !states.contains(&JobState::Pending) {
-                        return;
-                    }
-                    let info = self.job_info_with(job, want);
-                    if req.fold_arrays {
-                        out.push(info);
-                    } else {
-                        for i in a.pending.iter() {
-                            let mut t = info.clone();
-                            t.array_task_id = i64::from(i);
-                            t.array_pending = String::new();
-                            t.state = v1::JobState::Pending as i32;
-                            out.push(t);
-                        }
-                    }
-                }
-                None => {
-                    if !states.is_empty() && !states.contains(&job.state) {
-                        return;
-                    }
-                    out.push(self.job_info_with(job, want));
-                }
-            }
-        };
-        let mut pending_tasks = Vec::new();
-        if selectors.is_empty() {
-            for job in self.st.jobs() {
-                consider(job);
-            }
-        } else {
-            for sel in &selectors {
-                let Some(job) = self.st.job(sel.job) else {
-                    continue;
-                };
-                match (&sel.tasks, &job.array) {
-                    (None, Some(a)) => {
-                        consider(job);
-                        for (_, t) in &a.tasks {
-                            if let Some(tj) = self.st.job(*t) {
-                                consider(tj);
-                            }
-                        }
-                    }
-                    (Some(tasks), Some(a)) => {
-                        for i in tasks.iter() {
-                            if let Some(tj) = self.st.array_task(sel.job, i) {
-                                consider(tj);
-                            } else if a.pending.contains(i)
-                                && !job.state.is_terminal()
-                                && (states.is_empty() || states.contains(&JobState::Pending))
-                            {
-                                // A pending index has no record of its own yet.
-                                let mut t = self.job_info_with(job, want);
-                                t.array_task_id = i64::from(i);
-                                t.array_pending = String::new();
-                                t.state = v1::JobState::Pending as i32;
-                                pending_tasks.push(t);
-                            }
-                        }
-                    }
-                    _ => consider(job),
-                }
-            }
-        }
-        out.extend(pending_tasks);
-        Ok(v1::ListJobsResponse {
-            jobs: out,
-            now: self.now(),
-        })
-    }
-
     pub(super) fn watch(&mut self, job: JobId, tx: WatchTx) -> Result<(), Status> {
         let Some(j) = self.st.job(job) else {
             return Err(Status::not_found(format!(
@@ -373,7 +261,7 @@ impl Actor {
         };
         let info = self.job_info(j);
         let terminal = j.state.is_terminal();
-        let _ = tx.send(Ok(info));
+        tx.push(info);
         if !terminal {
             self.watchers.entry(job).or_default().push(tx);
         }

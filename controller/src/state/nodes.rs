@@ -4,38 +4,6 @@
 use super::*;
 
 impl Actor {
-    pub(super) fn list_nodes(
-        &self,
-        req: &v1::ListNodesRequest,
-    ) -> Result<v1::ListNodesResponse, Status> {
-        let wanted: Option<HashSet<String>> = if req.nodes.trim().is_empty() {
-            None
-        } else {
-            Some(
-                tandem_sched::hostlist::expand(&req.nodes)
-                    .map_err(|e| Status::invalid_argument(format!("nodes: {e}")))?
-                    .into_iter()
-                    .collect(),
-            )
-        };
-        let nodes = self
-            .st
-            .nodes()
-            .filter(|n| wanted.as_ref().is_none_or(|w| w.contains(&n.name)))
-            .filter(|n| req.partition.is_empty() || n.partitions.contains(&req.partition))
-            .map(|n| {
-                let mut info = convert::node_info(
-                    n,
-                    self.workers.step_address(&n.name),
-                    self.workers.version(&n.name),
-                );
-                info.busy_until = self.busy_until(n);
-                info
-            })
-            .collect();
-        Ok(v1::ListNodesResponse { nodes })
-    }
-
     pub(super) fn update_node(
         &mut self,
         who: &Identity,

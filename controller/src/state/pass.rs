@@ -44,6 +44,8 @@ impl Actor {
         }
         let dispatch_us = started.elapsed().as_micros() as u64 - sched_us;
         let rows = self.flush();
+        // Counted in the pass: publishing the recomputed priorities is the pass's cost.
+        self.publish_facts(false);
         let total = started.elapsed();
         self.metrics.pass(n_starts, total.as_micros() as u64);
         // Cap scheduling at half the actor's time: the next pass waits as long as this
@@ -65,12 +67,15 @@ impl Actor {
                 apply_us = phases.us(Phase::Apply),
                 dispatch_us,
                 rows,
+                total_us = total.as_micros() as u64,
                 "scheduling pass"
             );
         } else {
             debug!(
                 considered = plan.stats.considered,
-                sched_us, "scheduling pass"
+                sched_us,
+                total_us = total.as_micros() as u64,
+                "scheduling pass"
             );
         }
         self.publish_demand();

@@ -2,6 +2,7 @@
 //! [`Batch`](crate::store::Batch), and ended runs become accounting rows.
 
 use super::*;
+use tracing::error;
 
 impl Actor {
     /// The accounting row of a run that ended (the job record itself no longer shows the
@@ -44,6 +45,11 @@ impl Actor {
     pub(super) fn flush(&mut self) -> usize {
         let changes = self.st.take_changes();
         self.placeholders_changed(&changes.jobs, &changes.removed_jobs);
+        // Before the batch's replies can run: read-your-writes for listings.
+        self.publish_view(&changes);
+        // A change that cannot be encoded is not made durable, so no request of this
+        // batch may hear "done" (a refused one is safe to retry; idempotency keys dedupe).
+        let mut unencodable: Option<StoreError> = None;
         let mut batch = std::mem::take(&mut self.batch);
         if !changes.jobs.is_empty() || !changes.removed_jobs.is_empty() {
             batch
@@ -56,7 +62,13 @@ impl Actor {
             };
             match serde_json::to_vec(job) {
                 Ok(bytes) => batch.jobs.push((id.0, bytes)),
-                Err(e) => warn!(job_id = id.0, error = %e, "cannot serialize job"),
+                Err(e) => {
+                    error!(job_id = id.0, error = %e, "cannot serialize job; refusing this batch's requests");
+                    unencodable.get_or_insert(StoreError::Encode {
+                        what: format!("job {}", id.0),
+                        reason: e.to_string(),
+                    });
+                }
             }
             if job.state.is_terminal() {
                 // Runs are recorded when they end (`record_run`); this covers jobs that
@@ -76,6 +88,10 @@ impl Actor {
                     batch.removed_steps.push(id.0);
                 }
             }
+            // A consumer that fell behind was told so (its stream ends with the error).
+            if let Some(ws) = self.watchers.get_mut(id) {
+                ws.retain(|w| !w.lagged());
+            }
             if let Some(ws) = self.watchers.get(id) {
                 let info = self.job_info(job);
                 let ws = if job.state.is_terminal() {
@@ -87,7 +103,7 @@ impl Actor {
                     .push(Box::new(move |_: &Store, r: Result<(), &StoreError>| {
                         if r.is_ok() {
                             for w in ws {
-                                let _ = w.send(Ok(info.clone()));
+                                w.push(info.clone());
                             }
                         }
                     }));
@@ -122,7 +138,19 @@ impl Actor {
                 batch.meta.push(("usage_charged_at".into(), t.to_string()));
             }
         }
-        let effects = std::mem::take(&mut self.effects);
+        let mut effects = std::mem::take(&mut self.effects);
+        if let Some(err) = unencodable {
+            let err = Arc::new(err);
+            effects = effects
+                .into_iter()
+                .map(|e| {
+                    let err = err.clone();
+                    Box::new(move |store: &Store, _: Result<(), &StoreError>| {
+                        e(store, Err(&err));
+                    }) as Effect
+                })
+                .collect();
+        }
         if batch.is_empty() && effects.is_empty() {
             return 0;
         }

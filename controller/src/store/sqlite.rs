@@ -106,6 +106,9 @@ pub enum StoreError {
     },
     #[error("store committer is gone (controller shutting down)")]
     Closed,
+    /// A record could not be encoded for the store; the batch holding it is refused.
+    #[error("cannot encode {what} for the store: {reason}")]
+    Encode { what: String, reason: String },
     #[error("cannot start the store's checkpoint thread")]
     Thread(#[source] std::io::Error),
 }
