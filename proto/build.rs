@@ -8,6 +8,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "tandem/v1/nodes.proto",
         "tandem/v1/accounting.proto",
         "tandem/v1/worker.proto",
+        "tandem/v1/bridge.proto",
         // Package `externalscaler`, served by the controller's KEDA scaler listener.
         "keda/externalscaler.proto",
     ];

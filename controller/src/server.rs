@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use tandem_proto::auth::{ClusterKey, ServerAuth};
 use tandem_proto::net::{self, Listener};
 use tandem_proto::v1::accounting_server::AccountingServer;
+use tandem_proto::v1::bridge_server::BridgeServer;
 use tandem_proto::v1::jobs_server::JobsServer;
 use tandem_proto::v1::nodes_server::NodesServer;
 use tandem_proto::v1::worker_link_server::WorkerLinkServer;
@@ -16,6 +17,7 @@ use tracing::{info, warn};
 
 use crate::Error;
 use crate::api::accounting::AccountingService;
+use crate::api::bridge::BridgeService;
 use crate::api::jobs::{self, JobsService};
 use crate::api::nodes::NodesService;
 use crate::api::workers::WorkerLinkService;
@@ -126,6 +128,10 @@ pub async fn run(
         ))
         .add_service(NodesServer::with_interceptor(
             NodesService::new(handle.clone()),
+            auth.clone(),
+        ))
+        .add_service(BridgeServer::with_interceptor(
+            BridgeService::new(handle.clone()),
             auth.clone(),
         ))
         .add_service(AccountingServer::with_interceptor(

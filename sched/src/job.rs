@@ -77,6 +77,9 @@ pub struct JobSpec {
     /// `--requeue` / `--no-requeue`; `None` = the cluster default.
     pub requeue: Option<bool>,
     pub mode: NodeMode,
+    /// A `kube`-mode placeholder's pod group (its UID): the bridge finds the job by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_uid: Option<String>,
     /// `--nice`: subtracted from the priority.
     pub nice: i32,
     /// Administrator's fixed priority (`scontrol update Priority=`).
@@ -227,8 +230,12 @@ impl JobSpec {
             if self.ntasks > 0 && self.ntasks_per_node > 0 {
                 nodes = nodes.max(self.ntasks.div_ceil(self.ntasks_per_node));
             } else if self.ntasks > 0 && caps.cpus > 0 && !self.exclusive {
-                let tasks_fit = (caps.cpus / cpt).max(1);
-                nodes = nodes.max(self.ntasks.div_ceil(tasks_fit));
+                let mut tasks_fit = caps.cpus / cpt;
+                // `-n4 --gpus-per-task=4` on 8-GPU nodes needs two nodes, as in Slurm.
+                if self.gpus_per_task > 0 && caps.gpus > 0 {
+                    tasks_fit = tasks_fit.min(caps.gpus / self.gpus_per_task);
+                }
+                nodes = nodes.max(self.ntasks.div_ceil(tasks_fit.max(1)));
             }
             if self.gpus > 0 && caps.gpus > 0 {
                 nodes = nodes.max(self.gpus.div_ceil(caps.gpus));
@@ -767,6 +774,13 @@ mod tests {
                 Tres::new(2, 0, 4),
             ),
             (JobSpec::test().mem_mb(4096), 1, 1, Tres::new(1, 4096, 0)),
+            // Without -N, tasks spread until their GPUs fit (8 a node here).
+            (
+                JobSpec::test().ntasks(4).with(|s| s.gpus_per_task = 4),
+                2,
+                2,
+                Tres::new(2, 0, 8),
+            ),
         ];
         for (spec, nodes, tpn, per_node) in cases {
             let s = spec.shape(caps, 0);

@@ -39,6 +39,8 @@ pub enum Rpc {
     ListQos,
     ListShares,
     ListPriorities,
+    /// The bridge's placeholder jobs: submit, end, watch (`tandem.v1.Bridge`).
+    Placeholders,
 }
 
 /// The table: may `role` call `rpc` at all? (Which objects it may touch is decided later.)
@@ -46,8 +48,8 @@ pub fn allowed(rpc: Rpc, role: Role) -> bool {
     use Role::{Admin, Bridge, Operator, User, Worker};
     use Rpc::*;
     match rpc {
-        // Jobs: users and the bridge (placeholder jobs) own jobs; admins act on any.
-        Submit | Cancel | UpdateJob | WatchJob => matches!(role, User | Admin | Bridge),
+        // Batch jobs: users own them; admins act on any. The bridge has its own service.
+        Submit | Cancel | UpdateJob | WatchJob => matches!(role, User | Admin),
         // Steps run inside allocations, as the job's user (srun).
         CreateStep | CompleteStep => matches!(role, User | Admin),
         // Reads: everyone but node agents, which have their own stream.
@@ -59,6 +61,8 @@ pub fn allowed(rpc: Rpc, role: Role) -> bool {
         WorkerAttach => matches!(role, Worker | Admin),
         // The operator reconciles the accounts, users and QOS its TandemCluster declares.
         AccountingChange => matches!(role, Admin | Operator),
+        // Placeholder jobs hold nodes for pods: only the bridge (and admins) make them.
+        Placeholders => matches!(role, Admin | Bridge),
     }
 }
 
@@ -201,10 +205,10 @@ mod tests {
         use Rpc::*;
         let all = [User, Worker, Admin, Bridge, Operator];
         let cases: &[(Rpc, &[Role])] = &[
-            (Submit, &[User, Admin, Bridge]),
-            (Cancel, &[User, Admin, Bridge]),
-            (UpdateJob, &[User, Admin, Bridge]),
-            (WatchJob, &[User, Admin, Bridge]),
+            (Submit, &[User, Admin]),
+            (Cancel, &[User, Admin]),
+            (UpdateJob, &[User, Admin]),
+            (WatchJob, &[User, Admin]),
             (CreateStep, &[User, Admin]),
             (CompleteStep, &[User, Admin]),
             (ListJobs, &[User, Admin, Bridge, Operator]),
@@ -215,6 +219,7 @@ mod tests {
             (WorkerAttach, &[Worker, Admin]),
             (AccountingChange, &[Admin, Operator]),
             (RemoveNode, &[Admin, Operator]),
+            (Placeholders, &[Admin, Bridge]),
         ];
         for (rpc, ok) in cases {
             for role in all {

@@ -214,6 +214,8 @@ pub fn submit_from_proto(
             None
         },
         mode,
+        // Only the bridge's placeholders belong to a pod group (`api/bridge.rs`).
+        group_uid: None,
         nice,
         priority: None,
     };

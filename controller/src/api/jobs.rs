@@ -98,6 +98,12 @@ impl Jobs for JobsService {
         let idempotency_key = (!spec.idempotency_key.is_empty())
             .then(|| format!("{}:{}", who.uid, spec.idempotency_key));
         let (sched_spec, payload) = convert::submit_from_proto(spec, &who, self.max_array_size)?;
+        if sched_spec.mode == tandem_sched::node::NodeMode::Kube {
+            return Err(Status::permission_denied(
+                "kube-mode jobs are the bridge's placeholders for Kubernetes pods; \
+                 they are submitted through tandem.v1.Bridge, not sbatch",
+            ));
+        }
         let payload = payload.into_bytes();
         let resp = self
             .handle

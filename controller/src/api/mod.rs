@@ -6,6 +6,7 @@
 
 pub mod accounting;
 pub mod authz;
+pub mod bridge;
 pub mod convert;
 pub mod jobs;
 pub mod nodes;

@@ -13,6 +13,8 @@ use tandem_proto::v1::jobs_client::JobsClient;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+pub mod worker;
+
 pub const WAIT: Duration = Duration::from_secs(10);
 
 pub struct Controller {

@@ -1,0 +1,83 @@
+//! The Kubernetes side of a decision: bindings, evictions, `PodScheduled` conditions and
+//! Events, written as kube-scheduler writes them (autoscalers and dashboards key on them).
+
+use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, EvictParams, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Client, Resource};
+
+use crate::labels::JOB_ID;
+
+/// Binds `pod` to `node` through the `binding` subresource, annotating it with the job.
+pub async fn bind(
+    client: &Client,
+    ns: &str,
+    pod: &str,
+    node: &str,
+    job_id: u64,
+) -> kube::Result<()> {
+    let binding = Binding {
+        metadata: ObjectMeta {
+            name: Some(pod.to_owned()),
+            annotations: Some([(JOB_ID.to_owned(), job_id.to_string())].into()),
+            ..ObjectMeta::default()
+        },
+        target: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(node.to_owned()),
+            ..ObjectReference::default()
+        },
+    };
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    api.create_subresource::<_, serde_json::Value>("binding", pod, &PostParams::default(), &binding)
+        .await
+        .map(|_| ())
+}
+
+/// Evicts `pod` through the Eviction API, so PodDisruptionBudgets are honoured.
+pub async fn evict(client: &Client, ns: &str, pod: &str) -> kube::Result<()> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    api.evict(pod, &EvictParams::default()).await.map(|_| ())
+}
+
+/// `PodScheduled=False`, reason `Unschedulable`, with `message`.
+pub async fn unschedulable(
+    client: &Client,
+    ns: &str,
+    pod: &str,
+    message: &str,
+) -> kube::Result<()> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let patch = serde_json::json!({"status": {"conditions": [{
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": message,
+        "lastTransitionTime": now,
+    }]}});
+    api.patch_status(pod, &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+        .map(|_| ())
+}
+
+/// An Event on `pod`, as kube-scheduler reports (`Scheduled`, `FailedScheduling`).
+pub async fn event(recorder: &Recorder, pod: &Pod, warning: bool, reason: &str, note: String) {
+    let e = Event {
+        type_: if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: if warning { "Scheduling" } else { "Binding" }.to_owned(),
+        secondary: None,
+    };
+    if let Err(err) = recorder.publish(&e, &pod.object_ref(&())).await {
+        tracing::debug!(error = %err, "event not recorded");
+    }
+}

@@ -1,0 +1,168 @@
+//! The controller as the bridge sees it: a small trait ([`BatchAlloc`]) so the scheduler
+//! loop can be driven by a fake in tests, and its gRPC implementation.
+//!
+//! The bridge authenticates with the `bridge` role, signed with the cluster key from a
+//! mounted Secret file; that role may make placeholder jobs and nothing else that changes
+//! state.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use tandem_proto::auth::{ClusterKey, Identity, Role};
+use tandem_proto::endpoint::{self, AuthChannel};
+use tandem_proto::v1;
+use tandem_proto::v1::bridge_client::BridgeClient;
+use tandem_proto::v1::nodes_client::NodesClient;
+use tokio::sync::Mutex;
+
+use crate::request::{NodeCaps, Placeholder};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BatchError {
+    #[error("connecting to the controller at {address}")]
+    Connect {
+        address: String,
+        #[source]
+        source: endpoint::EndpointError,
+    },
+    #[error("controller call {call} failed: {status}")]
+    Call {
+        call: &'static str,
+        status: Box<tonic::Status>,
+    },
+    #[error("partition {0:?} has no nodes")]
+    NoNodes(String),
+}
+
+fn call(call: &'static str) -> impl Fn(tonic::Status) -> BatchError {
+    move |status| BatchError::Call {
+        call,
+        status: Box::new(status),
+    }
+}
+
+/// What the scheduler loop asks of the controller.
+#[allow(async_fn_in_trait)]
+pub trait BatchAlloc {
+    /// Submits a group's placeholder, or finds the one already made; returns its job id.
+    async fn submit(&self, p: &Placeholder) -> Result<u64, BatchError>;
+    /// The group's pods are gone since `end_time`.
+    async fn end(&self, job_id: u64, end_time: i64) -> Result<(), BatchError>;
+    /// The snapshot of every placeholder, then its changes (see the proto).
+    async fn watch(
+        &self,
+    ) -> Result<BoxStream<'static, Result<v1::PlaceholderEvent, BatchError>>, BatchError>;
+    /// What the largest node of `partition` (empty: the default) offers.
+    async fn caps(&self, partition: &str) -> Result<NodeCaps, BatchError>;
+}
+
+/// [`BatchAlloc`] over gRPC.
+pub struct GrpcBatch {
+    channel: AuthChannel,
+    /// Partition capacities, refreshed at most every [`CAPS_TTL`]: a listing per group
+    /// would be slurm-bridge's #45 again.
+    caps: Mutex<Option<(Instant, HashMap<String, NodeCaps>)>>,
+}
+
+const CAPS_TTL: Duration = Duration::from_secs(5);
+
+impl GrpcBatch {
+    pub async fn connect(address: &str, key: &ClusterKey) -> Result<Self, BatchError> {
+        let who = Identity::service(Role::Bridge, "tandem-bridge", 0, 0);
+        let channel = endpoint::connect(address, key, &who)
+            .await
+            .map_err(|source| BatchError::Connect {
+                address: address.to_owned(),
+                source,
+            })?;
+        Ok(Self {
+            channel,
+            caps: Mutex::new(None),
+        })
+    }
+
+    async fn refresh_caps(&self) -> Result<HashMap<String, NodeCaps>, BatchError> {
+        let resp = NodesClient::new(self.channel.clone())
+            .max_decoding_message_size(endpoint::MAX_RESPONSE_BYTES)
+            .list_nodes(v1::ListNodesRequest::default())
+            .await
+            .map_err(call("ListNodes"))?
+            .into_inner();
+        let mut caps: HashMap<String, NodeCaps> = HashMap::new();
+        for n in &resp.nodes {
+            let Some(t) = &n.total else { continue };
+            let c = NodeCaps {
+                cpus: t.cpus,
+                mem_mb: t.mem_mb,
+                gpus: t.gpus,
+            };
+            // "" stands for the default partition: every node counts for it, as the
+            // controller resolves it.
+            for p in n.partitions.iter().map(String::as_str).chain([""]) {
+                let e = caps.entry(p.to_owned()).or_insert(c);
+                e.cpus = e.cpus.max(c.cpus);
+                e.mem_mb = e.mem_mb.max(c.mem_mb);
+                e.gpus = e.gpus.max(c.gpus);
+            }
+        }
+        Ok(caps)
+    }
+}
+
+impl BatchAlloc for GrpcBatch {
+    async fn submit(&self, p: &Placeholder) -> Result<u64, BatchError> {
+        let req = v1::SubmitPlaceholderRequest {
+            group_uid: p.group_uid.clone(),
+            name: p.name.clone(),
+            namespace: p.namespace.clone(),
+            account: p.settings.account.clone(),
+            partition: p.settings.partition.clone().unwrap_or_default(),
+            qos: p.settings.qos.clone().unwrap_or_default(),
+            time_limit_s: p.settings.time_limit.unwrap_or(0),
+            nodes: p.nodes,
+            pods_per_node: p.pods_per_node,
+            cpus_per_pod: p.per_pod.cpus(),
+            mem_mb_per_pod: p.per_pod.mem_mb(),
+            gpus_per_pod: p.per_pod.gpus,
+            gpu_type: p.per_pod.gpu_type.clone().unwrap_or_default(),
+        };
+        let resp = BridgeClient::new(self.channel.clone())
+            .submit_placeholder(req)
+            .await
+            .map_err(call("SubmitPlaceholder"))?;
+        Ok(resp.into_inner().job_id)
+    }
+
+    async fn end(&self, job_id: u64, end_time: i64) -> Result<(), BatchError> {
+        BridgeClient::new(self.channel.clone())
+            .end_placeholder(v1::EndPlaceholderRequest { job_id, end_time })
+            .await
+            .map_err(call("EndPlaceholder"))?;
+        Ok(())
+    }
+
+    async fn watch(
+        &self,
+    ) -> Result<BoxStream<'static, Result<v1::PlaceholderEvent, BatchError>>, BatchError> {
+        let s = BridgeClient::new(self.channel.clone())
+            .watch_placeholders(v1::WatchPlaceholdersRequest {})
+            .await
+            .map_err(call("WatchPlaceholders"))?
+            .into_inner();
+        Ok(s.map_err(call("WatchPlaceholders")).boxed())
+    }
+
+    async fn caps(&self, partition: &str) -> Result<NodeCaps, BatchError> {
+        let mut cached = self.caps.lock().await;
+        let fresh = cached.as_ref().is_some_and(|(t, _)| t.elapsed() < CAPS_TTL);
+        if !fresh {
+            *cached = Some((Instant::now(), self.refresh_caps().await?));
+        }
+        cached
+            .as_ref()
+            .and_then(|(_, m)| m.get(partition).copied())
+            .ok_or_else(|| BatchError::NoNodes(partition.to_owned()))
+    }
+}

@@ -1,0 +1,597 @@
+//! The bridge's decisions: (a group's pods, its placeholder job) -> what to do.
+//!
+//! Pure, so every rule is a unit test: bind all members or none, mark waiting pods
+//! `Unschedulable` with the controller's reason, evict pods whose job was cancelled,
+//! preempted or timed out, end the job when its pods are gone. Every unknown fails closed:
+//! a controller lookup that failed, or a pod bound outside the allocation, means wait, and
+//! never an eviction.
+
+use k8s_openapi::api::core::v1::Pod;
+
+/// One pod of a group as the bridge sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub name: String,
+    /// Order within the group (completion index, worker index); unranked pods follow by name.
+    pub rank: Option<u32>,
+    /// `spec.nodeName`, once bound.
+    pub node: Option<String>,
+    pub state: MemberState,
+}
+
+/// Where a pod is in its life, for scheduling purposes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberState {
+    /// Waiting for a node (or bound and starting: [`Member::node`] tells).
+    Live,
+    /// Being deleted, containers still running: it keeps its slot (slurm-bridge #16).
+    Terminating,
+    /// Stopped for good at this time (succeeded, failed, deleted and stopped, or its node
+    /// vanished and the grace period passed).
+    Finished { at: i64 },
+}
+
+/// The group's placeholder job as the controller reported it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobView {
+    /// The lookup failed or has not answered yet.
+    Unknown,
+    /// No placeholder exists for the group.
+    Absent,
+    Pending {
+        job_id: u64,
+        /// The controller's reason, in Slurm's words (`Priority`, `Resources`, ...).
+        reason: String,
+    },
+    Allocated {
+        job_id: u64,
+        /// The Kubernetes nodes behind the allocated batch nodes, in allocation order.
+        nodes: Vec<String>,
+        pods_per_node: u32,
+    },
+    /// Still holding its nodes, but the controller wants the pods gone (scancel,
+    /// preemption, time limit): evict them, then report them gone.
+    Ending { job_id: u64, why: EndReason },
+    /// Over; its nodes are free.
+    Ended { job_id: u64, why: EndReason },
+}
+
+/// Why a placeholder job ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EndReason {
+    /// The bridge reported its pods gone: nothing left to do.
+    PodsGone,
+    Cancelled,
+    Preempted,
+    TimedOut,
+    NodeFailed,
+}
+
+/// What the bridge must do next for a group. At most one binding or eviction set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Nothing to do until something changes; `why` is for the logs.
+    Wait { why: String },
+    /// Submit the placeholder (idempotent under the group's UID).
+    Submit,
+    /// Mark these pods `PodScheduled=False`, reason `Unschedulable`, with this message.
+    Unschedulable { pods: Vec<String>, message: String },
+    /// Bind every listed pod to its node (the whole rest of the group).
+    Bind {
+        job_id: u64,
+        bindings: Vec<(String, String)>,
+    },
+    /// Evict these pods through the Eviction API.
+    Evict {
+        job_id: u64,
+        pods: Vec<String>,
+        why: EndReason,
+    },
+    /// Report the job's pods gone; usage is charged until `end_time`.
+    EndJob { job_id: u64, end_time: i64 },
+}
+
+/// Decides for one group. `expected` is the number of members the group waits for (see
+/// [`crate::group::expected_members`]); `None` = not known yet. Call only once the pod
+/// watch has synced: an empty member list then means the pods are really gone.
+pub fn decide(members: &[Member], expected: Option<u32>, job: &JobView, now: i64) -> Decision {
+    let live_unbound: Vec<&Member> = members
+        .iter()
+        .filter(|m| m.state == MemberState::Live && m.node.is_none())
+        .collect();
+    let holding: Vec<&Member> = members
+        .iter()
+        .filter(|m| m.node.is_some() && !matches!(m.state, MemberState::Finished { .. }))
+        .collect();
+    match job {
+        JobView::Unknown => wait("the controller's view of the job is unknown"),
+        JobView::Absent => {
+            if !holding.is_empty() {
+                return wait("pods are bound but no placeholder job exists");
+            }
+            if live_unbound.is_empty() {
+                return wait("no pod waits");
+            }
+            let have = u32::try_from(live_unbound.len()).unwrap_or(u32::MAX);
+            match expected {
+                None => unschedulable(&live_unbound, "waiting for the group's size".into()),
+                Some(want) if have < want => unschedulable(
+                    &live_unbound,
+                    format!("pod group has {have} of {want} pods; waiting for the rest"),
+                ),
+                Some(_) => Decision::Submit,
+            }
+        }
+        JobView::Pending { job_id, reason } => {
+            if live_unbound.is_empty() && holding.is_empty() {
+                // Its pods went away before it ran (a Deployment scaled down): withdraw it.
+                return Decision::EndJob {
+                    job_id: *job_id,
+                    end_time: now,
+                };
+            }
+            if live_unbound.is_empty() {
+                return wait("no pod waits");
+            }
+            unschedulable(
+                &live_unbound,
+                format!("waiting in Tandem's queue: {reason}"),
+            )
+        }
+        JobView::Allocated {
+            job_id,
+            nodes,
+            pods_per_node,
+        } => allocated(
+            *job_id,
+            nodes,
+            *pods_per_node,
+            members,
+            &live_unbound,
+            &holding,
+            now,
+        ),
+        JobView::Ending { job_id, why } => {
+            let evict: Vec<String> = holding
+                .iter()
+                .filter(|m| m.state == MemberState::Live)
+                .map(|m| m.name.clone())
+                .collect();
+            if !evict.is_empty() {
+                return Decision::Evict {
+                    job_id: *job_id,
+                    pods: evict,
+                    why: why.clone(),
+                };
+            }
+            if !holding.is_empty() {
+                return wait("evicted pods are still stopping");
+            }
+            Decision::EndJob {
+                job_id: *job_id,
+                end_time: last_stop(members, now),
+            }
+        }
+        JobView::Ended { job_id, why } => {
+            let evict: Vec<String> = holding
+                .iter()
+                .filter(|m| m.state == MemberState::Live)
+                .map(|m| m.name.clone())
+                .collect();
+            if !evict.is_empty() {
+                return Decision::Evict {
+                    job_id: *job_id,
+                    pods: evict,
+                    why: why.clone(),
+                };
+            }
+            if !holding.is_empty() {
+                return wait("evicted pods are still stopping");
+            }
+            if live_unbound.is_empty() {
+                return wait("job ended and no pod waits");
+            }
+            // New pods of the group (a JobSet restarting, a replacement) need a new job.
+            Decision::Submit
+        }
+    }
+}
+
+fn allocated(
+    job_id: u64,
+    nodes: &[String],
+    pods_per_node: u32,
+    members: &[Member],
+    unbound: &[&Member],
+    holding: &[&Member],
+    now: i64,
+) -> Decision {
+    if let Some(m) = holding
+        .iter()
+        .find(|m| !nodes.iter().any(|n| Some(n) == m.node.as_ref()))
+    {
+        return wait(&format!(
+            "pod {} is bound to {} outside the allocation",
+            m.name,
+            m.node.as_deref().unwrap_or_default()
+        ));
+    }
+    if unbound.is_empty() {
+        if holding.is_empty() {
+            return Decision::EndJob {
+                job_id,
+                end_time: last_stop(members, now),
+            };
+        }
+        return wait("every pod is placed");
+    }
+    let mut free: Vec<(&String, u32)> = nodes
+        .iter()
+        .map(|n| {
+            let used = holding
+                .iter()
+                .filter(|m| m.node.as_ref() == Some(n))
+                .count();
+            (
+                n,
+                pods_per_node.saturating_sub(u32::try_from(used).unwrap_or(u32::MAX)),
+            )
+        })
+        .collect();
+    let mut order: Vec<&&Member> = unbound.iter().collect();
+    order.sort_by(|a, b| {
+        (a.rank.is_none(), a.rank, &a.name).cmp(&(b.rank.is_none(), b.rank, &b.name))
+    });
+    let mut bindings = Vec::with_capacity(order.len());
+    for m in order {
+        let Some(slot) = free.iter_mut().find(|(_, n)| *n > 0) else {
+            // All or none: a group larger than its allocation binds nothing.
+            return wait("more pods than the allocation holds");
+        };
+        slot.1 -= 1;
+        bindings.push((m.name.clone(), slot.0.clone()));
+    }
+    Decision::Bind { job_id, bindings }
+}
+
+/// When the last member stopped; `now` when none is known (all gone from the API).
+fn last_stop(members: &[Member], now: i64) -> i64 {
+    members
+        .iter()
+        .filter_map(|m| match m.state {
+            MemberState::Finished { at } => Some(at),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(now)
+}
+
+fn wait(why: &str) -> Decision {
+    Decision::Wait {
+        why: why.to_owned(),
+    }
+}
+
+fn unschedulable(pods: &[&Member], message: String) -> Decision {
+    Decision::Unschedulable {
+        pods: pods.iter().map(|m| m.name.clone()).collect(),
+        message,
+    }
+}
+
+/// A pod's [`MemberState`]. `node_gone_since` is when its node left the API (`None` while
+/// it exists); after `grace` seconds the pod counts as stopped (slurm-bridge #49), before
+/// that it keeps its slot.
+pub fn member_state(pod: &Pod, node_gone_since: Option<i64>, grace: i64, now: i64) -> MemberState {
+    let status = pod.status.as_ref();
+    let phase = status.and_then(|s| s.phase.as_deref());
+    let finished_at = || {
+        status
+            .and_then(|s| s.container_statuses.as_ref())
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c.state.as_ref()?.terminated.as_ref()?.finished_at.as_ref())
+            .map(|t| t.0.as_second())
+            .max()
+    };
+    if matches!(phase, Some("Succeeded" | "Failed")) {
+        return MemberState::Finished {
+            at: finished_at().unwrap_or(now),
+        };
+    }
+    if let Some(gone) = node_gone_since
+        && now.saturating_sub(gone) >= grace
+    {
+        return MemberState::Finished {
+            at: gone.saturating_add(grace),
+        };
+    }
+    if pod.metadata.deletion_timestamp.is_some() {
+        let bound = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_ref())
+            .is_some();
+        let running = status
+            .and_then(|s| s.container_statuses.as_ref())
+            .into_iter()
+            .flatten()
+            .any(|c| c.state.as_ref().is_none_or(|st| st.terminated.is_none()));
+        return if bound && (running || phase == Some("Running")) {
+            MemberState::Terminating
+        } else {
+            MemberState::Finished {
+                at: finished_at().unwrap_or(now),
+            }
+        };
+    }
+    MemberState::Live
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(name: &str, node: Option<&str>, state: MemberState) -> Member {
+        Member {
+            name: name.into(),
+            rank: None,
+            node: node.map(Into::into),
+            state,
+        }
+    }
+
+    fn waiting(n: usize) -> Vec<Member> {
+        (0..n)
+            .map(|i| m(&format!("p{i}"), None, MemberState::Live))
+            .collect()
+    }
+
+    fn allocated(nodes: &[&str], ppn: u32) -> JobView {
+        JobView::Allocated {
+            job_id: 7,
+            nodes: nodes.iter().map(|n| (*n).into()).collect(),
+            pods_per_node: ppn,
+        }
+    }
+
+    #[test]
+    fn a_gang_is_submitted_only_when_complete() {
+        let d = decide(&waiting(3), Some(4), &JobView::Absent, 0);
+        assert_eq!(
+            d,
+            Decision::Unschedulable {
+                pods: vec!["p0".into(), "p1".into(), "p2".into()],
+                message: "pod group has 3 of 4 pods; waiting for the rest".into(),
+            }
+        );
+        assert_eq!(
+            decide(&waiting(4), Some(4), &JobView::Absent, 0),
+            Decision::Submit
+        );
+        assert!(matches!(
+            decide(&waiting(4), None, &JobView::Absent, 0),
+            Decision::Unschedulable { .. }
+        ));
+    }
+
+    #[test]
+    fn a_queued_job_explains_itself_on_every_waiting_pod() {
+        let d = decide(
+            &waiting(2),
+            Some(2),
+            &JobView::Pending {
+                job_id: 7,
+                reason: "QOSMaxGRESPerUser".into(),
+            },
+            0,
+        );
+        assert_eq!(
+            d,
+            Decision::Unschedulable {
+                pods: vec!["p0".into(), "p1".into()],
+                message: "waiting in Tandem's queue: QOSMaxGRESPerUser".into(),
+            }
+        );
+    }
+
+    #[test]
+    fn a_queued_job_whose_pods_left_is_withdrawn() {
+        let pending = JobView::Pending {
+            job_id: 9,
+            reason: "Priority".into(),
+        };
+        assert_eq!(
+            decide(&[], None, &pending, 5),
+            Decision::EndJob {
+                job_id: 9,
+                end_time: 5
+            }
+        );
+    }
+
+    #[test]
+    fn an_allocation_binds_every_pod_in_rank_order() {
+        let mut pods = waiting(4);
+        for (i, p) in pods.iter_mut().enumerate() {
+            p.rank = Some(3 - i as u32);
+        }
+        let d = decide(&pods, Some(4), &allocated(&["k1", "k2"], 2), 0);
+        assert_eq!(
+            d,
+            Decision::Bind {
+                job_id: 7,
+                bindings: vec![
+                    ("p3".into(), "k1".into()),
+                    ("p2".into(), "k1".into()),
+                    ("p1".into(), "k2".into()),
+                    ("p0".into(), "k2".into()),
+                ],
+            }
+        );
+    }
+
+    #[test]
+    fn after_a_restart_mid_binding_the_rest_fill_the_free_slots() {
+        let pods = vec![
+            m("a", Some("k2"), MemberState::Live),
+            m("b", None, MemberState::Live),
+            m("c", None, MemberState::Live),
+        ];
+        let d = decide(&pods, Some(3), &allocated(&["k1", "k2"], 2), 0);
+        assert_eq!(
+            d,
+            Decision::Bind {
+                job_id: 7,
+                bindings: vec![("b".into(), "k1".into()), ("c".into(), "k1".into())],
+            }
+        );
+    }
+
+    #[test]
+    fn all_or_none_when_the_allocation_is_too_small() {
+        let d = decide(&waiting(3), Some(3), &allocated(&["k1"], 2), 0);
+        assert!(matches!(d, Decision::Wait { .. }), "{d:?}");
+    }
+
+    #[test]
+    fn a_terminating_pod_keeps_its_slot() {
+        let pods = vec![
+            m("old", Some("k1"), MemberState::Terminating),
+            m("new", None, MemberState::Live),
+        ];
+        let d = decide(&pods, Some(1), &allocated(&["k1"], 1), 0);
+        assert!(matches!(d, Decision::Wait { .. }), "{d:?}");
+    }
+
+    #[test]
+    fn pods_gone_end_the_job_at_the_last_stop() {
+        let pods = vec![
+            m("a", Some("k1"), MemberState::Finished { at: 100 }),
+            m("b", Some("k1"), MemberState::Finished { at: 140 }),
+        ];
+        assert_eq!(
+            decide(&pods, Some(2), &allocated(&["k1"], 2), 500),
+            Decision::EndJob {
+                job_id: 7,
+                end_time: 140
+            }
+        );
+        // Every pod deleted and gone from the API: the job ends now.
+        assert_eq!(
+            decide(&[], Some(2), &allocated(&["k1"], 2), 500),
+            Decision::EndJob {
+                job_id: 7,
+                end_time: 500
+            }
+        );
+    }
+
+    #[test]
+    fn a_preempted_job_evicts_its_running_pods_and_replacements_start_over() {
+        let pods = vec![
+            m("a", Some("k1"), MemberState::Live),
+            m("b", Some("k1"), MemberState::Terminating),
+        ];
+        let ended = JobView::Ended {
+            job_id: 7,
+            why: EndReason::Preempted,
+        };
+        assert_eq!(
+            decide(&pods, Some(2), &ended, 0),
+            Decision::Evict {
+                job_id: 7,
+                pods: vec!["a".into()],
+                why: EndReason::Preempted
+            }
+        );
+        let stopping = vec![m("b", Some("k1"), MemberState::Terminating)];
+        assert!(matches!(
+            decide(&stopping, Some(1), &ended, 0),
+            Decision::Wait { .. }
+        ));
+        assert_eq!(decide(&waiting(1), Some(1), &ended, 0), Decision::Submit);
+    }
+
+    #[test]
+    fn an_ending_job_evicts_then_reports_the_pods_gone() {
+        let ending = JobView::Ending {
+            job_id: 7,
+            why: EndReason::TimedOut,
+        };
+        let live = vec![m("a", Some("k1"), MemberState::Live)];
+        assert_eq!(
+            decide(&live, Some(1), &ending, 0),
+            Decision::Evict {
+                job_id: 7,
+                pods: vec!["a".into()],
+                why: EndReason::TimedOut
+            }
+        );
+        let stopping = vec![m("a", Some("k1"), MemberState::Terminating)];
+        assert!(matches!(
+            decide(&stopping, Some(1), &ending, 0),
+            Decision::Wait { .. }
+        ));
+        let gone = vec![m("a", Some("k1"), MemberState::Finished { at: 42 })];
+        assert_eq!(
+            decide(&gone, Some(1), &ending, 99),
+            Decision::EndJob {
+                job_id: 7,
+                end_time: 42
+            }
+        );
+    }
+
+    #[test]
+    fn unknowns_fail_closed() {
+        let pods = vec![m("a", Some("k1"), MemberState::Live)];
+        for job in [JobView::Unknown, JobView::Absent, allocated(&["k9"], 1)] {
+            let d = decide(&pods, Some(1), &job, 0);
+            assert!(matches!(d, Decision::Wait { .. }), "{job:?} -> {d:?}");
+        }
+    }
+
+    fn pod(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn member_states_follow_the_pod() {
+        let running = pod(serde_json::json!({
+            "metadata": {"name": "a"},
+            "spec": {"nodeName": "k1", "containers": []},
+            "status": {"phase": "Running",
+                "containerStatuses": [{"name": "c", "image": "i", "imageID": "", "ready": true,
+                    "restartCount": 0, "state": {"running": {}}}]},
+        }));
+        assert_eq!(member_state(&running, None, 30, 100), MemberState::Live);
+        // The node vanished: it keeps its slot for the grace period, then is released.
+        assert_eq!(member_state(&running, Some(90), 30, 100), MemberState::Live);
+        assert_eq!(
+            member_state(&running, Some(50), 30, 100),
+            MemberState::Finished { at: 80 }
+        );
+        let mut deleting = running.clone();
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::from_second(95).unwrap(),
+            ));
+        assert_eq!(
+            member_state(&deleting, None, 30, 100),
+            MemberState::Terminating
+        );
+        let done = pod(serde_json::json!({
+            "metadata": {"name": "a"},
+            "spec": {"nodeName": "k1", "containers": []},
+            "status": {"phase": "Succeeded",
+                "containerStatuses": [{"name": "c", "image": "i", "imageID": "", "ready": false,
+                    "restartCount": 0, "state": {"terminated": {"exitCode": 0,
+                    "finishedAt": "1970-01-01T00:01:00Z"}}}]},
+        }));
+        assert_eq!(
+            member_state(&done, None, 30, 100),
+            MemberState::Finished { at: 60 }
+        );
+    }
+}

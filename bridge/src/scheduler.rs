@@ -1,0 +1,689 @@
+//! The scheduler loop: watches pods that name the `tandem` scheduler, the nodes, the
+//! cluster's namespace map and the controller's placeholder stream, and turns every change
+//! of a group into one [`decide`] call and its [`apply`] calls.
+//!
+//! Event driven end to end: a pod event, a placeholder event or a node event marks the
+//! groups it touches dirty, and only those are decided again; nothing polls the controller
+//! and nothing lists every job per pod (slurm-bridge's #45). Failed API calls put the group
+//! on a retry list looked at once a second.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::watcher::{self, Event};
+use tandem_proto::v1;
+use tracing::{debug, info, warn};
+
+use crate::apply;
+use crate::batch::{BatchAlloc, BatchError};
+use crate::cluster;
+use crate::decide::{Decision, EndReason, JobView, Member, decide, member_state};
+use crate::group::{GroupInfo, GroupKey, GroupKind, expected_members, group_of};
+use crate::labels::{JOB_NAME, LEGACY_JOB_NAME, SCHEDULER_NAME};
+use crate::policy::{self, NamespacePolicy};
+use crate::request::{self, Placeholder};
+use crate::{annotations, resources};
+
+/// What the loop needs besides its clients.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The `TandemCluster` whose namespace map applies.
+    pub cluster_namespace: String,
+    pub cluster_name: String,
+    /// How long a pod whose node vanished keeps its slot (slurm-bridge #49).
+    pub node_grace_s: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("watching {what}")]
+    Watch {
+        what: &'static str,
+        #[source]
+        source: watcher::Error,
+    },
+    #[error(transparent)]
+    Batch(#[from] BatchError),
+}
+
+type PodKey = (String, String);
+
+/// A group, or a placeholder whose group has no pods left that the bridge knows.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Target {
+    Group(GroupKey),
+    Orphan(String),
+}
+
+struct Loop<B> {
+    client: Client,
+    batch: B,
+    recorder: Recorder,
+    cfg: Config,
+    pods: HashMap<PodKey, Pod>,
+    pod_group: HashMap<PodKey, GroupInfo>,
+    members: HashMap<GroupKey, BTreeSet<String>>,
+    /// Group -> its UID (the placeholder's key), once known.
+    uids: HashMap<GroupKey, String>,
+    keys: HashMap<String, GroupKey>,
+    /// Owner-derived group sizes; `None` entries are looked up again.
+    expected: HashMap<GroupKey, u32>,
+    /// The newest placeholder of each group UID.
+    jobs: HashMap<String, v1::PlaceholderEvent>,
+    /// Submitted, not yet seen on the stream: wait for it rather than submit again.
+    submitted: HashSet<String>,
+    nodes: HashSet<String>,
+    gone: HashMap<String, i64>,
+    policies: Vec<NamespacePolicy>,
+    /// The last `Unschedulable` message written per pod, so each is written once.
+    told: HashMap<PodKey, String>,
+    dirty: BTreeSet<Target>,
+    retry: BTreeSet<Target>,
+    pods_synced: bool,
+    jobs_synced: bool,
+}
+
+/// Runs until `shutdown` resolves.
+pub async fn run<B: BatchAlloc>(
+    client: Client,
+    batch: B,
+    cfg: Config,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), Error> {
+    let reporter = Reporter {
+        controller: SCHEDULER_NAME.into(),
+        instance: std::env::var("POD_NAME").ok(),
+    };
+    let mut l = Loop {
+        recorder: Recorder::new(client.clone(), reporter),
+        client: client.clone(),
+        batch,
+        cfg: cfg.clone(),
+        pods: HashMap::new(),
+        pod_group: HashMap::new(),
+        members: HashMap::new(),
+        uids: HashMap::new(),
+        keys: HashMap::new(),
+        expected: HashMap::new(),
+        jobs: HashMap::new(),
+        submitted: HashSet::new(),
+        nodes: HashSet::new(),
+        gone: HashMap::new(),
+        policies: Vec::new(),
+        told: HashMap::new(),
+        dirty: BTreeSet::new(),
+        retry: BTreeSet::new(),
+        pods_synced: false,
+        jobs_synced: false,
+    };
+    let pod_api: Api<Pod> = Api::all(client.clone());
+    let mut pods = watcher::watcher(
+        pod_api,
+        watcher::Config::default().fields(&format!("spec.schedulerName={SCHEDULER_NAME}")),
+    )
+    .boxed();
+    let mut nodes =
+        watcher::watcher(Api::<Node>::all(client.clone()), watcher::Config::default()).boxed();
+    let ar = ApiResource {
+        group: cluster::GROUP.into(),
+        version: cluster::VERSION.into(),
+        api_version: format!("{}/{}", cluster::GROUP, cluster::VERSION),
+        kind: cluster::KIND.into(),
+        plural: cluster::PLURAL.into(),
+    };
+    let tc_api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &cfg.cluster_namespace, &ar);
+    let mut clusters = watcher::watcher(
+        tc_api,
+        watcher::Config::default().fields(&format!("metadata.name={}", cfg.cluster_name)),
+    )
+    .boxed();
+    let mut placeholders = l.batch.watch().await?;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => return Ok(()),
+            ev = pods.next() => match ev {
+                Some(Ok(ev)) => l.on_pod(ev),
+                Some(Err(e)) => warn!(error = %e, "pod watch"),
+                None => return Err(Error::Watch { what: "pods", source: watcher::Error::NoResourceVersion }),
+            },
+            ev = nodes.next() => match ev {
+                Some(Ok(ev)) => l.on_node(ev),
+                Some(Err(e)) => warn!(error = %e, "node watch"),
+                None => {}
+            },
+            ev = clusters.next() => match ev {
+                Some(Ok(Event::Apply(tc) | Event::InitApply(tc))) => l.on_cluster(&tc),
+                Some(Ok(_)) => {}
+                Some(Err(e)) => warn!(error = %e, "TandemCluster watch"),
+                None => {}
+            },
+            ev = placeholders.next() => match ev {
+                Some(Ok(ev)) => l.on_placeholder(ev),
+                Some(Err(e)) => {
+                    warn!(error = %e, "placeholder stream failed; subscribing again");
+                    placeholders = l.resubscribe().await;
+                }
+                None => {
+                    info!("placeholder stream ended; subscribing again");
+                    placeholders = l.resubscribe().await;
+                }
+            },
+            _ = tick.tick() => l.on_tick(),
+        }
+        l.process().await;
+    }
+}
+
+impl<B: BatchAlloc> Loop<B> {
+    async fn resubscribe(
+        &mut self,
+    ) -> futures::stream::BoxStream<'static, Result<v1::PlaceholderEvent, BatchError>> {
+        self.jobs_synced = false;
+        let mut wait = Duration::from_millis(100);
+        loop {
+            match self.batch.watch().await {
+                Ok(s) => return s,
+                Err(e) => {
+                    warn!(error = %e, "subscribing to placeholders");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+
+    fn on_pod(&mut self, ev: Event<Pod>) {
+        match ev {
+            Event::Init => {}
+            Event::InitDone => {
+                self.pods_synced = true;
+                let all: Vec<Target> = self.members.keys().cloned().map(Target::Group).collect();
+                self.dirty.extend(all);
+            }
+            Event::Apply(p) | Event::InitApply(p) => self.upsert(p),
+            Event::Delete(p) => {
+                let key = pod_key(&p);
+                self.pods.remove(&key);
+                self.told.remove(&key);
+                if let Some(info) = self.pod_group.remove(&key) {
+                    if let Some(m) = self.members.get_mut(&info.key) {
+                        m.remove(&key.1);
+                    }
+                    self.dirty.insert(Target::Group(info.key));
+                }
+            }
+        }
+    }
+
+    fn upsert(&mut self, p: Pod) {
+        let key = pod_key(&p);
+        match group_of(&p) {
+            Ok(info) => {
+                self.members
+                    .entry(info.key.clone())
+                    .or_default()
+                    .insert(key.1.clone());
+                if let Some(uid) = direct_uid(&info, &p) {
+                    self.keys.insert(uid.clone(), info.key.clone());
+                    self.uids.insert(info.key.clone(), uid);
+                }
+                self.dirty.insert(Target::Group(info.key.clone()));
+                self.pod_group.insert(key.clone(), info);
+            }
+            Err(e) => debug!(pod = %key.1, error = %e, "pod not grouped"),
+        }
+        self.pods.insert(key, p);
+    }
+
+    fn on_node(&mut self, ev: Event<Node>) {
+        let now = unix_now();
+        match ev {
+            Event::Apply(n) | Event::InitApply(n) => {
+                if let Some(name) = n.metadata.name {
+                    self.gone.remove(&name);
+                    self.nodes.insert(name);
+                }
+            }
+            Event::Delete(n) => {
+                if let Some(name) = n.metadata.name {
+                    self.nodes.remove(&name);
+                    self.gone.insert(name.clone(), now);
+                    self.dirty_on_node(&name);
+                }
+            }
+            Event::Init | Event::InitDone => {}
+        }
+    }
+
+    fn dirty_on_node(&mut self, node: &str) {
+        let hit: Vec<Target> = self
+            .pods
+            .iter()
+            .filter(|(_, p)| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+            .filter_map(|(k, _)| self.pod_group.get(k).map(|i| Target::Group(i.key.clone())))
+            .collect();
+        self.dirty.extend(hit);
+    }
+
+    fn on_cluster(&mut self, tc: &DynamicObject) {
+        match cluster::policies(&tc.data) {
+            Ok(p) => {
+                self.policies = p;
+                let all: Vec<Target> = self.members.keys().cloned().map(Target::Group).collect();
+                self.dirty.extend(all);
+            }
+            Err(e) => {
+                warn!(error = %e, "TandemCluster namespace map refused; keeping the last one")
+            }
+        }
+    }
+
+    fn on_placeholder(&mut self, ev: v1::PlaceholderEvent) {
+        if ev.snapshot_done {
+            self.jobs_synced = true;
+            let orphans: Vec<Target> = self
+                .jobs
+                .keys()
+                .filter(|uid| !self.keys.contains_key(*uid))
+                .cloned()
+                .map(Target::Orphan)
+                .collect();
+            self.dirty.extend(orphans);
+            let all: Vec<Target> = self.members.keys().cloned().map(Target::Group).collect();
+            self.dirty.extend(all);
+            return;
+        }
+        if ev.removed {
+            self.jobs.retain(|_, j| j.job_id != ev.job_id);
+            return;
+        }
+        let uid = ev.group_uid.clone();
+        self.submitted.remove(&uid);
+        let newer = self.jobs.get(&uid).is_none_or(|j| j.job_id <= ev.job_id);
+        if newer {
+            self.jobs.insert(uid.clone(), ev);
+        }
+        self.dirty.insert(match self.keys.get(&uid) {
+            Some(k) => Target::Group(k.clone()),
+            None => Target::Orphan(uid),
+        });
+    }
+
+    fn on_tick(&mut self) {
+        let retry = std::mem::take(&mut self.retry);
+        self.dirty.extend(retry);
+        let gone: Vec<String> = self.gone.keys().cloned().collect();
+        for n in gone {
+            self.dirty_on_node(&n);
+        }
+    }
+
+    async fn process(&mut self) {
+        if !self.pods_synced || !self.jobs_synced {
+            return;
+        }
+        let dirty = std::mem::take(&mut self.dirty);
+        for t in dirty {
+            if let Err(why) = self.process_one(&t).await {
+                debug!(target = ?t, why, "retrying");
+                self.retry.insert(t);
+            }
+        }
+    }
+
+    /// Decides one target and applies the decision. `Err` = try again later.
+    async fn process_one(&mut self, t: &Target) -> Result<(), String> {
+        let now = unix_now();
+        let (key, uid) = match t {
+            Target::Group(k) => (Some(k.clone()), self.uid_of(k).await),
+            Target::Orphan(uid) => (None, Some(uid.clone())),
+        };
+        let pods: Vec<Pod> = match &key {
+            Some(k) => self
+                .members
+                .get(k)
+                .into_iter()
+                .flatten()
+                .filter_map(|name| self.pods.get(&(k.namespace.clone(), name.clone())).cloned())
+                .collect(),
+            None => Vec::new(),
+        };
+        if let Some(k) = &key
+            && pods.is_empty()
+            && uid.as_ref().is_none_or(|u| !self.jobs.contains_key(u))
+        {
+            self.forget(k);
+            return Ok(());
+        }
+        let members: Vec<Member> = pods.iter().map(|p| self.member(p, now)).collect();
+        let view = match uid.as_ref().and_then(|u| self.jobs.get(u)) {
+            Some(ev) => job_view(ev),
+            None if uid.as_ref().is_some_and(|u| self.submitted.contains(u)) => JobView::Unknown,
+            None if uid.is_none() => JobView::Unknown,
+            None => JobView::Absent,
+        };
+        let expected = match &key {
+            Some(k) => self.expected_of(k, &pods).await,
+            None => Some(0),
+        };
+        let d = decide(&members, expected, &view, now);
+        match d {
+            Decision::Wait { why } => {
+                debug!(target = ?t, why, "waiting");
+                Ok(())
+            }
+            Decision::Submit => {
+                let (Some(k), Some(uid)) = (key, uid) else {
+                    return Ok(());
+                };
+                self.submit(&k, &uid, &pods).await
+            }
+            Decision::Unschedulable {
+                pods: names,
+                message,
+            } => {
+                let ns = key.map(|k| k.namespace).unwrap_or_default();
+                self.tell(&ns, &names, &message).await;
+                Ok(())
+            }
+            Decision::Bind { job_id, bindings } => {
+                let ns = key.map(|k| k.namespace).unwrap_or_default();
+                self.bind(&ns, job_id, &bindings).await
+            }
+            Decision::Evict {
+                job_id,
+                pods: names,
+                why,
+            } => {
+                let ns = key.map(|k| k.namespace).unwrap_or_default();
+                let mut failed = false;
+                for name in &names {
+                    match apply::evict(&self.client, &ns, name).await {
+                        Ok(()) => info!(job_id, pod = %name, why = ?why, "evicted"),
+                        Err(e) => {
+                            warn!(job_id, pod = %name, error = %e, "eviction refused; retrying");
+                            failed = true;
+                        }
+                    }
+                }
+                if failed {
+                    Err("eviction refused".into())
+                } else {
+                    Ok(())
+                }
+            }
+            Decision::EndJob { job_id, end_time } => {
+                self.batch
+                    .end(job_id, end_time)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                info!(job_id, end_time, "placeholder ended: its pods are gone");
+                Ok(())
+            }
+        }
+    }
+
+    fn forget(&mut self, k: &GroupKey) {
+        self.members.remove(k);
+        self.expected.remove(k);
+        if let Some(uid) = self.uids.remove(k) {
+            self.keys.remove(&uid);
+        }
+    }
+
+    fn member(&self, p: &Pod, now: i64) -> Member {
+        let key = pod_key(p);
+        let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+        let gone = node.as_ref().and_then(|n| self.gone.get(n).copied());
+        Member {
+            rank: self.pod_group.get(&key).and_then(|i| i.rank),
+            name: key.1,
+            state: member_state(p, gone, self.cfg.node_grace_s, now),
+            node,
+        }
+    }
+
+    /// The group's UID: on the pods where they carry it, else its owner object's.
+    async fn uid_of(&mut self, k: &GroupKey) -> Option<String> {
+        if let Some(u) = self.uids.get(k) {
+            return Some(u.clone());
+        }
+        let owner = self.owner(k).await?;
+        let uid = owner.pointer("/metadata/uid")?.as_str()?.to_owned();
+        self.keys.insert(uid.clone(), k.clone());
+        self.uids.insert(k.clone(), uid.clone());
+        Some(uid)
+    }
+
+    async fn expected_of(&mut self, k: &GroupKey, pods: &[Pod]) -> Option<u32> {
+        if let Some(n) = self.expected.get(k) {
+            return Some(*n);
+        }
+        let info = pods
+            .first()
+            .and_then(|p| self.pod_group.get(&pod_key(p)))?
+            .clone();
+        let owner = match info.key.kind {
+            GroupKind::Pod | GroupKind::LeaderWorkerSet => None,
+            _ => self.owner(k).await,
+        };
+        let n = expected_members(&info, owner.as_ref())?;
+        self.expected.insert(k.clone(), n);
+        Some(n)
+    }
+
+    /// The PodGroup, JobSet or Job behind a group, as JSON; `None` when absent or unreadable.
+    async fn owner(&self, k: &GroupKey) -> Option<serde_json::Value> {
+        let (group, version, kind, plural) = match k.kind {
+            GroupKind::PodGroup => ("scheduling.x-k8s.io", "v1alpha1", "PodGroup", "podgroups"),
+            GroupKind::JobSet => ("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets"),
+            GroupKind::IndexedJob => ("batch", "v1", "Job", "jobs"),
+            GroupKind::Pod | GroupKind::LeaderWorkerSet => return None,
+        };
+        let ar = ApiResource {
+            group: group.into(),
+            version: version.into(),
+            api_version: format!("{group}/{version}"),
+            kind: kind.into(),
+            plural: plural.into(),
+        };
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &k.namespace, &ar);
+        match api.get_opt(&k.name).await {
+            Ok(Some(o)) => serde_json::to_value(o).ok(),
+            Ok(None) => None,
+            Err(e) => {
+                debug!(group = ?k, error = %e, "owner lookup failed");
+                None
+            }
+        }
+    }
+
+    async fn submit(&mut self, k: &GroupKey, uid: &str, pods: &[Pod]) -> Result<(), String> {
+        let waiting: Vec<&Pod> = pods
+            .iter()
+            .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_none()))
+            .collect();
+        let names: Vec<String> = waiting.iter().map(|p| pod_key(p).1).collect();
+        let placeholder = match self.placeholder(k, uid, &waiting).await {
+            Ok(p) => p,
+            Err(message) => {
+                self.tell(&k.namespace, &names, &message).await;
+                return Ok(());
+            }
+        };
+        match self.batch.submit(&placeholder).await {
+            Ok(job_id) => {
+                info!(job_id, group = ?k, pods = placeholder.pods, nodes = placeholder.nodes, "placeholder submitted");
+                self.submitted.insert(uid.to_owned());
+                Ok(())
+            }
+            Err(BatchError::Call { status, .. })
+                if status.code() == tonic::Code::InvalidArgument =>
+            {
+                self.tell(&k.namespace, &names, status.message()).await;
+                Ok(())
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    async fn placeholder(
+        &self,
+        k: &GroupKey,
+        uid: &str,
+        pods: &[&Pod],
+    ) -> Result<Placeholder, String> {
+        let first = pods.first().ok_or("no pod waits")?;
+        let asks =
+            annotations::parse(first.metadata.annotations.as_ref()).map_err(|e| e.to_string())?;
+        let settings =
+            policy::resolve(&k.namespace, &asks, &self.policies).map_err(|e| e.to_string())?;
+        let res: Vec<resources::PodResources> = pods
+            .iter()
+            .map(|p| {
+                p.spec
+                    .as_ref()
+                    .map(resources::pod_resources)
+                    .unwrap_or(Ok(resources::PodResources::default()))
+            })
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())?;
+        let caps = self
+            .batch
+            .caps(settings.partition.as_deref().unwrap_or(""))
+            .await
+            .map_err(|e| e.to_string())?;
+        let info = self
+            .pod_group
+            .get(&pod_key(first))
+            .ok_or("pod not grouped")?;
+        request::placeholder(uid, info, &res, settings, caps).map_err(|e| e.to_string())
+    }
+
+    /// Writes `Unschedulable` with `message` on the pods not already told so.
+    async fn tell(&mut self, ns: &str, names: &[String], message: &str) {
+        for name in names {
+            let key = (ns.to_owned(), name.clone());
+            if self.told.get(&key).is_some_and(|m| m == message) {
+                continue;
+            }
+            if let Err(e) = apply::unschedulable(&self.client, ns, name, message).await {
+                debug!(pod = %name, error = %e, "PodScheduled not written");
+                continue;
+            }
+            if let Some(p) = self.pods.get(&key) {
+                apply::event(
+                    &self.recorder,
+                    p,
+                    true,
+                    "FailedScheduling",
+                    message.to_owned(),
+                )
+                .await;
+            }
+            self.told.insert(key, message.to_owned());
+        }
+    }
+
+    async fn bind(
+        &mut self,
+        ns: &str,
+        job_id: u64,
+        bindings: &[(String, String)],
+    ) -> Result<(), String> {
+        let calls = bindings.iter().map(|(pod, node)| {
+            let client = self.client.clone();
+            async move { (pod, node, apply::bind(&client, ns, pod, node, job_id).await) }
+        });
+        let results = futures::future::join_all(calls).await;
+        let mut failed = false;
+        for (pod, node, r) in results {
+            match r {
+                Ok(()) => {
+                    if let Some(p) = self.pods.get(&(ns.to_owned(), pod.clone())) {
+                        let note = format!("Successfully assigned {ns}/{pod} to {node}");
+                        apply::event(&self.recorder, p, false, "Scheduled", note).await;
+                    }
+                    self.told.remove(&(ns.to_owned(), pod.clone()));
+                }
+                Err(e) => {
+                    warn!(job_id, pod = %pod, node = %node, error = %e, "binding failed; retrying");
+                    failed = true;
+                }
+            }
+        }
+        if failed {
+            Err("binding failed".into())
+        } else {
+            Ok(())
+        }
+    }
+}
+
+fn pod_key(p: &Pod) -> PodKey {
+    (
+        p.metadata.namespace.clone().unwrap_or_default(),
+        p.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// A group's UID when its pods carry it: the pod's own, the Job's (`controller-uid`), the
+/// JobSet's, or the LWS group key. PodGroups need their object.
+fn direct_uid(info: &GroupInfo, p: &Pod) -> Option<String> {
+    let label = |k: &str| p.metadata.labels.as_ref().and_then(|l| l.get(k)).cloned();
+    match info.key.kind {
+        GroupKind::Pod => p.metadata.uid.clone(),
+        GroupKind::IndexedJob => label("batch.kubernetes.io/controller-uid")
+            .or_else(|| label("controller-uid"))
+            .filter(|_| label(JOB_NAME).or_else(|| label(LEGACY_JOB_NAME)).is_some()),
+        GroupKind::JobSet => label("jobset.sigs.k8s.io/jobset-uid"),
+        GroupKind::LeaderWorkerSet => Some(format!("lws-{}", info.key.name)),
+        GroupKind::PodGroup => None,
+    }
+}
+
+fn job_view(ev: &v1::PlaceholderEvent) -> JobView {
+    use v1::JobState as S;
+    let state = S::try_from(ev.state).unwrap_or(S::Unspecified);
+    let why = |s: S| match s {
+        S::Cancelled => EndReason::Cancelled,
+        S::Preempted => EndReason::Preempted,
+        S::Timeout => EndReason::TimedOut,
+        S::NodeFail => EndReason::NodeFailed,
+        _ => EndReason::PodsGone,
+    };
+    match state {
+        S::Pending => JobView::Pending {
+            job_id: ev.job_id,
+            reason: ev.reason.clone(),
+        },
+        S::Running if ev.ending != 0 => JobView::Ending {
+            job_id: ev.job_id,
+            why: why(S::try_from(ev.ending).unwrap_or(S::Cancelled)),
+        },
+        S::Running => JobView::Allocated {
+            job_id: ev.job_id,
+            nodes: ev.nodes.clone(),
+            pods_per_node: ev.pods_per_node,
+        },
+        S::Unspecified | S::Suspended | S::Completing => JobView::Unknown,
+        s => JobView::Ended {
+            job_id: ev.job_id,
+            why: why(s),
+        },
+    }
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}

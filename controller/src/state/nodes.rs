@@ -1,0 +1,99 @@
+//! The state actor's node requests: sinfo / scontrol show node's listing and drain, resume
+//! and down.
+
+use super::*;
+
+impl Actor {
+    pub(super) fn list_nodes(
+        &self,
+        req: &v1::ListNodesRequest,
+    ) -> Result<v1::ListNodesResponse, Status> {
+        let wanted: Option<HashSet<String>> = if req.nodes.trim().is_empty() {
+            None
+        } else {
+            Some(
+                tandem_sched::hostlist::expand(&req.nodes)
+                    .map_err(|e| Status::invalid_argument(format!("nodes: {e}")))?
+                    .into_iter()
+                    .collect(),
+            )
+        };
+        let nodes = self
+            .st
+            .nodes()
+            .filter(|n| wanted.as_ref().is_none_or(|w| w.contains(&n.name)))
+            .filter(|n| req.partition.is_empty() || n.partitions.contains(&req.partition))
+            .map(|n| {
+                let mut info = convert::node_info(
+                    n,
+                    self.workers.step_address(&n.name),
+                    self.workers.version(&n.name),
+                );
+                info.busy_until = self.busy_until(n);
+                info
+            })
+            .collect();
+        Ok(v1::ListNodesResponse { nodes })
+    }
+
+    pub(super) fn update_node(
+        &mut self,
+        who: &Identity,
+        req: &v1::UpdateNodeRequest,
+    ) -> Result<v1::UpdateNodeResponse, Status> {
+        if !authz::may_update_node(who) {
+            return Err(Status::permission_denied(
+                "only an operator (root or admin) may change nodes",
+            ));
+        }
+        let names = tandem_sched::hostlist::expand(&req.nodes)
+            .map_err(|e| Status::invalid_argument(format!("nodes: {e}")))?;
+        if names.is_empty() {
+            return Err(Status::invalid_argument("nodes: none given"));
+        }
+        for n in &names {
+            if self.st.node_by_name(n).is_none() {
+                return Err(Status::not_found(format!("unknown node {n:?}")));
+            }
+        }
+        let state = req.state.to_ascii_uppercase();
+        let reason = if req.reason.trim().is_empty() {
+            format!("set {state} by {}", who.user)
+        } else {
+            req.reason.clone()
+        };
+        if !matches!(state.as_str(), "DRAIN" | "RESUME" | "UNDRAIN" | "DOWN") {
+            return Err(Status::invalid_argument(format!(
+                "state: {:?} is not DRAIN, RESUME, UNDRAIN or DOWN",
+                req.state
+            )));
+        }
+        let now = self.now();
+        for n in &names {
+            let r = match state.as_str() {
+                "DRAIN" => self.st.drain(n, &reason),
+                // The worker stays attached; the node stays DOWN until resumed.
+                "DOWN" => self
+                    .st
+                    .node_lost(n, &reason, now)
+                    .map(|effects| self.apply_effects(effects)),
+                _ => {
+                    let down = self
+                        .st
+                        .node_by_name(n)
+                        .is_some_and(|x| x.health == Health::Down);
+                    let r = self.st.resume(n);
+                    if down && r.is_ok() {
+                        // A DOWN node comes back when its worker registers: end the
+                        // current stream so a live worker re-registers at once.
+                        self.workers.lost(n);
+                    }
+                    r
+                }
+            };
+            r.map_err(|e| Status::invalid_argument(e.to_string()))?;
+        }
+        self.pass_wanted = true;
+        Ok(v1::UpdateNodeResponse { updated: names })
+    }
+}

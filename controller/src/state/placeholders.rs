@@ -1,0 +1,320 @@
+//! The bridge's placeholder jobs: `kube`-mode jobs that hold nodes for Kubernetes pods.
+//!
+//! A placeholder is scheduled like any job and never launched: the bridge binds the pods
+//! where it runs. It is found again by its pod group's UID (a restarted bridge submits
+//! again and gets the same job), and it ends only when the bridge reports the pods gone,
+//! so a terminating pod keeps its node. To end one early (scancel, preemption, time limit)
+//! the controller marks it ending; the bridge evicts the pods, then reports.
+//!
+//! Watchers get a snapshot, then every change after the batch holding it commits: the
+//! bridge never binds on an allocation the store does not know. A watcher whose queue
+//! fills up loses its stream (bounded memory) and subscribes again.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tandem_sched::job::KillReason;
+use tandem_sched::node::NodeMode;
+
+use super::*;
+
+/// Live placeholders by group and the bridges watching them.
+#[derive(Default)]
+pub(super) struct Placeholders {
+    /// Pod-group UID -> its placeholder that has not finished.
+    by_group: HashMap<String, JobId>,
+    watchers: Vec<Watcher>,
+    /// Running placeholders past their time limit, already announced as ending TIMEOUT.
+    timed_out: HashSet<JobId>,
+}
+
+struct Watcher {
+    tx: PlaceholderTx,
+    /// Set when an event could not be queued: the stream is ended rather than left with
+    /// a gap.
+    lost: Arc<AtomicBool>,
+}
+
+impl Placeholders {
+    /// Rebuilds the group index from recovered jobs.
+    pub(super) fn index(&mut self, st: &State) {
+        for j in st.jobs() {
+            if let Some(uid) = live_group(j) {
+                self.by_group.insert(uid.to_owned(), j.id);
+            }
+        }
+    }
+}
+
+fn is_placeholder(j: &Job) -> bool {
+    j.spec.mode == NodeMode::Kube && j.spec.group_uid.is_some()
+}
+
+fn live_group(j: &Job) -> Option<&str> {
+    if is_placeholder(j) && !j.state.is_terminal() {
+        j.spec.group_uid.as_deref()
+    } else {
+        None
+    }
+}
+
+impl Actor {
+    pub(super) fn submit_placeholder(
+        &mut self,
+        spec: JobSpec,
+        reply: Reply<v1::SubmitPlaceholderResponse>,
+    ) {
+        let uid = spec.group_uid.clone().unwrap_or_default();
+        if let Some(id) = self.placeholders.by_group.get(&uid).copied()
+            && self.st.job(id).is_some_and(|j| !j.state.is_terminal())
+        {
+            // The first submit may still be in flight: answer after this batch.
+            let resp = v1::SubmitPlaceholderResponse {
+                job_id: id.0,
+                created: false,
+            };
+            self.reply_after_commit(reply, resp);
+            return;
+        }
+        let now = self.now();
+        match self.st.submit(spec, now) {
+            Ok(id) => {
+                info!(job_id = id.0, group = %uid, "placeholder submitted");
+                self.placeholders.by_group.insert(uid, id);
+                self.metrics.submitted(1);
+                self.pass_wanted = true;
+                let resp = v1::SubmitPlaceholderResponse {
+                    job_id: id.0,
+                    created: true,
+                };
+                self.reply_after_commit(reply, resp);
+            }
+            Err(e) => {
+                let _ = reply.send(Err(Status::invalid_argument(e.to_string())));
+            }
+        }
+    }
+
+    /// The group's pods are gone: ends the job at `end_time` (0: now; never in the future,
+    /// never before it started). A pending placeholder is cancelled; an ended one answers
+    /// its state again.
+    pub(super) fn end_placeholder(
+        &mut self,
+        id: JobId,
+        end_time: i64,
+    ) -> Result<v1::EndPlaceholderResponse, Status> {
+        let now = self.now();
+        let job = self
+            .st
+            .job(id)
+            .ok_or_else(|| Status::not_found(format!("job {id} not found")))?;
+        if !is_placeholder(job) {
+            return Err(Status::failed_precondition(format!(
+                "job {id} is a batch job, not a placeholder"
+            )));
+        }
+        match job.state {
+            JobState::Pending => {
+                let effects = self
+                    .st
+                    .cancel(&JobSelector::job(id), &Requester::admin(), now)
+                    .map_err(|e| Status::failed_precondition(e.to_string()))?;
+                self.apply_effects(effects);
+            }
+            JobState::Running => {
+                let started = job.start_time.unwrap_or(job.submit_time);
+                let end = if end_time == 0 {
+                    now
+                } else {
+                    end_time.min(now)
+                }
+                .max(started);
+                let timed_out = job.kill.is_none()
+                    && (self.placeholders.timed_out.contains(&id)
+                        || job.expected_end().is_some_and(|e| end >= e));
+                let outcome = JobOutcome {
+                    timed_out,
+                    ..JobOutcome::default()
+                };
+                let effects = self
+                    .st
+                    .job_ended(id, outcome, end)
+                    .map_err(|e| Status::failed_precondition(e.to_string()))?;
+                self.apply_effects(effects);
+            }
+            _ => {}
+        }
+        self.placeholders.timed_out.remove(&id);
+        self.pass_wanted = true;
+        let state = self.st.job(id).map_or(JobState::Completed, |j| j.state);
+        Ok(v1::EndPlaceholderResponse {
+            state: convert::state_to_proto(state) as i32,
+        })
+    }
+
+    pub(super) fn watch_placeholders(&mut self, tx: PlaceholderTx) {
+        let now = self.now();
+        let mut events: Vec<v1::PlaceholderEvent> = self
+            .st
+            .jobs()
+            .filter(|j| is_placeholder(j))
+            .map(|j| self.placeholder_event(j, now))
+            .collect();
+        events.push(v1::PlaceholderEvent {
+            snapshot_done: true,
+            ..Default::default()
+        });
+        let watcher = Watcher {
+            tx,
+            lost: Arc::new(AtomicBool::new(false)),
+        };
+        let (t, lost) = (watcher.tx.clone(), watcher.lost.clone());
+        // After this batch commits, like every later event: a snapshot shows only what is
+        // durable, and changes after it arrive after it.
+        self.effects
+            .push(Box::new(move |_: &Store, r: Result<(), &StoreError>| {
+                if r.is_err() {
+                    lost.store(true, Ordering::Relaxed);
+                    return;
+                }
+                for e in events {
+                    if t.try_send(Ok(e)).is_err() {
+                        lost.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                }
+            }));
+        self.placeholders.watchers.push(watcher);
+    }
+
+    /// Queues events for changed jobs (called by `flush` with the batch's job changes) and
+    /// keeps the group index in step.
+    pub(super) fn placeholders_changed(
+        &mut self,
+        changed: &std::collections::BTreeSet<JobId>,
+        removed: &[JobId],
+    ) {
+        let now = self.now();
+        let mut events = Vec::new();
+        for id in changed {
+            let Some(j) = self.st.job(*id) else { continue };
+            if !is_placeholder(j) {
+                continue;
+            }
+            if j.state.is_terminal()
+                && let Some(uid) = j.spec.group_uid.as_deref()
+                && self.placeholders.by_group.get(uid) == Some(id)
+            {
+                self.placeholders.by_group.remove(uid);
+            }
+            if !self.placeholders.watchers.is_empty() {
+                events.push(self.placeholder_event(j, now));
+            }
+        }
+        // A purged record may have been any job (its kind is gone with it); a bridge
+        // ignores ids it does not know.
+        for id in removed {
+            self.placeholders.by_group.retain(|_, j| j != id);
+            events.push(v1::PlaceholderEvent {
+                job_id: id.0,
+                removed: true,
+                ..Default::default()
+            });
+        }
+        self.send_placeholder_events(events);
+    }
+
+    /// Running placeholders past their time limit: announce them ending TIMEOUT once.
+    pub(super) fn placeholder_timeouts(&mut self) {
+        let now = self.now();
+        let due: Vec<JobId> = self
+            .st
+            .running_jobs()
+            .filter(|j| is_placeholder(j) && j.kill.is_none())
+            .filter(|j| !self.placeholders.timed_out.contains(&j.id))
+            .filter(|j| j.expected_end().is_some_and(|e| now >= e))
+            .map(|j| j.id)
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        let mut events = Vec::new();
+        for id in due {
+            info!(
+                job_id = id.0,
+                "placeholder reached its time limit: its pods are evicted"
+            );
+            self.placeholders.timed_out.insert(id);
+            if let Some(j) = self.st.job(id) {
+                events.push(self.placeholder_event(j, now));
+            }
+        }
+        self.send_placeholder_events(events);
+    }
+
+    fn send_placeholder_events(&mut self, events: Vec<v1::PlaceholderEvent>) {
+        self.placeholders
+            .watchers
+            .retain(|w| !w.lost.load(Ordering::Relaxed) && !w.tx.is_closed());
+        if events.is_empty() || self.placeholders.watchers.is_empty() {
+            return;
+        }
+        let targets: Vec<(PlaceholderTx, Arc<AtomicBool>)> = self
+            .placeholders
+            .watchers
+            .iter()
+            .map(|w| (w.tx.clone(), w.lost.clone()))
+            .collect();
+        self.effects
+            .push(Box::new(move |_: &Store, r: Result<(), &StoreError>| {
+                for (tx, lost) in targets {
+                    if r.is_err() || lost.load(Ordering::Relaxed) {
+                        lost.store(true, Ordering::Relaxed);
+                        continue;
+                    }
+                    for e in &events {
+                        if tx.try_send(Ok(e.clone())).is_err() {
+                            lost.store(true, Ordering::Relaxed);
+                            break;
+                        }
+                    }
+                }
+            }));
+    }
+
+    fn placeholder_event(&self, j: &Job, now: i64) -> v1::PlaceholderEvent {
+        let running = j.state == JobState::Running;
+        let ending = match (running, j.kill) {
+            (false, _) => None,
+            (true, Some(KillReason::Cancel)) => Some(JobState::Cancelled),
+            (true, Some(KillReason::Preempt(_))) => Some(JobState::Preempted),
+            (true, Some(KillReason::NodeFail)) => Some(JobState::NodeFail),
+            (true, Some(KillReason::Requeue)) => Some(JobState::Requeued),
+            (true, None)
+                if self.placeholders.timed_out.contains(&j.id)
+                    || j.expected_end().is_some_and(|e| now >= e) =>
+            {
+                Some(JobState::Timeout)
+            }
+            (true, None) => None,
+        };
+        v1::PlaceholderEvent {
+            job_id: j.id.0,
+            group_uid: j.spec.group_uid.clone().unwrap_or_default(),
+            state: convert::state_to_proto(j.state) as i32,
+            reason: j.reason.to_string(),
+            nodes: if running {
+                self.st
+                    .node_names(j)
+                    .iter()
+                    .map(|n| (*n).to_owned())
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            pods_per_node: j.shape.tasks_per_node,
+            ending: ending.map_or(0, |s| convert::state_to_proto(s) as i32),
+            removed: false,
+            snapshot_done: false,
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! Timers: lost workers, the time-limit safety net, the periodic pass, and purging finished
+//! jobs and old idempotency keys.
+
+use super::*;
+
+impl Actor {
+    pub(super) fn tick(&mut self) {
+        let now_i = Instant::now();
+        let now = self.now();
+        // A pass whose demand was not published (too soon after the last) is, now.
+        self.metrics.publish_if_stale(&self.st, now);
+        // Lost workers.
+        let lost: Vec<String> = self
+            .st
+            .nodes()
+            .filter(|n| n.health != Health::Down)
+            .filter(|n| self.workers.silence(&n.name, now_i) > self.cfg.node_timeout)
+            .map(|n| n.name.clone())
+            .collect();
+        for name in lost {
+            warn!(node = %name, timeout_ms = self.cfg.node_timeout.as_millis() as u64, "worker not responding: node DOWN");
+            if let Ok(effects) = self.st.node_lost(&name, "Not responding", now) {
+                self.apply_effects(effects);
+            }
+            self.workers.lost(&name);
+            self.pass_wanted = true;
+        }
+        // Safety net for time limits the worker should have enforced.
+        let kill_wait = i64::try_from(self.cfg.kill_wait.as_secs()).unwrap_or(i64::MAX);
+        let overdue: Vec<(JobId, Vec<String>)> = self
+            .st
+            .running_jobs()
+            .filter(|j| j.spec.mode != tandem_sched::node::NodeMode::Kube)
+            .filter(|j| !self.timeout_signalled.contains(&j.id))
+            .filter(|j| {
+                j.expected_end().is_some_and(|e| {
+                    now > e.saturating_add(kill_wait).saturating_add(TIMEOUT_SLACK_S)
+                })
+            })
+            .map(|j| {
+                (
+                    j.id,
+                    self.st
+                        .node_names(j)
+                        .iter()
+                        .map(|s| (*s).to_owned())
+                        .collect(),
+                )
+            })
+            .collect();
+        for (id, nodes) in overdue {
+            warn!(
+                job_id = id.0,
+                "job overran its time limit unreported; signalling its nodes"
+            );
+            for n in &nodes {
+                self.signal_node(n, id, 0, false, "timeout");
+            }
+            self.timeout_signalled.insert(id);
+        }
+        self.placeholder_timeouts();
+        // Periodic work.
+        if now_i >= self.next_periodic_pass {
+            // Begin times and time-based eligibility have no event of their own.
+            if self.st.pending_jobs().next().is_some() {
+                self.pass_wanted = true;
+            }
+            self.next_periodic_pass = now_i + self.cfg.sched_interval;
+        }
+        if now_i >= self.next_purge {
+            let purged = self.st.purge_finished(now - MIN_JOB_AGE_S);
+            if !purged.is_empty() {
+                debug!(purged = purged.len(), "purged finished jobs from memory");
+            }
+            let before = now - IDEMPOTENCY_TTL_S;
+            let n = self.idem.len();
+            self.idem.retain(|_, (_, t)| *t >= before);
+            if self.idem.len() != n {
+                self.batch.expire_idempotency_before = Some(before);
+            }
+            self.next_purge = now_i + Duration::from_secs(10);
+        }
+    }
+}

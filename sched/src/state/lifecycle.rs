@@ -1,0 +1,347 @@
+//! A job's life once a pass places it: start, end, array settlement, purge.
+
+use crate::effect::{Effect, RunRecord};
+use crate::job::{
+    Allocation, Hold, Job, JobOutcome, JobState, KillReason, NodeAlloc, PreemptMode, Reason,
+};
+use crate::{JobId, NodeId};
+
+use super::{JobError, State, control::back_to_pending};
+
+impl State {
+    /// Marks a pending job RUNNING on `nodes` (already chosen by a pass), recording concrete
+    /// GPU indices. Array metas are split first by the caller.
+    pub(crate) fn start_on(
+        &mut self,
+        id: JobId,
+        nodes: &[NodeId],
+        now: i64,
+    ) -> crate::cycle::Start {
+        let job = &self.jobs[&id];
+        let shape = job.shape;
+        let mode = job.spec.mode;
+        let mut sorted: Vec<NodeId> = nodes.to_vec();
+        sorted.sort_by(|a, b| self.nodes[a.index()].name.cmp(&self.nodes[b.index()].name));
+        let mut alloc = Allocation {
+            nodes: Vec::with_capacity(sorted.len()),
+        };
+        for nid in &sorted {
+            let n = &self.nodes[nid.index()];
+            let (cpus, mem_mb, ngpus) = if shape.exclusive {
+                (n.total.cpus, n.total.mem_mb, n.total.gpus)
+            } else {
+                (
+                    shape.per_node.cpus,
+                    shape.per_node.mem_mb,
+                    shape.per_node.gpus,
+                )
+            };
+            let gpus = n.pick_gpus(ngpus).unwrap_or_default();
+            alloc.nodes.push(NodeAlloc {
+                node: *nid,
+                cpus,
+                mem_mb,
+                gpus,
+            });
+        }
+        self.attach(id, &alloc, mode, shape.exclusive);
+        let start = crate::cycle::Start {
+            job: id,
+            nodes: alloc
+                .nodes
+                .iter()
+                .map(|na| crate::cycle::StartNode {
+                    node: na.node,
+                    name: self.nodes[na.node.index()].name.clone(),
+                    cpus: na.cpus,
+                    mem_mb: na.mem_mb,
+                    gpus: na.gpus.clone(),
+                })
+                .collect(),
+        };
+        self.with_job(id, |j| {
+            j.state = JobState::Running;
+            j.reason = Reason::None;
+            j.start_time = Some(now);
+            j.end_time = None;
+            j.alloc = Some(Box::new(alloc));
+            j.kill = None;
+        });
+        start
+    }
+
+    /// Splits the next pending index of an array into its own PENDING job record (new id) and
+    /// returns its id.
+    pub(crate) fn split_task(&mut self, meta: JobId, now: i64) -> Option<JobId> {
+        let id = JobId(self.next_job_id);
+        let m = self.jobs.get(&meta)?;
+        let a = m.array.as_ref()?;
+        let index = a.pending.first()?;
+        let mut spec = m.spec.clone();
+        spec.array = None;
+        let task = Job {
+            id,
+            spec,
+            state: JobState::Pending,
+            reason: Reason::None,
+            priority: m.priority,
+            submit_time: m.submit_time,
+            eligible_time: m.eligible_time.or(Some(now)),
+            start_time: None,
+            end_time: None,
+            time_limit: m.time_limit,
+            shape: m.shape,
+            alloc: None,
+            exit_code: 0,
+            signal: 0,
+            array_job_id: Some(meta),
+            array_task_id: Some(index),
+            array: None,
+            restarts: 0,
+            hold: Hold::None,
+            kill: None,
+            preempt_time: None,
+        };
+        self.next_job_id += 1;
+        self.with_job(meta, |m| {
+            if let Some(a) = m.array.as_mut() {
+                a.pending.pop_first();
+                a.active += 1;
+                a.last_start = Some(now);
+                a.tasks.push((index, id));
+                if a.pending.is_empty() {
+                    m.state = JobState::Running;
+                }
+            }
+        });
+        self.jobs.insert(id, task);
+        self.index(id);
+        Some(id)
+    }
+
+    /// The worker confirms the launch. Idempotent; corrects the start time to the worker's.
+    pub fn job_started(&mut self, id: JobId, start_time: i64) -> Result<(), JobError> {
+        let job = self
+            .jobs
+            .get(&id)
+            .ok_or_else(|| JobError::NotFound(id.to_string()))?;
+        if job.state != JobState::Running {
+            return Err(JobError::InvalidState {
+                job: id,
+                state: job.state,
+                op: "start",
+            });
+        }
+        if job.start_time != Some(start_time) && start_time > 0 {
+            self.with_job(id, |j| j.start_time = Some(start_time));
+        }
+        Ok(())
+    }
+
+    /// A worker reports the end of a run. Decides the state by Slurm's rules (a kill the
+    /// controller asked for wins: CANCELLED, PREEMPTED, NODE_FAIL; then launch failure ->
+    /// FAILED, time limit -> TIMEOUT, a signal or non-zero exit -> FAILED, else COMPLETED),
+    /// frees the resources, charges usage, and requeues when the kill asked for it.
+    /// Reporting the end of a job that is not running is a no-op (workers re-report after a
+    /// reconnect).
+    pub fn job_ended(
+        &mut self,
+        id: JobId,
+        outcome: JobOutcome,
+        now: i64,
+    ) -> Result<Vec<Effect>, JobError> {
+        let job = self
+            .jobs
+            .get(&id)
+            .ok_or_else(|| JobError::NotFound(id.to_string()))?;
+        if job.state != JobState::Running || job.is_array_meta() {
+            return Ok(Vec::new());
+        }
+        let (state, reason) = match job.kill {
+            Some(KillReason::Cancel) => (JobState::Cancelled, Reason::None),
+            Some(KillReason::Preempt(_)) => (JobState::Preempted, Reason::None),
+            Some(KillReason::NodeFail) => (JobState::NodeFail, Reason::NodeDown),
+            Some(KillReason::Requeue) => (JobState::Requeued, Reason::None),
+            None if outcome.launch_error.is_some() => (JobState::Failed, Reason::JobLaunchFailure),
+            None if outcome.timed_out => (JobState::Timeout, Reason::TimeLimit),
+            None if outcome.cancelled => (JobState::Cancelled, Reason::None),
+            // As Slurm: an OOM kill anywhere in the job ends it OUT_OF_MEMORY, even when
+            // the batch script survived it.
+            None if outcome.out_of_memory => (JobState::OutOfMemory, Reason::None),
+            None if outcome.signal != 0 || outcome.exit_code != 0 => {
+                (JobState::Failed, Reason::NonZeroExitCode)
+            }
+            None => (JobState::Completed, Reason::None),
+        };
+        Ok(self.end_run(id, state, reason, outcome.exit_code, outcome.signal, now))
+    }
+
+    /// [`State::job_ended`] as reported by the worker of `node`: ignored unless that node is
+    /// the job's batch host now. A worker that comes back after its node was declared lost
+    /// may report the end of a run that was already requeued and restarted elsewhere; that
+    /// report must not end the new run.
+    pub fn job_ended_on(
+        &mut self,
+        node: &str,
+        id: JobId,
+        outcome: JobOutcome,
+        now: i64,
+    ) -> Result<Vec<Effect>, JobError> {
+        let job = self
+            .jobs
+            .get(&id)
+            .ok_or_else(|| JobError::NotFound(id.to_string()))?;
+        let host = job
+            .alloc
+            .as_ref()
+            .and_then(|a| a.nodes.first())
+            .map(|n| self.nodes[n.node.index()].name.as_str());
+        if host != Some(node) {
+            return Ok(Vec::new());
+        }
+        self.job_ended(id, outcome, now)
+    }
+
+    /// Ends the current run of a running job in `state`; requeues when the state and the
+    /// job's settings call for it.
+    pub(crate) fn end_run(
+        &mut self,
+        id: JobId,
+        state: JobState,
+        reason: Reason,
+        exit_code: i32,
+        signal: i32,
+        now: i64,
+    ) -> Vec<Effect> {
+        let Some(job) = self.jobs.get(&id) else {
+            return Vec::new();
+        };
+        let requeue_ok = job.spec.requeue_allowed(self.config.sched.job_requeue);
+        let requeue = match state {
+            JobState::Requeued => true,
+            JobState::Preempted => {
+                matches!(job.kill, Some(KillReason::Preempt(PreemptMode::Requeue))) && requeue_ok
+            }
+            JobState::NodeFail => requeue_ok,
+            _ => false,
+        };
+        let alloc = job.alloc.as_deref().cloned().unwrap_or_default();
+        let record = RunRecord {
+            job: id,
+            state,
+            start_time: job.start_time,
+            end_time: now,
+            exit_code,
+            signal,
+            nodes: alloc.node_ids().collect(),
+            requeued: requeue,
+        };
+        self.charge_job(id, now);
+        self.detach(id, &alloc);
+        self.preempting.retain(|_, victims| {
+            victims.retain(|v| *v != id);
+            !victims.is_empty()
+        });
+        if requeue {
+            self.with_job(id, back_to_pending);
+        } else {
+            self.finish(id, state, reason, now, exit_code, signal);
+        }
+        vec![Effect::RunEnded(record)]
+    }
+
+    /// Puts a job in a terminal state and updates its array's counters.
+    pub(super) fn finish(
+        &mut self,
+        id: JobId,
+        state: JobState,
+        reason: Reason,
+        now: i64,
+        exit_code: i32,
+        signal: i32,
+    ) {
+        let Some(array) = self.with_job(id, |j| {
+            // The allocation stays on the record (not on the nodes) so finished jobs still
+            // show their node list and GPUs; only RUNNING jobs count against nodes.
+            j.state = state;
+            j.reason = reason;
+            j.end_time = Some(now);
+            j.kill = None;
+            j.exit_code = exit_code;
+            j.signal = signal;
+            j.array_job_id
+        }) else {
+            return;
+        };
+        if let Some(meta) = array {
+            self.with_job(meta, |m| {
+                if let Some(a) = m.array.as_mut() {
+                    a.active = a.active.saturating_sub(1);
+                    if state == JobState::Completed {
+                        a.ok += 1;
+                    } else {
+                        a.not_ok += 1;
+                        if state == JobState::Cancelled {
+                            a.cancelled += 1;
+                        }
+                    }
+                }
+            });
+            self.settle_array(meta, now);
+        }
+    }
+
+    /// Gives an array meta its final state once every index has run.
+    pub(super) fn settle_array(&mut self, meta: JobId, now: i64) {
+        let Some(m) = self.jobs.get(&meta) else {
+            return;
+        };
+        let Some(a) = m.array.as_ref() else { return };
+        if m.state.is_terminal() {
+            return;
+        }
+        if a.is_done() {
+            let state = if a.not_ok == 0 {
+                JobState::Completed
+            } else if a.cancelled == a.not_ok {
+                JobState::Cancelled
+            } else {
+                JobState::Failed
+            };
+            self.with_job(meta, |m| {
+                m.state = state;
+                m.end_time = Some(now);
+            });
+        } else if a.pending.is_empty() && m.state == JobState::Pending {
+            self.with_job(meta, |m| m.state = JobState::Running);
+        }
+    }
+
+    /// Removes finished records that ended before `before` (an array meta only once all its
+    /// tasks are finished and removable). Returns them; the controller deletes them from its
+    /// store (they are also in `Changes::removed_jobs`).
+    pub fn purge_finished(&mut self, before: i64) -> Vec<JobId> {
+        let mut removed = Vec::new();
+        let candidates: Vec<JobId> = self
+            .jobs
+            .values()
+            .filter(|j| j.state.is_terminal() && j.end_time.is_some_and(|e| e < before))
+            .map(|j| j.id)
+            .collect();
+        for id in candidates {
+            // A task stays while its meta lives, so aftercorr and squeue on the array work.
+            let keep = self.jobs[&id]
+                .array_job_id
+                .is_some_and(|m| self.jobs.get(&m).is_some_and(|m| !m.state.is_terminal()));
+            if keep {
+                continue;
+            }
+            self.unindex(id);
+            self.jobs.remove(&id);
+            self.changes.jobs.remove(&id);
+            self.changes.removed_jobs.push(id);
+            removed.push(id);
+        }
+        removed
+    }
+}

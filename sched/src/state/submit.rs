@@ -1,0 +1,344 @@
+//! Submission: validation against the cluster and its limits, id assignment.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::array::ArrayState;
+use crate::job::{Hold, Job, JobSpec, JobState, NodeCaps, Reason, SpecError};
+use crate::partition::PartitionState;
+use crate::qos::DEFAULT_QOS;
+use crate::{JobId, Tres};
+
+use super::{State, SubmitError};
+
+impl State {
+    /// Accepts a job: validates it against the cluster, assigns the next id, and records it
+    /// PENDING. An array stays one record.
+    pub fn submit(&mut self, mut spec: JobSpec, now: i64) -> Result<JobId, SubmitError> {
+        spec.validate()?;
+        // Partition.
+        let part_idx = if spec.partition.is_empty() {
+            self.config
+                .partitions
+                .iter()
+                .position(|p| p.default)
+                .unwrap_or(0)
+        } else {
+            self.config
+                .partitions
+                .iter()
+                .position(|p| p.name == spec.partition)
+                .ok_or_else(|| SubmitError::UnknownPartition(spec.partition.clone()))?
+        };
+        let part = &self.config.partitions[part_idx];
+        if matches!(part.state, PartitionState::Drain | PartitionState::Inactive) {
+            return Err(SubmitError::PartitionClosed {
+                partition: part.name.clone(),
+                state: part.state,
+            });
+        }
+        spec.partition = part.name.clone();
+        // QOS.
+        if spec.qos.is_empty() {
+            spec.qos = DEFAULT_QOS.to_string();
+        }
+        let qos = self
+            .config
+            .qos(&spec.qos)
+            .ok_or_else(|| SubmitError::UnknownQos(spec.qos.clone()))?;
+        // Account.
+        if spec.account.is_empty() {
+            spec.account = self.default_account(&spec.user);
+        }
+        if self.assoc.account(&spec.account).is_none() {
+            return Err(SubmitError::UnknownAccount(spec.account.clone()));
+        }
+        if !part.allows_account(&spec.account) {
+            return Err(SubmitError::AccountNotAllowed {
+                account: spec.account.clone(),
+                partition: part.name.clone(),
+            });
+        }
+        let has_assoc = self.assoc.user(&spec.user, &spec.account).is_some();
+        if !has_assoc && self.config.sched.enforce_associations {
+            return Err(SubmitError::NoAssociation {
+                user: spec.user.clone(),
+                account: spec.account.clone(),
+            });
+        }
+        // Array.
+        if let Some(a) = &spec.array {
+            if a.indices.is_empty() {
+                return Err(SpecError::Invalid {
+                    field: "array",
+                    problem: "no indices".into(),
+                }
+                .into());
+            }
+            let max = self.config.sched.max_array_size;
+            if let Some(last) = a.indices.last()
+                && last >= max
+            {
+                return Err(SubmitError::ArrayTooLarge { index: last, max });
+            }
+        }
+        // Dependencies must name jobs that exist.
+        if let Some(dep) = &spec.dependency {
+            for t in dep.targets() {
+                let Some(target) = self.jobs.get(&t.job) else {
+                    return Err(SubmitError::Dependency(format!("job {} not found", t.job)));
+                };
+                if let Some(task) = t.task
+                    && !target.is_array_meta()
+                {
+                    return Err(SubmitError::Dependency(format!(
+                        "job {} is not an array (task {task} requested)",
+                        t.job
+                    )));
+                }
+            }
+        }
+        // Submit limits.
+        let weight = spec.array.as_ref().map_or(1, |a| a.indices.len());
+        if let Some(limit) = qos.limits.max_submit_per_user {
+            let have = self.submitted_user.get(&spec.qos, &spec.user);
+            if have + weight > u64::from(limit) {
+                return Err(SubmitError::SubmitLimit {
+                    qos: qos.name.clone(),
+                    per: "PerUser",
+                    limit,
+                });
+            }
+        }
+        if let Some(limit) = qos.limits.max_submit_per_account {
+            let have = self.submitted_account.get(&spec.qos, &spec.account);
+            if have + weight > u64::from(limit) {
+                return Err(SubmitError::SubmitLimit {
+                    qos: qos.name.clone(),
+                    per: "PerAccount",
+                    limit,
+                });
+            }
+        }
+        // Nodes named with -w must exist.
+        for n in &spec.nodelist {
+            if !self.node_by_name.contains_key(n) {
+                return Err(SubmitError::Unsatisfiable(format!(
+                    "unknown node {n:?} in --nodelist"
+                )));
+            }
+        }
+        let shape = spec.shape(
+            self.partition_caps(part_idx),
+            self.config.sched.default_mem_per_cpu_mb,
+        );
+        self.check_satisfiable(part_idx, &spec, &shape)?;
+        let time_limit = spec.time_limit.or(part.default_limit());
+        if self.next_job_id >= u64::MAX - 1 {
+            return Err(SubmitError::IdsExhausted);
+        }
+        // Everything checked: now change state.
+        if !has_assoc {
+            // Slurm without association enforcement: the user is associated on first use.
+            let _ =
+                self.assoc
+                    .add_user(&spec.user, &spec.account, crate::fairshare::DEFAULT_SHARES);
+            self.changes.assoc = true;
+        }
+        let id = JobId(self.next_job_id);
+        self.next_job_id += 1;
+        let hold = if spec.hold { Hold::User } else { Hold::None };
+        let has_dependency = spec.dependency.is_some();
+        let array = spec.array.as_deref().map(|a| Box::new(ArrayState::new(a)));
+        let mut job = Job {
+            id,
+            spec,
+            state: JobState::Pending,
+            reason: Reason::None,
+            priority: 0,
+            submit_time: now,
+            eligible_time: None,
+            start_time: None,
+            end_time: None,
+            time_limit,
+            shape,
+            alloc: None,
+            exit_code: 0,
+            signal: 0,
+            array_job_id: None,
+            array_task_id: None,
+            array,
+            restarts: 0,
+            hold,
+            kill: None,
+            preempt_time: None,
+        };
+        if has_dependency {
+            // Dependencies are judged by the pass, which sees the whole queue (singleton);
+            // the pass records the job's eligibility when it comes.
+            job.reason = match hold {
+                Hold::None if job.spec.begin.is_some_and(|b| b > now) => Reason::BeginTime,
+                Hold::None => Reason::None,
+                _ => Reason::JobHeldUser,
+            };
+        } else {
+            // Known now, as Slurm shows it at once (a held or later job triggers no pass that
+            // would say why). A job that could be considered right away is eligible from its
+            // submit, so its age counts from now and the first pass has nothing durable to
+            // change about it: one write per submit, not two.
+            match crate::cycle::ineligible_reason(self, &job, &HashSet::new(), now) {
+                Some(r) => job.reason = r,
+                None => job.eligible_time = Some(now),
+            }
+        }
+        self.jobs.insert(id, job);
+        self.index(id);
+        Ok(id)
+    }
+
+    fn default_account(&self, user: &str) -> String {
+        let mine = self.config.users.iter().filter(|u| u.user == user);
+        let mut first = None;
+        for u in mine {
+            if u.default {
+                return u.account.clone();
+            }
+            first.get_or_insert_with(|| u.account.clone());
+        }
+        first.unwrap_or_else(|| crate::fairshare::ROOT_ACCOUNT.to_string())
+    }
+
+    /// The distinct node sizes of a partition's members, with counts (cached).
+    fn partition_totals(&self, part_idx: usize) -> &[(Tres, u32)] {
+        self.part_totals[part_idx].get_or_init(|| {
+            let mut sizes: HashMap<Tres, u32> = HashMap::new();
+            for id in &self.part_nodes[part_idx] {
+                *sizes.entry(self.nodes[id.index()].total).or_default() += 1;
+            }
+            sizes.into_iter().collect()
+        })
+    }
+
+    /// The largest CPU and GPU counts of the partition's nodes (any health).
+    pub(crate) fn partition_caps(&self, part_idx: usize) -> NodeCaps {
+        let mut caps = NodeCaps::default();
+        for (t, _) in self.partition_totals(part_idx) {
+            caps.cpus = caps.cpus.max(t.cpus);
+            caps.gpus = caps.gpus.max(t.gpus);
+        }
+        caps
+    }
+
+    /// Rejects a request that no set of nodes of the partition could ever satisfy (counting
+    /// nodes that are down: they may come back). A partition without nodes accepts anything,
+    /// so demand can scale an empty worker set up from zero.
+    pub(super) fn check_satisfiable(
+        &self,
+        part_idx: usize,
+        spec: &JobSpec,
+        shape: &crate::job::Shape,
+    ) -> Result<(), SubmitError> {
+        let members = &self.part_nodes[part_idx];
+        if members.is_empty() {
+            return Ok(());
+        }
+        let pname = &self.config.partitions[part_idx].name;
+        // Partition MaxNodes/MaxTime are not checked here: as with Slurm's default
+        // (EnforcePartLimits=NO) such jobs stay pending with a reason an update can fix.
+        let need = shape.per_node;
+        let mut fit = 0u32;
+        let (mut max_cpus, mut max_mem, mut max_gpus) = (0, 0, 0);
+        let mut type_seen = false;
+        let mut feature_seen = false;
+        if spec.exclude.is_empty() && spec.gpu_type.is_none() && spec.constraint.is_none() {
+            // Only sizes matter: count from the cached size table.
+            for (t, count) in self.partition_totals(part_idx) {
+                max_cpus = max_cpus.max(t.cpus);
+                max_mem = max_mem.max(t.mem_mb);
+                max_gpus = max_gpus.max(t.gpus);
+                if need.fits_in(t) {
+                    fit = fit.saturating_add(*count);
+                }
+            }
+        }
+        let filtered =
+            !(spec.exclude.is_empty() && spec.gpu_type.is_none() && spec.constraint.is_none());
+        for id in members.iter().filter(|_| filtered) {
+            let n = &self.nodes[id.index()];
+            if spec.exclude.contains(&n.name) {
+                continue;
+            }
+            if let Some(t) = &spec.gpu_type
+                && n.gpu_type.as_deref() != Some(t.as_str())
+            {
+                continue;
+            }
+            type_seen = true;
+            if let Some(c) = &spec.constraint
+                && !c.matches(&n.features)
+            {
+                continue;
+            }
+            feature_seen = true;
+            max_cpus = max_cpus.max(n.total.cpus);
+            max_mem = max_mem.max(n.total.mem_mb);
+            max_gpus = max_gpus.max(n.total.gpus);
+            if need.fits_in(&n.total) {
+                fit += 1;
+            }
+        }
+        for n in &spec.nodelist {
+            let Some(id) = self.node_by_name.get(n) else {
+                continue;
+            };
+            if !members.contains(id) {
+                return Err(SubmitError::Unsatisfiable(format!(
+                    "node {n} is not in partition {pname}"
+                )));
+            }
+            if !need.fits_in(&self.nodes[id.index()].total) {
+                return Err(SubmitError::Unsatisfiable(format!(
+                    "node {n} is too small for the request"
+                )));
+            }
+        }
+        if let Some(t) = &spec.gpu_type
+            && !type_seen
+        {
+            return Err(SubmitError::Unsatisfiable(format!(
+                "no node in partition {pname} has GPU type {t}"
+            )));
+        }
+        if let Some(c) = &spec.constraint
+            && !feature_seen
+        {
+            return Err(SubmitError::Unsatisfiable(format!(
+                "no node in partition {pname} has features {c}"
+            )));
+        }
+        if need.gpus > max_gpus {
+            return Err(SubmitError::Unsatisfiable(format!(
+                "requested {} GPUs per node but the largest node in partition {pname} has {max_gpus}",
+                need.gpus
+            )));
+        }
+        if need.cpus > max_cpus {
+            return Err(SubmitError::Unsatisfiable(format!(
+                "requested {} CPUs per node but the largest node in partition {pname} has {max_cpus}",
+                need.cpus
+            )));
+        }
+        if need.mem_mb > max_mem {
+            return Err(SubmitError::Unsatisfiable(format!(
+                "requested {} MB of memory per node but the largest node in partition {pname} has {max_mem} MB",
+                need.mem_mb
+            )));
+        }
+        if fit < shape.nodes {
+            return Err(SubmitError::Unsatisfiable(format!(
+                "requested {} nodes but partition {pname} has {fit} that fit the request",
+                shape.nodes
+            )));
+        }
+        Ok(())
+    }
+}
