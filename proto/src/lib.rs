@@ -29,3 +29,4 @@ pub mod externalscaler {
 pub mod auth;
 pub mod endpoint;
 pub mod net;
+pub mod tls;

@@ -230,9 +230,10 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args) -> Exit {
         } else {
             format!("http://{}", target.address)
         };
-        let channel = tandem_proto::endpoint::connect_with(&address, client.auth.clone())
-            .await
-            .with_context(|| format!("cannot reach node {}", target.node))?;
+        let channel =
+            tandem_proto::endpoint::connect_with(&address, &client.security, client.auth.clone())
+                .await
+                .with_context(|| format!("cannot reach node {}", target.node))?;
         let mut launcher = StepLauncherClient::new(channel);
         let req = LaunchTasksRequest {
             job_id,
