@@ -68,7 +68,7 @@ use tandem_proto::v1::step_launcher_server::StepLauncherServer;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-pub use config::{Args, Config};
+pub use config::{Args, Config, Transport};
 pub use error::Error;
 
 use jobs::{Jobs, NodeFacts};
