@@ -412,7 +412,7 @@ mod tests {
                 .await
                 .ok()
         });
-        let err = refused.err().expect("a client with another CA connected");
+        let err = refused.expect_err("a client with another CA connected");
         assert!(err.to_string().contains("certificate"), "{err}");
 
         let (io, accepted) = tokio::join!(tls_connector(&client).call(uri), incoming.next());

@@ -290,8 +290,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Started> {
 
     let cluster_file = dir.join("cluster.json");
     let ready = wait_ready(
-        &controller_url,
-        &security,
+        (&controller_url, &security),
         &key,
         args.nodes as usize,
         Duration::from_secs(args.timeout),
@@ -465,9 +464,9 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join(" | ")
 }
 
+/// The controller: its URL and how to reach it (TLS against the new CA, or plain text).
 async fn wait_ready(
-    url: &str,
-    security: &tandem_proto::net::ClientSecurity,
+    (url, security): (&str, &tandem_proto::net::ClientSecurity),
     key: &ClusterKey,
     nodes: usize,
     timeout: Duration,
