@@ -3,6 +3,7 @@
 use anyhow::Context as _;
 use tandem_proto::auth::{ClientAuth, Identity};
 use tandem_proto::endpoint::{self, AuthChannel, MAX_RESPONSE_BYTES};
+use tandem_proto::net::ClientSecurity;
 use tandem_proto::v1::accounting_client::AccountingClient;
 use tandem_proto::v1::jobs_client::JobsClient;
 use tandem_proto::v1::nodes_client::NodesClient;
@@ -17,6 +18,9 @@ pub struct Client {
     pub identity: Identity,
     /// The credentials, shared with connections to workers (srun).
     pub auth: ClientAuth,
+    /// TLS against the cluster CA (loaded once per process), shared with srun's connections
+    /// to the workers' step services.
+    pub security: ClientSecurity,
     pub cluster_name: String,
     pub controller: String,
 }
@@ -31,7 +35,8 @@ impl Client {
         let auth = ep.client_auth(&current_identity())?;
         crate::timing::mark("credential");
         let identity = auth.identity().clone();
-        let channel = endpoint::connect_with(&ep.controller, auth.clone()).await?;
+        let security = ep.security()?;
+        let channel = endpoint::connect_with(&ep.controller, &security, auth.clone()).await?;
         crate::timing::mark("connected");
         Ok(Client {
             jobs: JobsClient::new(channel.clone()).max_decoding_message_size(MAX_RESPONSE_BYTES),
@@ -40,6 +45,7 @@ impl Client {
                 .max_decoding_message_size(MAX_RESPONSE_BYTES),
             identity,
             auth,
+            security,
             cluster_name: ep.cluster_name,
             controller: ep.controller,
         })

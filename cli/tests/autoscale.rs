@@ -108,6 +108,8 @@ async fn controller_binary_serves_the_keda_scaler_and_metrics() {
             .args(["--scaler-listen", &scaler.to_string()])
             .args(["--metrics-listen", &metrics.to_string()])
             .args(["--sched-interval", "200ms"])
+            // This test is about the scaler's numbers; TLS is tested in security.rs.
+            .arg("--insecure-plaintext")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)

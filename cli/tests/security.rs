@@ -277,22 +277,35 @@ fn rt() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-fn key_and_addr(c: &Cluster) -> (ClusterKey, String) {
+/// The controller's address and how to reach the cluster's servers (TLS against its CA).
+struct Target {
+    addr: String,
+    security: tandem_proto::net::ClientSecurity,
+}
+
+fn key_and_addr(c: &Cluster) -> (ClusterKey, Target) {
     let file = ClusterFile::read(&c.cluster_file()).unwrap();
-    (ClusterKey::load(&file.key_file).unwrap(), file.controller)
+    let security = endpoint::security_for(&file.controller, file.ca_file.as_deref()).unwrap();
+    assert!(security.is_tls(), "tandem up made no CA");
+    (
+        ClusterKey::load(&file.key_file).unwrap(),
+        Target {
+            addr: file.controller,
+            security,
+        },
+    )
 }
 
 /// A fresh connection whose every request carries exactly `token`.
 async fn with_token(
-    addr: &str,
+    target: &Target,
     token: &str,
 ) -> tonic::service::interceptor::InterceptedService<
     tonic::transport::Channel,
     impl tonic::service::Interceptor + Clone,
 > {
-    let ch = tonic::transport::Endpoint::from_shared(addr.to_owned())
-        .unwrap()
-        .connect()
+    let endpoint = tonic::transport::Endpoint::from_shared(target.addr.clone()).unwrap();
+    let ch = tandem_proto::net::connect(&endpoint, &target.security)
         .await
         .unwrap();
     let header: tonic::metadata::AsciiMetadataValue = format!("Bearer {token}").parse().unwrap();
@@ -317,7 +330,7 @@ fn with_uid(token: &str, uid: u32) -> String {
     format!("{}.{payload}.{}", parts[0], parts[2])
 }
 
-async fn list_err(addr: &str, token: &str) -> Option<tonic::Status> {
+async fn list_err(addr: &Target, token: &str) -> Option<tonic::Status> {
     JobsClient::new(with_token(addr, token).await)
         .list_jobs(v1::ListJobsRequest::default())
         .await
@@ -387,7 +400,9 @@ fn a_worker_credential_speaks_only_for_its_node() {
     let before = c.wait_state(id, "RUNNING", Duration::from_secs(60));
     rt().block_on(async {
         let mallory = Identity::worker("node-9", 0, 0);
-        let ch = endpoint::connect(&addr, &key, &mallory).await.unwrap();
+        let ch = endpoint::connect_as(&addr.addr, &addr.security, &key, &mallory)
+            .await
+            .unwrap();
         // Registering as another node is refused.
         let (tx, rx) = tokio::sync::mpsc::channel(8);
         tx.send(register("node-1")).await.unwrap();
@@ -483,7 +498,9 @@ fn workers_refuse_steps_without_a_valid_launch_credential() {
     );
     rt().block_on(async {
         let user = Identity::user("tester", me.0, me.1);
-        let ch = endpoint::connect(&addr, &key, &user).await.unwrap();
+        let ch = endpoint::connect_as(&addr.addr, &addr.security, &key, &user)
+            .await
+            .unwrap();
         let nodes = NodesClient::new(ch)
             .list_nodes(v1::ListNodesRequest::default())
             .await
@@ -528,7 +545,9 @@ fn workers_refuse_steps_without_a_valid_launch_credential() {
                 "signature",
             ),
         ];
-        let ch = endpoint::connect(&step_addr, &key, &user).await.unwrap();
+        let ch = endpoint::connect_as(&step_addr, &addr.security, &key, &user)
+            .await
+            .unwrap();
         let mut launcher = StepLauncherClient::new(ch);
         for (token, want) in cases {
             let err = launcher
@@ -562,4 +581,70 @@ fn workers_refuse_steps_without_a_valid_launch_credential() {
         text(&out),
         c.controller_log()
     );
+}
+
+/// What a client without the cluster's CA gets from `addr`: an error, never an answer.
+async fn refused(
+    addr: &str,
+    security: &tandem_proto::net::ClientSecurity,
+    key: &ClusterKey,
+    who: &Identity,
+) -> String {
+    let ch = match endpoint::connect_as(addr, security, key, who).await {
+        Ok(ch) => ch,
+        Err(e) => return format!("{:?}", anyhow::Error::from(e)),
+    };
+    match NodesClient::new(ch)
+        .list_nodes(v1::ListNodesRequest::default())
+        .await
+    {
+        Ok(_) => panic!("{addr} answered a client it should have refused"),
+        Err(s) => format!("{s:?}"),
+    }
+}
+
+#[test]
+fn tls_refuses_plain_text_and_servers_outside_the_cluster_ca() {
+    let c = Cluster::start(1);
+    let (key, target) = key_and_addr(&c);
+    let me = Identity::user(
+        "tester",
+        nix::unistd::getuid().as_raw(),
+        nix::unistd::getgid().as_raw(),
+    );
+    let other_ca = tempfile::tempdir().unwrap();
+    let foreign = tandem_proto::tls::ca::ClusterCa::load_or_create(other_ca.path()).unwrap();
+    let foreign_security = tandem_proto::net::ClientSecurity::Tls(
+        tandem_proto::tls::client_config(&tandem_proto::tls::ca::ClusterCa::cert_path(
+            other_ca.path(),
+        ))
+        .unwrap(),
+    );
+    drop(foreign);
+    rt().block_on(async {
+        // The right CA works (and lists the node whose step service we try next).
+        let ch = endpoint::connect_as(&target.addr, &target.security, &key, &me)
+            .await
+            .unwrap();
+        let nodes = NodesClient::new(ch)
+            .list_nodes(v1::ListNodesRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .nodes;
+        let step = format!("http://{}", nodes[0].address);
+        let plain = tandem_proto::net::ClientSecurity::Plaintext;
+        for addr in [target.addr.as_str(), step.as_str()] {
+            // A plain-text client with a valid credential is refused.
+            refused(addr, &plain, &key, &me).await;
+            // A client that trusts another CA refuses the server, before sending anything.
+            let e = refused(addr, &foreign_security, &key, &me).await;
+            assert!(
+                e.contains("certificate") || e.contains("UnknownIssuer"),
+                "{addr}: {e}"
+            );
+        }
+    });
+    // The CLI itself finds the CA through the cluster file.
+    assert_eq!(c.ok(&["sinfo", "-h", "-o", "%N"]).trim(), "node-1");
 }

@@ -24,6 +24,8 @@ pub enum ConfigError {
     },
     #[error("config file {path}: {message}")]
     Parse { path: PathBuf, message: String },
+    #[error(transparent)]
+    Tls(#[from] tandem_proto::tls::TlsError),
     #[error("invalid {field}: {message}")]
     Invalid {
         field: &'static str,
@@ -85,6 +87,40 @@ pub struct Args {
     /// AdminLevel): they control every job and node and run `sacctmgr` changes.
     #[arg(long, value_delimiter = ',')]
     pub admins: Vec<String>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// The TLS flags of the gRPC listeners (`--listen`, `--scaler-listen`).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TlsArgs {
+    /// Server certificate chain (PEM) for the gRPC listeners; its SANs must name the address
+    /// clients and workers dial.
+    #[arg(long, value_name = "FILE", env = "TANDEM_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", env = "TANDEM_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// A directory with tls.crt and tls.key (a mounted kubernetes.io/tls Secret), instead
+    /// of --tls-cert and --tls-key.
+    #[arg(long, value_name = "DIR", env = "TANDEM_TLS_DIR")]
+    pub tls_dir: Option<PathBuf>,
+    /// Serve gRPC in plain text. Development only: refused unless every listener is on a
+    /// loopback address.
+    #[arg(long)]
+    pub insecure_plaintext: bool,
+}
+
+impl TlsArgs {
+    pub fn options(&self) -> tandem_proto::tls::Options {
+        tandem_proto::tls::Options {
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+            ca: None,
+            dir: self.tls_dir.clone(),
+            insecure_plaintext: self.insecure_plaintext,
+        }
+    }
 }
 
 /// Parses `500ms`, `2s`, `1m`, or a plain number of seconds.
@@ -125,6 +161,8 @@ pub struct Config {
     pub durability: Durability,
     /// Users raised to administrator (root always is).
     pub admins: tandem_proto::auth::Admins,
+    /// How the gRPC listeners (Tandem's services and the KEDA scaler) are secured.
+    pub tls: tandem_proto::net::ServerSecurity,
 }
 
 impl Config {
@@ -144,6 +182,9 @@ impl Config {
             scaler_listen: None,
             durability: Durability::Full,
             admins: tandem_proto::auth::Admins::default(),
+            // Library callers (tests) choose; `tandem controller` insists on TLS or an
+            // explicit --insecure-plaintext on loopback (`Args::into_config`).
+            tls: tandem_proto::net::ServerSecurity::Plaintext,
         }
     }
 }
@@ -174,6 +215,10 @@ impl Args {
         if self.sched_interval.is_zero() {
             return Err(invalid("--sched-interval", "must be above zero"));
         }
+        let listeners: Vec<SocketAddr> = std::iter::once(self.listen)
+            .chain(self.scaler_listen)
+            .collect();
+        let tls = self.tls.options().server(&listeners)?;
         Ok(Config {
             key_file: self
                 .key_file
@@ -188,6 +233,7 @@ impl Args {
             scaler_listen: self.scaler_listen,
             durability: self.durability,
             admins: tandem_proto::auth::Admins::parse(&self.admins),
+            tls,
         })
     }
 }
@@ -592,10 +638,60 @@ mod tests {
     }
 
     fn args(extra: &[&str]) -> Result<Config, String> {
+        let mut argv = vec!["--insecure-plaintext"];
+        argv.extend_from_slice(extra);
+        args_tls(&argv)
+    }
+
+    fn args_tls(extra: &[&str]) -> Result<Config, String> {
         let mut argv = vec!["tandem", "--state-dir", "/tmp/x"];
         argv.extend_from_slice(extra);
         let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
         cli.args.into_config().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn tls_is_required_unless_plain_text_is_asked_for_on_loopback() {
+        let e = args_tls(&[]).unwrap_err();
+        assert!(
+            e.contains("--tls-cert") && e.contains("--insecure-plaintext"),
+            "{e}"
+        );
+        let e = args(&["--listen", "0.0.0.0:6817"]).unwrap_err();
+        assert!(e.contains("0.0.0.0:6817"), "{e}");
+        // The scaler listener counts too.
+        let e = args(&["--scaler-listen", "10.0.0.1:9"]).unwrap_err();
+        assert!(e.contains("10.0.0.1:9"), "{e}");
+        assert!(matches!(
+            args(&[]).unwrap().tls,
+            tandem_proto::net::ServerSecurity::Plaintext
+        ));
+
+        let dir = tempfile::tempdir().unwrap();
+        let ca = tandem_proto::tls::ca::ClusterCa::load_or_create(&dir.path().join("ca")).unwrap();
+        let srv = dir.path().join("srv");
+        ca.write_server_dir(&srv, &["127.0.0.1".into()]).unwrap();
+        let c = args_tls(&[
+            "--listen",
+            "0.0.0.0:6817",
+            "--tls-dir",
+            srv.to_str().unwrap(),
+        ])
+        .unwrap();
+        assert!(matches!(c.tls, tandem_proto::net::ServerSecurity::Tls(_)));
+        let (cert, key) = (srv.join("tls.crt"), srv.join("tls.key"));
+        let c = args_tls(&[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ])
+        .unwrap();
+        assert!(matches!(c.tls, tandem_proto::net::ServerSecurity::Tls(_)));
+        let e = args_tls(&["--tls-cert", cert.to_str().unwrap()]).unwrap_err();
+        assert!(e.contains("--tls-key"), "{e}");
+        let e = args(&["--tls-dir", srv.to_str().unwrap()]).unwrap_err();
+        assert!(e.contains("cannot be combined"), "{e}");
     }
 
     #[test]

@@ -79,7 +79,7 @@ pub async fn run(
     // The scaler answers from the first moment, before the actor's first pass.
     metrics.publish(&recovered.state, state::unix_now());
     let scaler_task = match config.scaler_listen {
-        Some(addr) => Some(serve_scaler(addr, metrics.snapshots()).await?),
+        Some(addr) => Some(serve_scaler(addr, metrics.snapshots(), config.tls.clone()).await?),
         None => None,
     };
     let jobs_n = recovered.state.jobs().count();
@@ -149,7 +149,7 @@ pub async fn run(
             WorkerLinkService::new(handle.clone(), stopping_rx),
             auth,
         ))
-        .serve_with_incoming_shutdown(listener.incoming(), async move {
+        .serve_with_incoming_shutdown(listener.incoming(config.tls.clone()), async move {
             tokio::select! {
                 () = shutdown => info!("shutdown requested"),
                 _ = dead_rx => warn!("state actor stopped; shutting down"),
@@ -185,10 +185,12 @@ pub async fn run(
 }
 
 /// Binds `--scaler-listen` and serves KEDA's external scaler there (its own listener: no
-/// Tandem credential, read-only demand), until the returned task is aborted.
+/// Tandem credential, read-only demand; TLS as the main listener, KEDA verifying it with the
+/// trigger's `caCert`), until the returned task is aborted.
 async fn serve_scaler(
     addr: std::net::SocketAddr,
     snapshots: tokio::sync::watch::Receiver<Arc<tandem_sched::demand::Snapshot>>,
+    security: net::ServerSecurity,
 ) -> Result<tokio::task::JoinHandle<()>, Error> {
     use tandem_proto::externalscaler::external_scaler_server::ExternalScalerServer;
     let l = net::bind(addr)
@@ -199,7 +201,7 @@ async fn serve_scaler(
     Ok(tokio::spawn(async move {
         let served = tonic::transport::Server::builder()
             .add_service(svc)
-            .serve_with_incoming(l.incoming())
+            .serve_with_incoming(l.incoming(security))
             .await;
         if let Err(e) = served {
             warn!(error = %e, "KEDA scaler server stopped");

@@ -71,11 +71,17 @@ async fn submit(c: &mut JobsClient<tandem_proto::endpoint::AuthChannel>, s: v1::
         .job_id
 }
 
-async fn scaler(addr: SocketAddr) -> ExternalScalerClient<Channel> {
+/// The scaler over TLS, verified against the controller's CA (as KEDA does with the
+/// trigger's `caCert`).
+async fn scaler(
+    addr: SocketAddr,
+    security: &tandem_proto::net::ClientSecurity,
+) -> ExternalScalerClient<Channel> {
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("https://{addr}")).unwrap();
     tokio::time::timeout(WAIT, async {
         loop {
-            if let Ok(c) = ExternalScalerClient::connect(format!("http://{addr}")).await {
-                return c;
+            if let Ok(c) = tandem_proto::net::connect(&endpoint, security).await {
+                return ExternalScalerClient::new(c);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -317,7 +323,7 @@ async fn keda_scaler_reports_shape_aware_demand_and_scales_to_zero() {
         cfg.cluster.partitions = vec![gpu, Partition::new("cpu")];
     })
     .await;
-    let mut s = scaler(scaler_addr).await;
+    let mut s = scaler(scaler_addr, &c.security).await;
     let mut jobs = c.jobs(&alice()).await;
 
     // Nothing queued, no nodes: inactive, zero workers.

@@ -358,16 +358,31 @@ async fn users_cancel_only_their_own_jobs_and_bad_input_creates_nothing() {
         v1::JobState::Cancelled as i32
     );
     // Unauthenticated calls are refused.
-    let raw = tonic::transport::Endpoint::from_shared(ctl.addr.clone())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let raw = tandem_proto::net::connect(
+        &tonic::transport::Endpoint::from_shared(ctl.addr.clone()).unwrap(),
+        &ctl.security,
+    )
+    .await
+    .unwrap();
     let err = JobsClient::new(raw)
         .list_jobs(v1::ListJobsRequest::default())
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    // A plain-text client is not served at all (an unserved request would be refused as
+    // Unauthenticated; this one never reaches the services).
+    let plain = tandem_proto::net::connect(
+        &tonic::transport::Endpoint::from_shared(ctl.addr.clone()).unwrap(),
+        &tandem_proto::net::ClientSecurity::Plaintext,
+    )
+    .await;
+    if let Ok(ch) = plain {
+        let err = JobsClient::new(ch)
+            .list_jobs(v1::ListJobsRequest::default())
+            .await
+            .unwrap_err();
+        assert_ne!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
+    }
     ctl.stop().await;
 }
 

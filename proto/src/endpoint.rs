@@ -3,12 +3,19 @@
 //! # Resolution order
 //!
 //! 1. The cluster file at `$TANDEM_CONFIG`, else `$HOME/.tandem/cluster.json`:
-//!    `{ "cluster_name": "...", "controller": "http://127.0.0.1:PORT", "key_file": "/path/key",
-//!    "auth_socket": "/path/authd.sock" }`.
+//!    `{ "cluster_name": "...", "controller": "https://127.0.0.1:PORT", "key_file": "/path/key",
+//!    "auth_socket": "/path/authd.sock", "ca_file": "/path/ca.crt" }`.
 //!    `tandem up --state-dir DIR` writes `DIR/cluster.json` (and the home one by default).
-//! 2. `$TANDEM_CONTROLLER` overrides the address, `$TANDEM_KEY_FILE` the key file and
-//!    `$TANDEM_AUTH_SOCKET` the identity agent's socket; with the address and one of the
-//!    other two set no file is needed at all (how pods and tests are wired).
+//! 2. `$TANDEM_CONTROLLER` overrides the address, `$TANDEM_KEY_FILE` the key file,
+//!    `$TANDEM_AUTH_SOCKET` the identity agent's socket and `$TANDEM_CA_FILE` the CA; with the
+//!    address and the key or socket set no file is needed at all (how pods and tests are
+//!    wired).
+//!
+//! # Transport
+//!
+//! With a CA ([`Endpoint::security`]) every connection is TLS and the server must present a
+//! certificate the CA issued for the address's host. Without one a client speaks plain text,
+//! and only to a loopback address: a credential never crosses a network in clear.
 //!
 //! # Credentials
 //!
@@ -27,11 +34,14 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::auth::{AgentSource, ClientAuth, ClusterKey, Identity, KeyError, KeySigner};
+use crate::net::ClientSecurity;
+use crate::tls::TlsError;
 
 pub const ENV_CONFIG: &str = "TANDEM_CONFIG";
 pub const ENV_CONTROLLER: &str = "TANDEM_CONTROLLER";
 pub const ENV_KEY_FILE: &str = "TANDEM_KEY_FILE";
 pub const ENV_AUTH_SOCKET: &str = "TANDEM_AUTH_SOCKET";
+pub const ENV_CA_FILE: &str = "TANDEM_CA_FILE";
 pub const DEFAULT_CLUSTER_NAME: &str = "tandem";
 
 /// Largest response a client should accept. tonic's default (4 MiB) is too small for
@@ -47,12 +57,16 @@ pub type AuthChannel = InterceptedService<Channel, ClientAuth>;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterFile {
     pub cluster_name: String,
-    /// `http://HOST:PORT` of the controller's gRPC server.
+    /// `http[s]://HOST:PORT` of the controller's gRPC server.
     pub controller: String,
     pub key_file: PathBuf,
     /// The identity agent's Unix socket (`tandem authd`), if one runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth_socket: Option<PathBuf>,
+    /// The cluster CA (PEM) that every Tandem server's certificate chains to; absent: plain
+    /// text, to loopback addresses only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
 }
 
 impl ClusterFile {
@@ -87,6 +101,7 @@ pub struct Endpoint {
     pub controller: String,
     pub key_file: PathBuf,
     pub auth_socket: Option<PathBuf>,
+    pub ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +140,12 @@ pub enum EndpointError {
     InvalidAddress { address: String },
     #[error(transparent)]
     Key(#[from] KeyError),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error(
+        "no CA to verify {address} against: plain text is only for loopback addresses; set {ENV_CA_FILE} or the cluster file's ca_file"
+    )]
+    NoCa { address: String },
     #[error("cannot connect to the controller at {address}")]
     Connect {
         address: String,
@@ -144,6 +165,7 @@ pub fn discover_with(env: &dyn Fn(&str) -> Option<String>) -> Result<Endpoint, E
     let addr_override = nonempty(ENV_CONTROLLER);
     let key_override = nonempty(ENV_KEY_FILE).map(PathBuf::from);
     let socket_override = nonempty(ENV_AUTH_SOCKET).map(PathBuf::from);
+    let ca_override = nonempty(ENV_CA_FILE).map(PathBuf::from);
     let creds_override = key_override.is_some() || socket_override.is_some();
 
     let explicit = nonempty(ENV_CONFIG).map(PathBuf::from);
@@ -166,15 +188,23 @@ pub fn discover_with(env: &dyn Fn(&str) -> Option<String>) -> Result<Endpoint, E
         _ => None,
     };
 
-    let (cluster_name, controller, key_file, auth_socket) = match file {
-        Some(f) => (f.cluster_name, f.controller, f.key_file, f.auth_socket),
+    let (cluster_name, controller, key_file, auth_socket, ca_file) = match file {
+        Some(f) => (
+            f.cluster_name,
+            f.controller,
+            f.key_file,
+            f.auth_socket,
+            f.ca_file,
+        ),
         None => (
             DEFAULT_CLUSTER_NAME.to_owned(),
             String::new(),
             PathBuf::new(),
             None,
+            None,
         ),
     };
+    let ca_file = ca_override.or(ca_file);
     let controller = addr_override.unwrap_or(controller);
     let key_file = key_override.unwrap_or(key_file);
     let auth_socket = socket_override.or(auth_socket);
@@ -186,10 +216,11 @@ pub fn discover_with(env: &dyn Fn(&str) -> Option<String>) -> Result<Endpoint, E
         controller: normalize_address(&controller)?,
         key_file,
         auth_socket,
+        ca_file,
     })
 }
 
-/// Accepts `HOST:PORT` as well as `http://HOST:PORT`.
+/// Accepts `HOST:PORT` as well as `http://HOST:PORT` and `https://HOST:PORT`.
 pub fn normalize_address(address: &str) -> Result<String, EndpointError> {
     let invalid = || EndpointError::InvalidAddress {
         address: address.to_owned(),
@@ -254,38 +285,74 @@ impl Endpoint {
         }
     }
 
+    /// How to reach this cluster's servers (the controller, and the workers' step services
+    /// for srun): TLS verified against the CA when one is known, else plain text to a
+    /// loopback controller only. Reads the CA file once; share the result.
+    pub fn security(&self) -> Result<ClientSecurity, EndpointError> {
+        security_for(&self.controller, self.ca_file.as_deref())
+    }
+
     /// Gets credentials ([`Endpoint::client_auth`]) and connects.
     pub async fn connect(&self, identity: &Identity) -> Result<AuthChannel, EndpointError> {
         let auth = self.client_auth(identity)?;
-        connect_with(&self.controller, auth).await
+        connect_with(&self.controller, &self.security()?, auth).await
     }
 }
 
-/// Connects to `address`; every request carries `auth`'s credential.
-pub async fn connect_with(address: &str, auth: ClientAuth) -> Result<AuthChannel, EndpointError> {
+/// TLS against `ca` if given; else plain text, allowed only to a loopback `address`.
+pub fn security_for(address: &str, ca: Option<&Path>) -> Result<ClientSecurity, EndpointError> {
+    match ca {
+        Some(ca) => Ok(ClientSecurity::Tls(crate::tls::client_config(ca)?)),
+        None if crate::tls::is_loopback_address(address) => Ok(ClientSecurity::Plaintext),
+        None => Err(EndpointError::NoCa {
+            address: address.to_owned(),
+        }),
+    }
+}
+
+/// Connects to `address` secured as `security` says; every request carries `auth`'s
+/// credential.
+pub async fn connect_with(
+    address: &str,
+    security: &ClientSecurity,
+    auth: ClientAuth,
+) -> Result<AuthChannel, EndpointError> {
     let address = normalize_address(address)?;
     let endpoint = tonic::transport::Endpoint::from_shared(address.clone())
         .map_err(|_| EndpointError::InvalidAddress {
             address: address.clone(),
         })?
         .connect_timeout(Duration::from_secs(5));
-    let channel = crate::net::connect(&endpoint)
+    let channel = crate::net::connect(&endpoint, security)
         .await
         .map_err(|source| EndpointError::Connect { address, source })?;
     Ok(InterceptedService::new(channel, auth))
 }
 
-/// Connects to `address` and signs every request as `identity`.
-pub async fn connect(
+/// Connects to `address` over `security` and signs every request as `identity`.
+pub async fn connect_as(
     address: &str,
+    security: &ClientSecurity,
     key: &ClusterKey,
     identity: &Identity,
 ) -> Result<AuthChannel, EndpointError> {
     connect_with(
         address,
+        security,
         ClientAuth::new(key, identity, crate::auth::unix_now()),
     )
     .await
+}
+
+/// Connects to `address` in plain text and signs every request as `identity`: for servers
+/// started with `--insecure-plaintext` (loopback development). Everything else uses
+/// [`connect_as`] with the cluster's [`ClientSecurity`].
+pub async fn connect(
+    address: &str,
+    key: &ClusterKey,
+    identity: &Identity,
+) -> Result<AuthChannel, EndpointError> {
+    connect_as(address, &ClientSecurity::Plaintext, key, identity).await
 }
 
 /// Wraps an existing channel so its requests carry `identity`'s token.
@@ -316,6 +383,7 @@ mod tests {
             controller: addr.into(),
             key_file: dir.join("key"),
             auth_socket: None,
+            ca_file: None,
         }
         .write(&p)
         .unwrap();

@@ -29,3 +29,5 @@ pub mod externalscaler {
 pub mod auth;
 pub mod endpoint;
 pub mod net;
+pub mod raw;
+pub mod tls;

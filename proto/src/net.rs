@@ -10,23 +10,68 @@
 //! itself, not the ones a server passes in through `serve_with_incoming*`, so the option is set
 //! here, where the socket is made, and nowhere else needs to remember it.
 //!
+//! # TLS
+//!
+//! Whether a connection speaks TLS is decided here too, once per listener or client:
+//! [`ServerSecurity`] for what a listener accepts, [`ClientSecurity`] for what a client
+//! opens (both made from the daemon's flags by [`crate::tls::Options`], or from the cluster
+//! file by [`crate::endpoint::Endpoint::security`]). A TLS listener completes each handshake
+//! off the accept loop (many at once, each with a deadline), so a client that connects and
+//! says nothing, or speaks plain text, delays no one and is dropped.
+//!
 //! # Use
 //!
-//! - servers: `net::bind(addr).await?` then `.incoming()` into `serve_with_incoming_shutdown`
-//!   (or `.accept()` for a hand-written protocol such as the metrics endpoint);
-//! - clients: build a `tonic::transport::Endpoint` and `net::connect(&endpoint).await`.
+//! - servers: `net::bind(addr).await?` then `.incoming(security)` into
+//!   `serve_with_incoming_shutdown` (or `.accept()` for a hand-written protocol such as the
+//!   metrics endpoint);
+//! - clients: build a `tonic::transport::Endpoint` and `net::connect(&endpoint, &security)`.
 
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
+use futures::stream::{FuturesUnordered, StreamExt as _};
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 use tonic::codegen::Service;
 use tonic::transport::{Channel, Endpoint, Uri};
+
+mod conn;
+
+pub use conn::{ClientConn, ServerConn};
+
+/// How a listener's connections are secured.
+#[derive(Debug, Clone)]
+pub enum ServerSecurity {
+    /// TLS with this certificate (see [`crate::tls::server_config`]).
+    Tls(Arc<rustls::ServerConfig>),
+    /// Plain text: only with `--insecure-plaintext`, on loopback ([`crate::tls::Options`]).
+    Plaintext,
+}
+
+/// How a client's connections are secured.
+#[derive(Debug, Clone)]
+pub enum ClientSecurity {
+    /// TLS, verifying the server against the cluster CA ([`crate::tls::client_config`]).
+    Tls(Arc<rustls::ClientConfig>),
+    Plaintext,
+}
+
+impl ClientSecurity {
+    pub fn is_tls(&self) -> bool {
+        matches!(self, ClientSecurity::Tls(_))
+    }
+}
+
+/// A client that opened TCP but has not finished its TLS handshake within this is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// At most this many handshakes in flight per listener; more connections wait in the
+/// kernel's accept queue, so a flood of silent clients costs bounded memory.
+const MAX_HANDSHAKES: usize = 1024;
 
 /// How long an accept loop pauses after the process ran out of descriptors or memory, so
 /// the loop does not spin while the condition lasts.
@@ -72,11 +117,17 @@ impl Listener {
         self.inner
     }
 
-    /// The accepted connections as a stream for tonic's `serve_with_incoming*`.
-    pub fn incoming(self) -> Incoming {
+    /// The accepted connections, secured as `security` says, as a stream for tonic's
+    /// `serve_with_incoming*`.
+    pub fn incoming(self, security: ServerSecurity) -> Incoming {
         Incoming {
             listener: self.inner,
             pause: None,
+            tls: match security {
+                ServerSecurity::Tls(config) => Some(tokio_rustls::TlsAcceptor::from(config)),
+                ServerSecurity::Plaintext => None,
+            },
+            handshakes: FuturesUnordered::new(),
         }
     }
 }
@@ -87,35 +138,90 @@ impl From<TcpListener> for Listener {
     }
 }
 
-/// Accepted connections, each with `TCP_NODELAY`. Accept errors are passed on (tonic logs
-/// and skips them); after one that says the process is out of descriptors or memory the
-/// stream waits [`ACCEPT_BACKOFF`] before accepting again.
-#[derive(Debug)]
+type Handshake = Pin<Box<dyn Future<Output = io::Result<ServerConn>> + Send>>;
+
+/// Accepted connections, each with `TCP_NODELAY`, after their TLS handshake if the listener
+/// has TLS. Accept errors are passed on (tonic logs and skips them); after one that says the
+/// process is out of descriptors or memory the stream waits [`ACCEPT_BACKOFF`] before
+/// accepting again. A failed or timed-out handshake (a plain-text client, a client that
+/// does not trust the certificate) only closes that connection.
 pub struct Incoming {
     listener: TcpListener,
     pause: Option<Pin<Box<tokio::time::Sleep>>>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    handshakes: FuturesUnordered<Handshake>,
 }
 
-impl tokio_stream::Stream for Incoming {
-    type Item = io::Result<TcpStream>;
+impl std::fmt::Debug for Incoming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Incoming")
+            .field("listener", &self.listener)
+            .field("tls", &self.tls.is_some())
+            .field("handshakes", &self.handshakes.len())
+            .finish()
+    }
+}
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+impl Incoming {
+    /// Accepts while connections are ready: a plain one is returned at once, a TLS one
+    /// starts its handshake. `Pending` once the accept queue is empty (or the handshake
+    /// bound is reached: a finishing handshake wakes the stream again).
+    fn poll_accept(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<ServerConn>> {
         if let Some(pause) = self.pause.as_mut() {
             ready!(pause.as_mut().poll(cx));
             self.pause = None;
         }
-        match ready!(self.listener.poll_accept(cx)) {
-            Ok((stream, _)) => {
-                no_delay(&stream);
-                Poll::Ready(Some(Ok(stream)))
-            }
-            Err(e) => {
-                if out_of_resources(&e) {
-                    self.pause = Some(Box::pin(tokio::time::sleep(ACCEPT_BACKOFF)));
+        while self.handshakes.len() < MAX_HANDSHAKES {
+            let stream = match ready!(self.listener.poll_accept(cx)) {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    if out_of_resources(&e) {
+                        self.pause = Some(Box::pin(tokio::time::sleep(ACCEPT_BACKOFF)));
+                    }
+                    return Poll::Ready(Err(e));
                 }
-                Poll::Ready(Some(Err(e)))
+            };
+            no_delay(&stream);
+            let Some(acceptor) = self.tls.clone() else {
+                return Poll::Ready(Ok(ServerConn::Plain(stream)));
+            };
+            self.handshakes.push(Box::pin(async move {
+                let peer = stream.peer_addr().ok();
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(tls)) => Ok(ServerConn::Tls(Box::new(tls))),
+                    Ok(Err(e)) => {
+                        tracing::debug!(?peer, error = %e, "TLS handshake failed");
+                        Err(e)
+                    }
+                    Err(_) => {
+                        tracing::debug!(?peer, "TLS handshake timed out");
+                        Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "TLS handshake timed out",
+                        ))
+                    }
+                }
+            }));
+        }
+        Poll::Pending
+    }
+}
+
+impl tokio_stream::Stream for Incoming {
+    type Item = io::Result<ServerConn>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if let Poll::Ready(r) = this.poll_accept(cx) {
+            return Poll::Ready(Some(r));
+        }
+        // A failed handshake is not the listener's error: skip it and look at the next.
+        while let Poll::Ready(Some(done)) = this.handshakes.poll_next_unpin(cx) {
+            if let Ok(conn) = done {
+                return Poll::Ready(Some(Ok(conn)));
             }
         }
+        Poll::Pending
     }
 }
 
@@ -141,17 +247,33 @@ pub async fn connect_tcp(addr: SocketAddr) -> io::Result<TcpStream> {
     Ok(stream)
 }
 
-/// Connects `endpoint` (its address, timeouts and HTTP/2 settings) over a socket made here.
-pub async fn connect(endpoint: &Endpoint) -> Result<Channel, tonic::transport::Error> {
-    endpoint.connect_with_connector(Connector).await
+/// Connects `endpoint` (its address, timeouts and HTTP/2 settings) over a socket made here,
+/// secured as `security` says. With TLS the server's certificate must name the host of the
+/// endpoint's URI (an IP address or a DNS name) and chain to the CA; the URI's scheme is
+/// not consulted (the `:scheme` header is all it sets).
+pub async fn connect(
+    endpoint: &Endpoint,
+    security: &ClientSecurity,
+) -> Result<Channel, tonic::transport::Error> {
+    endpoint
+        .connect_with_connector(Connector {
+            tls: match security {
+                ClientSecurity::Tls(c) => Some(tokio_rustls::TlsConnector::from(c.clone())),
+                ClientSecurity::Plaintext => None,
+            },
+        })
+        .await
 }
 
-/// tonic's connector: resolves the URI's host and port and opens the socket.
-#[derive(Debug, Clone, Copy)]
-struct Connector;
+/// tonic's connector: resolves the URI's host and port, opens the socket and, with TLS,
+/// completes the handshake.
+#[derive(Clone)]
+struct Connector {
+    tls: Option<tokio_rustls::TlsConnector>,
+}
 
 impl Service<Uri> for Connector {
-    type Response = TokioIo<TcpStream>;
+    type Response = TokioIo<ClientConn>;
     type Error = io::Error;
     type Future = Pin<Box<dyn Future<Output = io::Result<Self::Response>> + Send>>;
 
@@ -160,6 +282,7 @@ impl Service<Uri> for Connector {
     }
 
     fn call(&mut self, uri: Uri) -> Self::Future {
+        let tls = self.tls.clone();
         Box::pin(async move {
             let invalid = || {
                 io::Error::new(
@@ -176,7 +299,13 @@ impl Service<Uri> for Connector {
             let port = uri.port_u16().ok_or_else(invalid)?;
             let stream = TcpStream::connect((host, port)).await?;
             no_delay(&stream);
-            Ok(TokioIo::new(stream))
+            let Some(tls) = tls else {
+                return Ok(TokioIo::new(ClientConn::Plain(stream)));
+            };
+            let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+            let stream = tls.connect(name, stream).await?;
+            Ok(TokioIo::new(ClientConn::Tls(Box::new(stream))))
         })
     }
 }
@@ -184,15 +313,15 @@ impl Service<Uri> for Connector {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio_stream::StreamExt as _;
 
     #[tokio::test]
     async fn accepted_and_connected_sockets_have_nodelay() {
         let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let mut incoming = listener.incoming();
+        let mut incoming = listener.incoming(ServerSecurity::Plaintext);
         let client = connect_tcp(addr).await.unwrap();
         let server = incoming.next().await.unwrap().unwrap();
+        let server = server.tcp();
         assert!(
             server.nodelay().unwrap(),
             "accepted socket lacks TCP_NODELAY"
@@ -210,7 +339,10 @@ mod tests {
         let endpoint = Endpoint::from_shared(format!("http://{addr}")).unwrap();
         // `connect` completes the TCP handshake before it returns; the HTTP/2 preface
         // follows on the same socket.
-        let (channel, accepted) = tokio::join!(connect(&endpoint), listener.accept());
+        let (channel, accepted) = tokio::join!(
+            connect(&endpoint, &ClientSecurity::Plaintext),
+            listener.accept()
+        );
         channel.unwrap();
         let (server, _) = accepted.unwrap();
         assert!(server.nodelay().unwrap());
@@ -229,10 +361,94 @@ mod tests {
         };
         let addr = listener.local_addr().unwrap();
         let uri: Uri = format!("http://[::1]:{}", addr.port()).parse().unwrap();
-        let (io, accepted) = tokio::join!(Connector.call(uri), listener.accept());
-        assert!(io.unwrap().inner().nodelay().unwrap());
+        let mut plain = Connector { tls: None };
+        let (io, accepted) = tokio::join!(plain.call(uri), listener.accept());
+        assert!(io.unwrap().inner().tcp().nodelay().unwrap());
         assert!(accepted.unwrap().0.nodelay().unwrap());
         let no_port: Uri = "http://[::1]".parse().unwrap();
-        assert!(Connector.call(no_port).await.is_err());
+        assert!(plain.call(no_port).await.is_err());
+    }
+
+    /// A CA and a server certificate for 127.0.0.1 in `dir`; the server and client configs.
+    fn tls_pair(dir: &std::path::Path) -> (ServerSecurity, ClientSecurity) {
+        let ca = crate::tls::ca::ClusterCa::load_or_create(&dir.join("ca")).unwrap();
+        ca.write_server_dir(&dir.join("srv"), &["127.0.0.1".into()])
+            .unwrap();
+        let server = crate::tls::server_config(
+            &dir.join("srv").join(crate::tls::CERT_FILE),
+            &dir.join("srv").join(crate::tls::KEY_FILE),
+        )
+        .unwrap();
+        let client = crate::tls::client_config(&dir.join("ca").join(crate::tls::CA_FILE)).unwrap();
+        (ServerSecurity::Tls(server), ClientSecurity::Tls(client))
+    }
+
+    fn tls_connector(security: &ClientSecurity) -> Connector {
+        match security {
+            ClientSecurity::Tls(c) => Connector {
+                tls: Some(tokio_rustls::TlsConnector::from(c.clone())),
+            },
+            ClientSecurity::Plaintext => Connector { tls: None },
+        }
+    }
+
+    #[tokio::test]
+    async fn tls_round_trip_and_refusals() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let dir = tempfile::tempdir().unwrap();
+        let (server, client) = tls_pair(dir.path());
+        let other = tempfile::tempdir().unwrap();
+        let (_, wrong_ca) = tls_pair(other.path());
+
+        let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut incoming = listener.incoming(server);
+        // A silent plain-text client and one with the wrong CA do not hold up the listener.
+        let silent = connect_tcp(addr).await.unwrap();
+        let uri: Uri = format!("http://{addr}").parse().unwrap();
+        let (refused, _) = tokio::join!(tls_connector(&wrong_ca).call(uri.clone()), async {
+            // The server's half of the failed handshake ends in a skip, not an item.
+            tokio::time::timeout(Duration::from_millis(300), incoming.next())
+                .await
+                .ok()
+        });
+        let err = refused.expect_err("a client with another CA connected");
+        assert!(err.to_string().contains("certificate"), "{err}");
+
+        let (io, accepted) = tokio::join!(tls_connector(&client).call(uri), incoming.next());
+        let mut io = io.unwrap().into_inner();
+        let mut conn = accepted.unwrap().unwrap();
+        assert!(matches!(conn, ServerConn::Tls(_)));
+        assert!(conn.tcp().nodelay().unwrap() && io.tcp().nodelay().unwrap());
+        io.write_all(b"ping").await.unwrap();
+        io.flush().await.unwrap();
+        let mut got = [0u8; 4];
+        conn.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"ping");
+        drop(silent);
+    }
+
+    #[tokio::test]
+    async fn a_plain_text_client_gets_no_connection_from_a_tls_listener() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let dir = tempfile::tempdir().unwrap();
+        let (server, _) = tls_pair(dir.path());
+        let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut incoming = listener.incoming(server);
+        let mut plain = connect_tcp(addr).await.unwrap();
+        plain
+            .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .await
+            .unwrap();
+        // The stream yields nothing for it, and the server closes the socket.
+        let served = tokio::time::timeout(Duration::from_millis(500), incoming.next()).await;
+        assert!(served.is_err(), "a plain-text client was served");
+        let mut buf = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), plain.read_to_end(&mut buf))
+            .await
+            .expect("the server kept the plain-text socket open");
+        // Closed (possibly after a TLS alert record, never an HTTP/2 frame).
+        assert!(read.is_err() || buf.is_empty() || buf[0] == 0x15, "{buf:?}");
     }
 }

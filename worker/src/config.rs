@@ -68,6 +68,33 @@ pub struct Args {
     /// different clusters on one machine need distinct ones.
     #[arg(long)]
     pub cgroup_subtree: Option<String>,
+    /// Certificate chain (PEM) of the step launch service; its SANs must name the address
+    /// the worker advertises (the node name when --step-listen is a wildcard).
+    #[arg(long, value_name = "FILE", env = "TANDEM_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", env = "TANDEM_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// The cluster CA (PEM) the controller's certificate must chain to. Default: DIR/ca.crt
+    /// of --tls-dir, else the cluster file's ca_file.
+    #[arg(long, value_name = "FILE", env = "TANDEM_CA_FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// A directory with tls.crt, tls.key and ca.crt (a mounted kubernetes.io/tls Secret).
+    #[arg(long, value_name = "DIR", env = "TANDEM_TLS_DIR")]
+    pub tls_dir: Option<PathBuf>,
+    /// Plain text to the controller and on the step service. Development only: refused
+    /// unless both are loopback addresses.
+    #[arg(long)]
+    pub insecure_plaintext: bool,
+}
+
+/// How the worker's connections are secured.
+#[derive(Debug, Clone)]
+pub struct Transport {
+    /// The step launch service (srun connects to it).
+    pub server: tandem_proto::net::ServerSecurity,
+    /// The link to the controller.
+    pub client: tandem_proto::net::ClientSecurity,
 }
 
 /// A validated worker configuration.
@@ -93,19 +120,45 @@ pub struct Config {
     /// How job processes are started in their cgroup and as their user: this binary as
     /// `tandem __job-exec` by default. `None`: spawned directly (no supplementary groups).
     pub launcher: Option<Launcher>,
+    /// TLS (or, with --insecure-plaintext on loopback, plain text) both ways.
+    pub transport: Transport,
 }
 
 impl Args {
     /// Validates the flags and fills defaults from the machine and the cluster file.
     pub fn into_config(self) -> Result<Config, Error> {
-        let (controller, key_file) = match (self.controller, self.key_file) {
-            (Some(c), Some(k)) => (c, k),
+        let tls = tandem_proto::tls::Options {
+            cert: self.tls_cert,
+            key: self.tls_key,
+            ca: self.tls_ca,
+            dir: self.tls_dir,
+            insecure_plaintext: self.insecure_plaintext,
+        };
+        let ca_given = tls.ca.is_some() || tls.dir.is_some() || tls.insecure_plaintext;
+        let (controller, key_file, file_ca) = match (self.controller, self.key_file) {
+            // Both given: a cluster file, if any, can still supply the CA.
+            (Some(c), Some(k)) => {
+                let ca = if ca_given {
+                    None
+                } else {
+                    endpoint::discover().ok().and_then(|f| f.ca_file)
+                };
+                (c, k, ca)
+            }
             (c, k) => {
                 let found = endpoint::discover()?;
-                (c.unwrap_or(found.controller), k.unwrap_or(found.key_file))
+                (
+                    c.unwrap_or(found.controller),
+                    k.unwrap_or(found.key_file),
+                    found.ca_file,
+                )
             }
         };
         let controller = endpoint::normalize_address(&controller)?;
+        let transport = Transport {
+            server: tls.server(&[self.step_listen])?,
+            client: tls.client(&controller, file_ca.as_deref())?,
+        };
 
         let node_name = match self.name {
             Some(n) => n,
@@ -162,6 +215,7 @@ impl Args {
                 ..Default::default()
             },
             launcher: Launcher::this_binary().ok(),
+            transport,
         })
     }
 }
@@ -197,6 +251,7 @@ mod tests {
             "/k",
             "--name",
             "n1",
+            "--insecure-plaintext",
         ];
         let argv: Vec<&str> = base.iter().chain(extra).copied().collect();
         Args::try_parse_from(argv).unwrap().into_config()

@@ -15,6 +15,8 @@ pub enum Error {
     Endpoint(#[from] EndpointError),
     #[error("cannot load the cluster key")]
     Key(#[from] KeyError),
+    #[error(transparent)]
+    Tls(#[from] tandem_proto::tls::TlsError),
     #[error("cannot prepare the state directory {path}")]
     StateDir {
         path: PathBuf,

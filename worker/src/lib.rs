@@ -68,7 +68,7 @@ use tandem_proto::v1::step_launcher_server::StepLauncherServer;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-pub use config::{Args, Config};
+pub use config::{Args, Config, Transport};
 pub use error::Error;
 
 use jobs::{Jobs, NodeFacts};
@@ -177,9 +177,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                 service,
                 ServerAuth::new(Arc::new(key.clone())),
             ))
-            .serve_with_incoming_shutdown(listener.incoming(), async move {
-                let _ = server_stop.wait_for(|stop| *stop).await;
-            }),
+            .serve_with_incoming_shutdown(
+                listener.incoming(config.transport.server.clone()),
+                async move {
+                    let _ = server_stop.wait_for(|stop| *stop).await;
+                },
+            ),
     );
 
     let register = Register {
@@ -209,6 +212,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     );
     let link = LinkConfig {
         controller: config.controller.clone(),
+        security: config.transport.client.clone(),
         key,
         identity: Identity::worker(config.node_name.clone(), worker_uid, worker_gid),
         register,

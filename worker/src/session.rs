@@ -52,6 +52,8 @@ const OUTBOUND_BUFFER: usize = 256;
 pub struct LinkConfig {
     /// `http://HOST:PORT` of the controller.
     pub controller: String,
+    /// TLS to the controller, or plain text on loopback.
+    pub security: tandem_proto::net::ClientSecurity,
     pub key: ClusterKey,
     pub identity: Identity,
     /// The node's registration; `running_jobs` and `ended_while_disconnected` are filled
@@ -168,7 +170,12 @@ impl Session {
     async fn attach_once(&mut self, shutdown: &mut watch::Receiver<bool>) -> LinkEnd {
         let broken = |registered: bool, reason: String| LinkEnd::Broken { registered, reason };
         let channel = tokio::select! {
-            c = endpoint::connect(&self.cfg.controller, &self.cfg.key, &self.cfg.identity) => c,
+            c = endpoint::connect_as(
+                &self.cfg.controller,
+                &self.cfg.security,
+                &self.cfg.key,
+                &self.cfg.identity,
+            ) => c,
             _ = shutdown.changed() => return LinkEnd::Shutdown,
         };
         let channel = match channel {

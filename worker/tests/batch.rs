@@ -360,13 +360,13 @@ async fn job_ends_survive_a_controller_restart() {
     // Crash the controller; job 20 ends while it is away, job 21 keeps running.
     let addr = std::mem::replace(
         &mut h.controller,
-        FakeController::start(&h.key, "127.0.0.1:0".parse().unwrap()).await,
+        FakeController::start(&h.key, "127.0.0.1:0".parse().unwrap(), &h.tls).await,
     )
     .crash();
     std::fs::write(h.path("go20"), "").unwrap();
     // Gone from /proc means the worker reaped it: its end is queued.
     assert!(dies_soon(pids[&20]), "job 20 did not end");
-    let mut restarted = FakeController::start(&h.key, addr).await;
+    let mut restarted = FakeController::start(&h.key, addr, &h.tls).await;
     let reg = restarted.register().await;
     assert_eq!(reg.running_jobs, [21], "job 21 survived the restart");
     let ended: Vec<_> = reg

@@ -27,7 +27,7 @@ fn tester() -> Identity {
 }
 
 async fn client(h: &Harness, who: &Identity) -> StepLauncherClient<endpoint::AuthChannel> {
-    let ch = endpoint::connect(&h.register.step_address, &h.key, who)
+    let ch = endpoint::connect_as(&h.register.step_address, &h.tls.client, &h.key, who)
         .await
         .unwrap();
     StepLauncherClient::new(ch)
@@ -245,17 +245,27 @@ async fn users_cannot_launch_as_someone_else_or_without_a_token() {
         assert!(err.message().contains(want), "{want}: {}", err.message());
     }
 
-    let raw =
+    let step =
         tonic::transport::Endpoint::from_shared(format!("http://{}", h.register.step_address))
-            .unwrap()
-            .connect()
-            .await
             .unwrap();
+    let raw = tandem_proto::net::connect(&step, &h.tls.client)
+        .await
+        .unwrap();
     let err = StepLauncherClient::new(raw)
         .launch_tasks(request(&h, 32, 0, &["true"], &[0]))
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    // Plain text is not served at all: the request never reaches the interceptor.
+    if let Ok(plain) =
+        tandem_proto::net::connect(&step, &tandem_proto::net::ClientSecurity::Plaintext).await
+    {
+        let err = StepLauncherClient::new(plain)
+            .launch_tasks(request(&h, 32, 0, &["true"], &[0]))
+            .await
+            .unwrap_err();
+        assert_ne!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
+    }
     h.stop().await;
 }
 

@@ -84,6 +84,7 @@ pub async fn run(args: Args) -> Exit {
         durability: None,
         admins: Vec::new(),
         timeout: 60,
+        insecure_plaintext: false,
     };
     println!(
         "== tandem up --nodes {} --gpus-per-node {} --state-dir {}",
@@ -176,9 +177,14 @@ async fn drive(args: &Args, scripts: &[PathBuf], env: &Env) -> Exit {
 
     let ep = tandem_proto::endpoint::ClusterFile::read(cluster_file)?;
     let key = tandem_proto::auth::ClusterKey::load(&ep.key_file)?;
-    let channel =
-        tandem_proto::endpoint::connect(&ep.controller, &key, &crate::client::current_identity())
-            .await?;
+    let security = tandem_proto::endpoint::security_for(&ep.controller, ep.ca_file.as_deref())?;
+    let channel = tandem_proto::endpoint::connect_as(
+        &ep.controller,
+        &security,
+        &key,
+        &crate::client::current_identity(),
+    )
+    .await?;
     let mut acct = AccountingClient::new(channel);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(args.timeout);
     let records = loop {

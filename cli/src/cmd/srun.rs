@@ -248,10 +248,11 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args) -> Exit {
         let tx = tx.clone();
         let node = target.node.clone();
         let auth = client.auth.clone();
+        let security = client.security.clone();
         // Each node is connected to and launched on in its own task: the step starts on all
         // of them after one connection time, not one per node in turn.
         launches.push(tokio::spawn(async move {
-            let channel = tandem_proto::endpoint::connect_with(&address, auth)
+            let channel = tandem_proto::endpoint::connect_with(&address, &security, auth)
                 .await
                 .with_context(|| format!("cannot reach node {node}"))?;
             let mut launcher = StepLauncherClient::new(channel);

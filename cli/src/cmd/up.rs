@@ -14,7 +14,16 @@
 //! DIR/controller.args    its arguments, one per line (to restart it by hand or in tests)
 //! DIR/controller.log     its log
 //! DIR/workers/NAME/      a worker's spool; DIR/workers/NAME.pid, DIR/workers/NAME.log
+//! DIR/tls/ca/            the cluster CA: ca.crt (0644, named in cluster.json) and ca.key
+//!                        (0600), made once (ECDSA P-256) and kept across restarts
+//! DIR/tls/controller/    the controller's certificate (tls.crt, tls.key 0600, ca.crt),
+//!                        re-issued at every `tandem up`, for 127.0.0.1, ::1, localhost,
+//!                        this host's name and the listen address
+//! DIR/tls/workers/NAME/  each worker's step-service certificate (also naming NAME)
 //! ```
+//!
+//! `--insecure-plaintext` skips TLS (loopback addresses only: the daemons refuse it
+//! elsewhere).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -81,6 +90,9 @@ pub struct Args {
     /// How long to wait for the cluster to be ready, in seconds.
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,
+    /// No TLS: every daemon speaks plain text (development; loopback addresses only).
+    #[arg(long)]
+    pub insecure_plaintext: bool,
 }
 
 /// The default state dir, `~/.tandem/local`.
@@ -179,8 +191,26 @@ pub async fn start(args: &Args) -> anyhow::Result<Started> {
     }
 
     let addr = resolve_listen(args.listen)?;
-    let controller_url = format!("http://{addr}");
     let exe = std::env::current_exe().context("cannot find this binary's path")?;
+    let tls = if args.insecure_plaintext {
+        None
+    } else {
+        Some(Certificates::make(&dir, addr, args.nodes)?)
+    };
+    let controller_url = match &tls {
+        Some(_) => format!("https://{addr}"),
+        None => format!("http://{addr}"),
+    };
+    let security = tandem_proto::endpoint::security_for(
+        &controller_url,
+        tls.as_ref().map(|t| t.ca_file.as_path()),
+    )?;
+    let tls_flag = |dir: &Path| -> Vec<String> {
+        match &tls {
+            Some(_) => vec!["--tls-dir".into(), dir.to_string_lossy().into_owned()],
+            None => vec!["--insecure-plaintext".into()],
+        }
+    };
 
     let mut cargs: Vec<String> = vec![
         "controller".into(),
@@ -191,6 +221,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Started> {
         "--key-file".into(),
         key_file.to_string_lossy().into_owned(),
     ];
+    cargs.extend(tls_flag(&Certificates::controller_dir(&dir)));
     for (flag, v) in [
         ("--kill-wait", &args.kill_wait),
         ("--heartbeat-interval", &args.heartbeat_interval),
@@ -238,6 +269,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Started> {
             "--cgroup-subtree".into(),
             cgroup_subtree(&dir, &name),
         ];
+        wargs.extend(tls_flag(&Certificates::worker_dir(&dir, &name)));
         if let Some(c) = args.cpus_per_node {
             wargs.push("--cpus".into());
             wargs.push(c.to_string());
@@ -258,7 +290,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Started> {
 
     let cluster_file = dir.join("cluster.json");
     let ready = wait_ready(
-        &controller_url,
+        (&controller_url, &security),
         &key,
         args.nodes as usize,
         Duration::from_secs(args.timeout),
@@ -279,6 +311,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Started> {
         controller: controller_url.clone(),
         key_file: key_file.clone(),
         auth_socket: Some(socket),
+        ca_file: tls.map(|t| t.ca_file),
     };
     file.write(&cluster_file)?;
     if !args.no_default_config
@@ -295,6 +328,63 @@ pub async fn start(args: &Args) -> anyhow::Result<Started> {
         cluster_file,
         controller: controller_url,
     })
+}
+
+/// The cluster CA and the daemons' certificates under `DIR/tls`.
+struct Certificates {
+    ca_file: PathBuf,
+}
+
+impl Certificates {
+    fn controller_dir(dir: &Path) -> PathBuf {
+        dir.join("tls").join("controller")
+    }
+
+    fn worker_dir(dir: &Path, name: &str) -> PathBuf {
+        dir.join("tls").join("workers").join(name)
+    }
+
+    /// Loads or makes the CA and issues the controller's and each worker's certificate for
+    /// every name a client on this machine may dial.
+    fn make(dir: &Path, listen: std::net::SocketAddr, nodes: u32) -> anyhow::Result<Self> {
+        use tandem_proto::tls::ca::ClusterCa;
+        let ca_dir = dir.join("tls").join("ca");
+        let ca = ClusterCa::load_or_create(&ca_dir)
+            .with_context(|| format!("cannot make the cluster CA in {}", ca_dir.display()))?;
+        let mut local: Vec<String> = vec!["127.0.0.1".into(), "::1".into(), "localhost".into()];
+        let host = crate::client::hostname();
+        if rcgen_name_ok(&host) {
+            local.push(host);
+        }
+        let mut names = local.clone();
+        if !listen.ip().is_unspecified() {
+            names.push(listen.ip().to_string());
+        }
+        names.dedup();
+        let cdir = Self::controller_dir(dir);
+        ca.write_server_dir(&cdir, &names)
+            .with_context(|| format!("cannot issue {}", cdir.display()))?;
+        for i in 1..=nodes {
+            let name = node_name(i);
+            let mut names = local.clone();
+            names.push(name.clone());
+            let wdir = Self::worker_dir(dir, &name);
+            ca.write_server_dir(&wdir, &names)
+                .with_context(|| format!("cannot issue {}", wdir.display()))?;
+        }
+        Ok(Certificates {
+            ca_file: ClusterCa::cert_path(&ca_dir),
+        })
+    }
+}
+
+/// A host name usable as a certificate's DNS name (some hosts report odd ones).
+fn rcgen_name_ok(host: &str) -> bool {
+    !host.is_empty()
+        && host.len() <= 253
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
 }
 
 fn exe_path() -> anyhow::Result<PathBuf> {
@@ -374,8 +464,9 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join(" | ")
 }
 
+/// The controller: its URL and how to reach it (TLS against the new CA, or plain text).
 async fn wait_ready(
-    url: &str,
+    (url, security): (&str, &tandem_proto::net::ClientSecurity),
     key: &ClusterKey,
     nodes: usize,
     timeout: Duration,
@@ -403,7 +494,8 @@ async fn wait_ready(
                 );
             }
         }
-        if let Ok(channel) = tandem_proto::endpoint::connect(url, key, &identity).await {
+        if let Ok(channel) = tandem_proto::endpoint::connect_as(url, security, key, &identity).await
+        {
             let mut client = NodesClient::new(channel);
             if let Ok(resp) = client.list_nodes(ListNodesRequest::default()).await {
                 let up = resp.into_inner().nodes;

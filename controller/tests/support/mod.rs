@@ -8,6 +8,7 @@ use std::time::Duration;
 use tandem_controller::{Config, run};
 use tandem_proto::auth::{ClusterKey, Identity};
 use tandem_proto::endpoint::{self, AuthChannel};
+use tandem_proto::net::{ClientSecurity, ServerSecurity};
 use tandem_proto::v1::accounting_client::AccountingClient;
 use tandem_proto::v1::jobs_client::JobsClient;
 use tokio::sync::oneshot;
@@ -19,6 +20,8 @@ pub const WAIT: Duration = Duration::from_secs(10);
 
 pub struct Controller {
     pub addr: String,
+    /// TLS against the CA this support made (every test runs the controller with TLS).
+    pub security: ClientSecurity,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), tandem_controller::Error>>,
     pub key: ClusterKey,
@@ -30,6 +33,8 @@ impl Controller {
         config.node_timeout = Duration::from_secs(30);
         config.heartbeat_interval = Duration::from_millis(200);
         config.kill_wait = Duration::from_secs(1);
+        let (server, security) = tls_for(&dir.join("tls"));
+        config.tls = server;
         tune(&mut config);
         let key_file = config.key_file.clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -51,6 +56,7 @@ impl Controller {
         .unwrap();
         Controller {
             addr,
+            security,
             stop: Some(tx),
             task,
             key,
@@ -60,7 +66,9 @@ impl Controller {
     pub async fn channel(&self, who: &Identity) -> AuthChannel {
         tokio::time::timeout(WAIT, async {
             loop {
-                if let Ok(c) = endpoint::connect(&self.addr, &self.key, who).await {
+                if let Ok(c) =
+                    endpoint::connect_as(&self.addr, &self.security, &self.key, who).await
+                {
                     return c;
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -88,6 +96,18 @@ impl Controller {
             .unwrap()
             .unwrap();
     }
+}
+
+/// A cluster CA in `dir` (kept if there is one) and a certificate for 127.0.0.1: the
+/// server's and a client's halves.
+pub fn tls_for(dir: &Path) -> (ServerSecurity, ClientSecurity) {
+    use tandem_proto::tls;
+    let ca = tls::ca::ClusterCa::load_or_create(&dir.join("ca")).unwrap();
+    let srv = dir.join("server");
+    ca.write_server_dir(&srv, &["127.0.0.1".into()]).unwrap();
+    let server = tls::server_config(&srv.join(tls::CERT_FILE), &srv.join(tls::KEY_FILE)).unwrap();
+    let client = tls::client_config(&tls::ca::ClusterCa::cert_path(&dir.join("ca"))).unwrap();
+    (ServerSecurity::Tls(server), ClientSecurity::Tls(client))
 }
 
 pub fn alice() -> Identity {

@@ -80,8 +80,10 @@ pub struct FakeController {
 }
 
 impl FakeController {
-    /// Starts a fake on `addr` (port 0 for a fresh one).
-    pub async fn start(key: &ClusterKey, addr: SocketAddr) -> Self {
+    /// Starts a fake on `addr` (port 0 for a fresh one), serving TLS with `tls`'s
+    /// certificate.
+    pub async fn start(key: &ClusterKey, addr: SocketAddr, tls: &TestTls) -> Self {
+        let security = tls.server.clone();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -104,9 +106,10 @@ impl FakeController {
                 }
             };
             let _ = bound_tx.send(listener.local_addr().unwrap());
+            let listener = tandem_proto::net::Listener::from(listener);
             tonic::transport::Server::builder()
                 .add_service(WorkerLinkServer::with_interceptor(svc, auth))
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .serve_with_incoming(listener.incoming(security))
                 .await
                 .unwrap();
         });
@@ -265,8 +268,34 @@ impl Drop for WorkerProc {
 }
 
 /// A cluster key, a fake controller and a running worker.
+/// A cluster CA and a certificate for 127.0.0.1, shared by the fake controller and the
+/// worker's step service: every worker test runs over TLS.
+#[derive(Clone)]
+pub struct TestTls {
+    pub server: tandem_proto::net::ServerSecurity,
+    pub client: tandem_proto::net::ClientSecurity,
+}
+
+impl TestTls {
+    pub fn make(dir: &Path) -> TestTls {
+        use tandem_proto::tls;
+        let ca = tls::ca::ClusterCa::load_or_create(&dir.join("ca")).unwrap();
+        let srv = dir.join("server");
+        ca.write_server_dir(&srv, &["127.0.0.1".into()]).unwrap();
+        TestTls {
+            server: tandem_proto::net::ServerSecurity::Tls(
+                tls::server_config(&srv.join(tls::CERT_FILE), &srv.join(tls::KEY_FILE)).unwrap(),
+            ),
+            client: tandem_proto::net::ClientSecurity::Tls(
+                tls::client_config(&tls::ca::ClusterCa::cert_path(&dir.join("ca"))).unwrap(),
+            ),
+        }
+    }
+}
+
 pub struct Harness {
     pub dir: tempfile::TempDir,
+    pub tls: TestTls,
     pub key: ClusterKey,
     pub controller: FakeController,
     pub register: Register,
@@ -291,7 +320,9 @@ impl Harness {
         let key = ClusterKey::generate().unwrap();
         let key_file = dir.path().join("cluster.key");
         key.write_new(&key_file).unwrap();
-        let mut controller = FakeController::start(&key, "127.0.0.1:0".parse().unwrap()).await;
+        let tls = TestTls::make(&dir.path().join("tls"));
+        let mut controller =
+            FakeController::start(&key, "127.0.0.1:0".parse().unwrap(), &tls).await;
         let config = Config {
             controller: format!("http://{}", controller.addr),
             key_file,
@@ -317,6 +348,10 @@ impl Harness {
                 program: env!("CARGO_BIN_EXE_tandem-job-exec").into(),
                 args: vec![],
             }),
+            transport: tandem_worker::Transport {
+                server: tls.server.clone(),
+                client: tls.client.clone(),
+            },
         };
         let mut config = config;
         adjust(&mut config);
@@ -324,6 +359,7 @@ impl Harness {
         let register = controller.register().await;
         Self {
             dir,
+            tls,
             key,
             controller,
             register,
