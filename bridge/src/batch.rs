@@ -69,14 +69,22 @@ pub struct GrpcBatch {
 const CAPS_TTL: Duration = Duration::from_secs(5);
 
 impl GrpcBatch {
-    pub async fn connect(address: &str, key: &ClusterKey) -> Result<Self, BatchError> {
+    /// Connects over TLS verified against `ca`; without one, plain text, which the
+    /// endpoint allows only to a loopback address.
+    pub async fn connect(
+        address: &str,
+        ca: Option<&std::path::Path>,
+        key: &ClusterKey,
+    ) -> Result<Self, BatchError> {
         let who = Identity::service(Role::Bridge, "tandem-bridge", 0, 0);
-        let channel = endpoint::connect(address, key, &who)
+        let connect_err = |source| BatchError::Connect {
+            address: address.to_owned(),
+            source,
+        };
+        let security = endpoint::security_for(address, ca).map_err(connect_err)?;
+        let channel = endpoint::connect_as(address, &security, key, &who)
             .await
-            .map_err(|source| BatchError::Connect {
-                address: address.to_owned(),
-                source,
-            })?;
+            .map_err(connect_err)?;
         Ok(Self {
             channel,
             caps: Mutex::new(None),

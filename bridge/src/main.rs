@@ -29,6 +29,10 @@ struct RunArgs {
     /// The cluster key, mounted from its Secret; signs the bridge's role credential.
     #[arg(long)]
     key_file: PathBuf,
+    /// The cluster CA the controller's certificate chains to. Without it the bridge speaks
+    /// plain text, and only to a loopback address.
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
     /// The `TandemCluster` whose namespace map (spec.bridge.namespaces) applies.
     #[arg(long)]
     cluster: String,
@@ -59,7 +63,7 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API")?;
-    let batch = GrpcBatch::connect(&a.controller, &key).await?;
+    let batch = GrpcBatch::connect(&a.controller, a.ca_file.as_deref(), &key).await?;
     let cfg = Config {
         cluster_namespace: a.cluster_namespace,
         cluster_name: a.cluster,

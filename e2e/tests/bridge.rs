@@ -125,6 +125,8 @@ async fn an_inference_deployment_and_batch_jobs_take_turns_on_one_pool() {
             "200ms",
             "--kill-wait",
             "1s",
+            // Loopback only, as the flag requires; the TLS path has its own tests.
+            "--insecure-plaintext",
         ],
         &dir.path().join("controller.log"),
         &[],
@@ -155,6 +157,7 @@ async fn an_inference_deployment_and_batch_jobs_take_turns_on_one_pool() {
                 "2",
                 "--state-dir",
                 spool.to_str().unwrap(),
+                "--insecure-plaintext",
             ],
             &dir.path().join(format!("worker-{n}.log")),
             &[],
