@@ -35,6 +35,7 @@ pub mod probe;
 pub mod process;
 pub mod quantity;
 pub mod status;
+pub mod volume;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -218,6 +219,7 @@ impl Kubelet {
             logs: self.logs.clone(),
             groups: self.groups.clone(),
             sandboxes: self.root.join("pods"),
+            persistent: self.root.join("pvs"),
             backoff: self.config.backoff,
             admitted: Mutex::new(Default::default()),
         });
