@@ -304,6 +304,7 @@ spec: {clusterName: hpc, replicas: 1}
 
     // sinfo in the login pod: the three workers, named after their Kubernetes nodes.
     let sinfo = login(&cluster, &ns, &["sinfo", "-N", "-h", "-o", "%N %t"]).await;
+    eprintln!("sinfo in the login pod:\n{sinfo}");
     let mut listed: Vec<&str> = sinfo
         .lines()
         .filter_map(|l| l.split_whitespace().next())
