@@ -187,7 +187,7 @@ pub async fn prepare(
     for v in spec.volumes.iter().flatten() {
         let (path, read_only_kind) = prepare_one(client, ns, v, roots).await?;
         if let Some(gid) = fs_group
-            && !v.host_path.is_some()
+            && v.host_path.is_none()
         {
             apply_fs_group(&path, gid, read_only_kind)
                 .map_err(|e| format!("volume \"{}\": applying fsGroup {gid}: {e}", v.name))?;
