@@ -72,6 +72,8 @@ pub struct NodeCtx {
     pub sandboxes: PathBuf,
     /// Persistent volumes (one directory per bound claim's volume), shared by the nodes.
     pub persistent: PathBuf,
+    /// Mount points this kubelet's pods hold.
+    pub mounts: super::volume::Held,
     pub backoff: Backoff,
     /// Requests of the admitted pods that have not finished, by uid: what admission
     /// subtracts from allocatable. A mutex because admission must see every earlier
@@ -497,7 +499,7 @@ impl Worker {
             if !mounts.is_empty() && !super::volume::can_mount() {
                 return Err("volume mounts need a mount namespace, which needs root: run the process kubelet as root".to_owned());
             }
-            v.hold(&mounts)
+            v.hold(&mounts, &self.ctx.mounts)
                 .map_err(|e| format!("creating a mount point: {e}"))?;
             Ok(mounts)
         }) {
@@ -829,7 +831,7 @@ impl Worker {
         }
         self.ctx.release(&self.uid);
         if let Some(v) = self.volumes.as_mut() {
-            v.release();
+            v.release(&self.ctx.mounts);
         }
         if let Some(ip) = self.pod_ip.take() {
             crate::net::PodIps::global().release(ip);

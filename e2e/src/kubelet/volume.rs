@@ -403,21 +403,47 @@ impl PodVolumes {
         Ok(out)
     }
 
-    /// Creates the mount points `mounts` need on the host (held until [`Self::release`]).
-    pub fn hold(&mut self, mounts: &[Mount]) -> std::io::Result<()> {
+    /// Creates the mount points `mounts` need on the host (held until [`Self::release`],
+    /// or until the kubelet, which records them in `kubelet`, shuts down).
+    pub fn hold(&mut self, mounts: &[Mount], kubelet: &Held) -> std::io::Result<()> {
         for m in mounts {
             if self.held.contains(&m.target) {
                 continue;
             }
             MountPoints::global().acquire(&m.target, m.source.is_file())?;
             self.held.push(m.target.clone());
+            kubelet.lock().push(m.target.clone());
         }
         Ok(())
     }
 
     /// Gives back the mount points (after every process of the pod is gone).
-    pub fn release(&mut self) {
+    pub fn release(&mut self, kubelet: &Held) {
         for t in self.held.drain(..) {
+            let mut all = kubelet.lock();
+            if let Some(i) = all.iter().position(|p| *p == t) {
+                all.swap_remove(i);
+            }
+            drop(all);
+            MountPoints::global().release(&t);
+        }
+    }
+}
+
+/// The mount points one kubelet's pods hold, so a kubelet stopped with pods still running
+/// (the end of a test) gives them back too.
+#[derive(Debug, Clone, Default)]
+pub struct Held(std::sync::Arc<Mutex<Vec<PathBuf>>>);
+
+impl Held {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<PathBuf>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Releases everything still held (call once the processes are gone).
+    pub fn release_all(&self) {
+        let all: Vec<PathBuf> = self.lock().drain(..).collect();
+        for t in all {
             MountPoints::global().release(&t);
         }
     }
