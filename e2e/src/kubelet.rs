@@ -35,6 +35,7 @@ pub mod probe;
 pub mod process;
 pub mod quantity;
 pub mod status;
+pub mod volume;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -112,6 +113,8 @@ pub struct Kubelet {
     root: PathBuf,
     logs: Arc<logs::LogStore>,
     groups: process::ProcessGroups,
+    /// Mount points held by this kubelet's pods (given back on shutdown).
+    mounts: volume::Held,
     log_addr: SocketAddr,
     /// One task per node (its pod watch, which owns the node's pod tasks) and one per
     /// heartbeat; aborted on drop.
@@ -167,6 +170,7 @@ impl Kubelet {
             root,
             logs,
             groups: process::ProcessGroups::default(),
+            mounts: volume::Held::default(),
             log_addr,
             tasks: Mutex::new(HashMap::new()),
             server,
@@ -218,6 +222,8 @@ impl Kubelet {
             logs: self.logs.clone(),
             groups: self.groups.clone(),
             sandboxes: self.root.join("pods"),
+            persistent: self.root.join("pvs"),
+            mounts: self.mounts.clone(),
             backoff: self.config.backoff,
             admitted: Mutex::new(Default::default()),
         });
@@ -256,6 +262,7 @@ impl Kubelet {
         }
         self.server.abort();
         self.groups.kill_all();
+        self.mounts.release_all();
     }
 }
 

@@ -67,6 +67,25 @@ pub enum TestkitError {
     },
 }
 
+/// Why [`TestCluster::exec`] could not run a command.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("exec runs commands in the process kubelet's pods; this is a real cluster")]
+    Real,
+    #[error("reading the pod")]
+    Read(#[source] kube::Error),
+    #[error("pod {0} has no such container")]
+    NoContainer(String),
+    #[error("the container of pod {0} is not running")]
+    NotRunning(String),
+    #[error("the command is not in the container's image: {0}")]
+    Command(String),
+    #[error("reading the container's process")]
+    Proc(#[source] std::io::Error),
+    #[error("running nsenter")]
+    Spawn(#[source] std::io::Error),
+}
+
 /// A cluster for one test.
 pub struct TestCluster {
     client: kube::Client,
@@ -82,6 +101,7 @@ struct Local {
     kubelet: Kubelet,
     _scheduler: Option<Scheduler>,
     proxy: Option<ServiceProxy>,
+    images: ImageTable,
     system_requests: RequestLog,
     kubelet_requests: RequestLog,
     server: apiserver::RunningServer,
@@ -98,10 +118,25 @@ pub struct Options {
     pub service_proxy: bool,
 }
 
+/// The image the operator runs by default (`ghcr.io/tandem-dev/tandem:<version>`).
+pub fn tandem_image() -> String {
+    format!("ghcr.io/tandem-dev/tandem:{}", env!("CARGO_PKG_VERSION"))
+}
+
+/// The standard images plus Tandem's own image, mapped to the workspace's build directory
+/// (`target/<profile>/`, where `tandem`, `tandem-operator` and `tandem-bridge` are built).
+pub fn images() -> ImageTable {
+    let table = ImageTable::standard(tandem_bin().as_deref());
+    match tandem_bin().as_deref().and_then(std::path::Path::parent) {
+        Some(dir) => table.with(tandem_image(), crate::kubelet::Image::tandem(dir)),
+        None => table,
+    }
+}
+
 impl Default for Options {
     fn default() -> Self {
         Self {
-            kubelet: KubeletConfig::new(ImageTable::standard(tandem_bin().as_deref())),
+            kubelet: KubeletConfig::new(images()),
             server: apiserver::Config::default(),
             scheduler: true,
             service_proxy: true,
@@ -143,6 +178,7 @@ impl TestCluster {
         // sends, and the kubelet's traffic can be checked on its own.
         let kubelet_requests = RequestLog::default();
         let kubelet_client = counted_client(config.clone(), &kubelet_requests)?;
+        let images = options.kubelet.images.clone();
         let kubelet = Kubelet::start(kubelet_client, options.kubelet)
             .await
             .map_err(TestkitError::Kubelet)?;
@@ -157,6 +193,7 @@ impl TestCluster {
             kubelet,
             _scheduler: scheduler,
             proxy,
+            images,
             system_requests,
             kubelet_requests,
             server,
@@ -256,6 +293,90 @@ impl TestCluster {
             .add_node(spec)
             .await
             .map_err(TestkitError::Kubelet)
+    }
+
+    /// Declares `count` nodes `{prefix}-0`, `{prefix}-1`, ... of one shape; their names.
+    pub async fn declare_nodes(
+        &self,
+        prefix: &str,
+        count: usize,
+        cpu: &str,
+        memory: &str,
+        gpus: u32,
+    ) -> Result<Vec<String>, TestkitError> {
+        let mut names = Vec::new();
+        for i in 0..count {
+            let name = format!("{prefix}-{i}");
+            self.declare_node(&name, cpu, memory, gpus).await?;
+            names.push(name);
+        }
+        Ok(names)
+    }
+
+    /// Runs `argv` in a running container of a pod, as `kubectl exec` does: the command is
+    /// found in the container's image, with the container's environment, working directory
+    /// and mounts (it joins the container's mount namespace), so it sees the pod's volumes
+    /// and reaches what the pod reaches. `container` `None`: the first container.
+    pub async fn exec(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: Option<&str>,
+        argv: &[&str],
+    ) -> Result<std::process::Output, ExecError> {
+        let Some(local) = &self.local else {
+            return Err(ExecError::Real);
+        };
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let p = pods.get(pod).await.map_err(ExecError::Read)?;
+        let spec = p.spec.clone().unwrap_or_default();
+        let c = match container {
+            Some(n) => spec.containers.iter().find(|c| c.name == n),
+            None => spec.containers.first(),
+        }
+        .ok_or_else(|| ExecError::NoContainer(pod.to_owned()))?;
+        let pid = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|cs| cs.iter().find(|s| s.name == c.name))
+            .filter(|s| s.state.as_ref().is_some_and(|st| st.running.is_some()))
+            .and_then(|s| s.container_id.as_deref())
+            .and_then(|id| id.strip_prefix("process://"))
+            .and_then(|id| id.parse::<u32>().ok())
+            .ok_or_else(|| ExecError::NotRunning(pod.to_owned()))?;
+        let mut spec = c.clone();
+        spec.command = Some(argv.iter().map(|a| (*a).to_owned()).collect());
+        spec.args = None;
+        let launch = local
+            .images
+            .launch(&spec)
+            .map_err(|e| ExecError::Command(format!("{e:?}")))?;
+        let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+        let environ = std::fs::read(proc_dir.join("environ")).map_err(ExecError::Proc)?;
+        let cwd = std::fs::read_link(proc_dir.join("cwd")).map_err(ExecError::Proc)?;
+        let mut cmd = tokio::process::Command::new("nsenter");
+        cmd.arg(format!("--mount={}", proc_dir.join("ns/mnt").display()))
+            .arg(format!("--wd={}", cwd.display()))
+            .args([
+                "--",
+                "bash",
+                "-c",
+                "a0=$1; shift; exec -a \"$a0\" \"$@\"",
+                "bash",
+            ])
+            .arg(&launch.arg0)
+            .arg(&launch.program)
+            .args(&launch.args)
+            .env_clear()
+            .stdin(std::process::Stdio::null());
+        for kv in environ.split(|b| *b == 0).filter(|kv| !kv.is_empty()) {
+            let kv = String::from_utf8_lossy(kv);
+            if let Some((k, v)) = kv.split_once('=') {
+                cmd.env(k, v);
+            }
+        }
+        cmd.output().await.map_err(ExecError::Spawn)
     }
 
     /// Creates a namespace `{base}-{random}` so tests never collide on a shared cluster.

@@ -702,3 +702,189 @@ async fn active_deadline_fails_the_pod_with_deadline_exceeded() {
     assert_eq!(status.reason.as_deref(), Some("DeadlineExceeded"));
     assert_eq!(exit_code(&failed), Some(143), "sleep ended by SIGTERM");
 }
+
+#[tokio::test]
+async fn volumes_are_mounted_at_their_mount_paths_in_a_private_mount_namespace() {
+    let test = "volumes_are_mounted";
+    let Some((cluster, pods)) = cluster_with_node_a(test).await else {
+        return;
+    };
+    if !nix::unistd::geteuid().is_root() {
+        testkit::skip(
+            test,
+            "volume mounts need a mount namespace, which needs root",
+        );
+        return;
+    }
+    let client = cluster.client();
+    let ns = "default";
+    let host = tempfile::tempdir().unwrap();
+    std::fs::write(host.path().join("shared.txt"), "from the host\n").unwrap();
+    // Mount points that do not exist on the host: made for the pod, removed after it.
+    let tag = format!("{:08x}", rand::random::<u32>());
+    let base = format!("/tmp/tandem-e2e-mounts-{tag}");
+    let objects = format!(
+        r#"
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: vol-cm}}
+data: {{a.conf: "alpha\n", b.conf: "beta\n"}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: vol-secret}}
+stringData: {{cluster.key: "s3cret\n"}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: vol-claim}}
+spec: {{accessModes: [ReadWriteOnce], resources: {{requests: {{storage: 1Gi}}}}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: vols}}
+spec:
+  nodeName: node-a
+  restartPolicy: Never
+  securityContext: {{fsGroup: 0}}
+  containers:
+  - name: c
+    image: busybox
+    command: [sh, -c]
+    args:
+    - |
+      set -e
+      cat {base}/conf/renamed
+      test ! -e {base}/conf/a.conf
+      stat -c 'cm %a' {base}/conf/renamed
+      cat {base}/key/cluster.key
+      stat -c 'key %a' {base}/key/cluster.key
+      echo written > {base}/scratch/x && cat {base}/scratch/x
+      if (echo no > {base}/key/new) 2>/dev/null; then echo key-writable; fi
+      cat {base}/one.conf
+      cat {base}/host/shared.txt
+      echo persisted > {base}/state/file
+    volumeMounts:
+    - {{name: conf, mountPath: {base}/conf, readOnly: true}}
+    - {{name: key, mountPath: {base}/key, readOnly: true}}
+    - {{name: scratch, mountPath: {base}/scratch}}
+    - {{name: conf-all, mountPath: {base}/one.conf, subPath: b.conf}}
+    - {{name: host, mountPath: {base}/host}}
+    - {{name: state, mountPath: {base}/state}}
+  volumes:
+  - name: conf
+    configMap: {{name: vol-cm, items: [{{key: a.conf, path: renamed, mode: 384}}]}}
+  - name: conf-all
+    configMap: {{name: vol-cm}}
+  - name: key
+    secret: {{secretName: vol-secret, defaultMode: 256}}
+  - name: scratch
+    emptyDir: {{}}
+  - name: host
+    hostPath: {{path: {host}, type: Directory}}
+  - name: state
+    persistentVolumeClaim: {{claimName: vol-claim}}
+"#,
+        host = host.path().display()
+    );
+    let objs = testkit::objects_from_yaml(&objects).unwrap();
+    testkit::create_all(&client, ns, &objs).await.unwrap();
+    let pod = wait_for_phase(&pods, "vols", "Succeeded").await;
+    let out = log(&pods, "vols").await;
+    assert_eq!(exit_code(&pod), Some(0), "{out}");
+    // fsGroup adds group read to the read-only volumes' files, as a kubelet does.
+    assert_eq!(
+        out, "alpha\ncm 640\ns3cret\nkey 440\nwritten\nbeta\nfrom the host\n",
+        "every volume at its mountPath, modes as set"
+    );
+    assert!(
+        !std::path::Path::new(&base).join("key/cluster.key").exists(),
+        "mounts are private to the pod"
+    );
+    pods.delete("vols", &DeleteParams::default()).await.unwrap();
+    wait_for_deletion(&pods, "vols", WAIT).await.unwrap();
+    let gone = Instant::now();
+    while std::path::Path::new(&base).exists() && gone.elapsed() < WAIT {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        !std::path::Path::new(&base).exists(),
+        "the mount points made for the pod are removed with it"
+    );
+
+    // The claim's volume outlives the pod: a second pod sees what the first wrote.
+    let second = format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: vols-again}}
+spec:
+  nodeName: node-a
+  restartPolicy: Never
+  containers:
+  - name: c
+    image: busybox
+    command: [cat, {base}/state/file]
+    volumeMounts: [{{name: state, mountPath: {base}/state}}]
+  volumes: [{{name: state, persistentVolumeClaim: {{claimName: vol-claim}}}}]
+"#
+    );
+    testkit::create_all(&client, ns, &testkit::objects_from_yaml(&second).unwrap())
+        .await
+        .unwrap();
+    wait_for_phase(&pods, "vols-again", "Succeeded").await;
+    assert_eq!(log(&pods, "vols-again").await, "persisted\n");
+}
+
+#[tokio::test]
+async fn a_missing_secret_holds_the_pod_in_container_creating_with_failed_mount() {
+    let test = "missing_secret_failed_mount";
+    let Some((cluster, pods)) = cluster_with_node_a(test).await else {
+        return;
+    };
+    let objects = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: nokey}
+spec:
+  nodeName: node-a
+  containers:
+  - {name: c, image: busybox, command: [sleep, "30"], volumeMounts: [{name: k, mountPath: /tmp/tandem-e2e-nokey}]}
+  volumes: [{name: k, secret: {secretName: absent}}]
+"#;
+    testkit::create_all(
+        &cluster.client(),
+        "default",
+        &testkit::objects_from_yaml(objects).unwrap(),
+    )
+    .await
+    .unwrap();
+    let events: Api<Event> = Api::namespaced(cluster.client(), "default");
+    let began = Instant::now();
+    loop {
+        let list = events.list(&ListParams::default()).await.unwrap();
+        if let Some(e) = list
+            .items
+            .iter()
+            .find(|e| e.reason.as_deref() == Some("FailedMount"))
+        {
+            assert!(
+                e.message
+                    .as_deref()
+                    .unwrap_or("")
+                    .contains("secret \"absent\" not found")
+            );
+            break;
+        }
+        assert!(began.elapsed() < WAIT, "no FailedMount event");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let pod = pods.get("nokey").await.unwrap();
+    assert_eq!(phase(&pod), "Pending");
+    assert_eq!(
+        first_container_waiting(&pod)
+            .and_then(|w| w.reason)
+            .as_deref(),
+        Some("ContainerCreating")
+    );
+}

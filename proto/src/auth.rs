@@ -176,7 +176,15 @@ impl ClusterKey {
         };
         let meta = fs::metadata(path).map_err(read_err)?;
         let mode = meta.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
+        // A Kubernetes Secret mounted with `defaultMode: 0400` in a pod with `fsGroup` is
+        // `root:<fsGroup> 0440` (the kubelet adds group read to every file): accepted, as
+        // PostgreSQL accepts root-owned keys its group may read. Writable or
+        // world-readable is still refused.
+        let kubernetes_secret = {
+            use std::os::unix::fs::MetadataExt as _;
+            meta.uid() == 0 && mode & 0o277 == 0o040
+        };
+        if mode & 0o077 != 0 && !kubernetes_secret {
             return Err(KeyError::Permissions {
                 path: path.to_owned(),
                 mode,
@@ -910,6 +918,16 @@ mod tests {
         let err = ClusterKey::load(&path).unwrap_err();
         assert!(matches!(err, KeyError::Permissions { mode: 0o640, .. }));
         assert!(err.to_string().contains("chmod 600"));
+        // A Secret mounted with defaultMode 0400 and fsGroup: 0440, accepted when root
+        // owns it (as the kubelet makes it), refused otherwise.
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o440)).unwrap();
+        let root_owned = {
+            use std::os::unix::fs::MetadataExt as _;
+            fs::metadata(&path).unwrap().uid() == 0
+        };
+        assert_eq!(ClusterKey::load(&path).is_ok(), root_owned);
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o444)).unwrap();
+        assert!(ClusterKey::load(&path).is_err(), "others may never read it");
     }
 
     #[test]

@@ -49,6 +49,42 @@ impl NodeSpec {
         }
     }
 
+    /// Parses `kube-sim --node`: `NAME:cpu=64,memory=256Gi,nvidia.com/gpu=8` (each
+    /// resource optional: 4 CPUs, 8Gi, no GPUs by default; `pods=N` sets the pod limit).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let (name, resources) = text.split_once(':').unwrap_or((text, ""));
+        if name.is_empty() {
+            return Err(format!(
+                "{text:?}: the node needs a name (NAME:cpu=..,memory=..)"
+            ));
+        }
+        let mut spec = Self::new(name, "4", "8Gi", 0);
+        for kv in resources.split(',').filter(|s| !s.is_empty()) {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("{text:?}: {kv:?} is not RESOURCE=QUANTITY"))?;
+            let bad = |e: &dyn std::fmt::Display| format!("{text:?}: {k}={v:?}: {e}");
+            match k {
+                "cpu" => {
+                    super::quantity::parse_milli(v).map_err(|e| bad(&e))?;
+                    spec.cpu = v.to_owned();
+                }
+                "memory" => {
+                    super::quantity::parse_milli(v).map_err(|e| bad(&e))?;
+                    spec.memory = v.to_owned();
+                }
+                "nvidia.com/gpu" => spec.gpus = v.parse().map_err(|e| bad(&e))?,
+                "pods" => spec.pods = v.parse().map_err(|e| bad(&e))?,
+                other => {
+                    return Err(format!(
+                        "{text:?}: unknown resource {other:?} (cpu, memory, nvidia.com/gpu, pods)"
+                    ));
+                }
+            }
+        }
+        Ok(spec)
+    }
+
     pub fn label(mut self, key: &str, value: &str) -> Self {
         self.labels.insert(key.to_owned(), value.to_owned());
         self
@@ -279,6 +315,29 @@ async fn create_lease(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn node_flags_parse_and_bad_ones_say_why() {
+        let n = NodeSpec::parse("gpu-01:cpu=64,memory=256Gi,nvidia.com/gpu=8").unwrap();
+        assert_eq!(
+            (n.name.as_str(), n.cpu.as_str(), n.memory.as_str(), n.gpus),
+            ("gpu-01", "64", "256Gi", 8)
+        );
+        let d = NodeSpec::parse("plain").unwrap();
+        assert_eq!((d.cpu.as_str(), d.gpus), ("4", 0));
+        assert!(NodeSpec::parse(":cpu=1").unwrap_err().contains("name"));
+        assert!(NodeSpec::parse("a:cpu=lots").unwrap_err().contains("cpu"));
+        assert!(
+            NodeSpec::parse("a:tpu=1")
+                .unwrap_err()
+                .contains("unknown resource")
+        );
+        assert!(
+            NodeSpec::parse("a:cpu")
+                .unwrap_err()
+                .contains("RESOURCE=QUANTITY")
+        );
+    }
 
     #[test]
     fn capacity_and_allocatable_agree() {

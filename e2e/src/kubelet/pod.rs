@@ -70,6 +70,10 @@ pub struct NodeCtx {
     pub groups: ProcessGroups,
     /// Parent of the pods' working directories.
     pub sandboxes: PathBuf,
+    /// Persistent volumes (one directory per bound claim's volume), shared by the nodes.
+    pub persistent: PathBuf,
+    /// Mount points this kubelet's pods hold.
+    pub mounts: super::volume::Held,
     pub backoff: Backoff,
     /// Requests of the admitted pods that have not finished, by uid: what admission
     /// subtracts from allocatable. A mutex because admission must see every earlier
@@ -186,6 +190,8 @@ struct Worker {
     /// The pod's own loopback address, given at admission (`hostNetwork`: the node's).
     pod_ip: Option<std::net::Ipv4Addr>,
     host_network: bool,
+    /// The pod's volumes, made before its first container starts.
+    volumes: Option<super::volume::PodVolumes>,
 }
 
 /// Runs one pod until it is gone from the API. `updates` starts with the pod.
@@ -241,6 +247,7 @@ pub async fn run(ctx: Arc<NodeCtx>, updates: watch::Receiver<Option<Pod>>) {
         reason: None,
         pod_ip: None,
         host_network: spec.host_network == Some(true),
+        volumes: None,
     };
     let span = tracing::info_span!("pod", pod = %format!("{}/{}", w.ns, w.name));
     w.lifecycle().instrument(span).await;
@@ -473,7 +480,35 @@ impl Worker {
                 return self.wait(kind, idx, "CreateContainerError", msg);
             }
         };
-        let mut cwd = self.ctx.sandboxes.join(&self.uid);
+        let sandbox = self.ctx.sandboxes.join(&self.uid);
+        if self.volumes.is_none() {
+            let roots = super::volume::Roots {
+                sandbox: &sandbox,
+                persistent: &self.ctx.persistent,
+            };
+            match super::volume::prepare(&self.ctx.client, &self.ns, &self.pod, roots).await {
+                Ok(v) => self.volumes = Some(v),
+                Err(message) => {
+                    self.emit("Warning", "FailedMount", &message, None);
+                    return self.wait(kind, idx, "ContainerCreating", message);
+                }
+            }
+        }
+        let mounts = match self.volumes.as_mut().map(|v| {
+            let mounts = v.mounts(&container)?;
+            if !mounts.is_empty() && !super::volume::can_mount() {
+                return Err("volume mounts need a mount namespace, which needs root: run the process kubelet as root".to_owned());
+            }
+            v.hold(&mounts, &self.ctx.mounts)
+                .map_err(|e| format!("creating a mount point: {e}"))?;
+            Ok(mounts)
+        }) {
+            Some(Ok(m)) => m,
+            Some(Err(message)) => return self.start_failed(kind, idx, message),
+            None => Vec::new(),
+        };
+        let launch = super::volume::wrap(&launch, &mounts);
+        let mut cwd = sandbox;
         if let Some(dir) = container.working_dir.as_deref() {
             cwd.push(dir.trim_start_matches('/'));
         }
@@ -795,6 +830,9 @@ impl Worker {
             }
         }
         self.ctx.release(&self.uid);
+        if let Some(v) = self.volumes.as_mut() {
+            v.release(&self.ctx.mounts);
+        }
         if let Some(ip) = self.pod_ip.take() {
             crate::net::PodIps::global().release(ip);
         }
