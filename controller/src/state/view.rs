@@ -340,6 +340,9 @@ pub struct ViewPublisher {
     /// Node entries must be rebuilt (a worker connected or left: address, version).
     pub nodes_dirty: bool,
     facts_at: Option<Instant>,
+    /// A pass recomputed priorities that are not published yet (rate limit); the tick
+    /// publishes them once allowed.
+    pub facts_stale: bool,
 }
 
 impl ViewPublisher {
@@ -351,6 +354,7 @@ impl ViewPublisher {
             dirty_jobs: HashSet::new(),
             nodes_dirty: true,
             facts_at: None,
+            facts_stale: false,
         }
     }
 
@@ -451,9 +455,11 @@ impl Actor {
     pub(super) fn publish_facts(&mut self, force: bool) {
         let now = Instant::now();
         if !force && self.view.facts_at.is_some_and(|t| now < t + FACTS_EVERY) {
+            self.view.facts_stale = true;
             return;
         }
         self.view.facts_at = Some(now);
+        self.view.facts_stale = false;
         // A fresh version, so that these facts win over entries built before them and lose
         // to entries built after.
         let version = self.view.current.version + 1;
