@@ -13,8 +13,10 @@
 //!   committer runs the batch's replies, so a `squeue` after `sbatch` returned shows the job.
 //! - Priority and pending reason are recomputed by every pass without being recorded as
 //!   changes (see `tandem_sched::cycle`); rebuilding every pending job's entry per pass would
-//!   cost O(queue), so a pass publishes them as one sorted table at most every
-//!   [`FACTS_EVERY`] (like Slurm's PriorityCalcPeriod; a later change of the job wins).
+//!   cost O(queue), so every pass publishes them as one sorted table (a copy of three
+//!   numbers per pending job, small next to the pass itself; a later change of the job
+//!   wins). [`FACTS_EVERY`] can space those out, like Slurm's PriorityCalcPeriod; it is
+//!   zero because `squeue` right after `sbatch` must show the reason the pass just set.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -33,7 +35,7 @@ use super::{Actor, unix_now};
 use crate::api::convert::{self, JobFields, job_field as f};
 
 /// Least time between two publications of the pending jobs' priorities and reasons.
-pub const FACTS_EVERY: Duration = Duration::from_secs(1);
+pub const FACTS_EVERY: Duration = Duration::ZERO;
 
 /// What readers share: the latest published view.
 pub type SharedView = Arc<ArcSwap<ReadView>>;
