@@ -9,6 +9,10 @@ impl Actor {
         let now = self.now();
         // A pass whose demand was not published (too soon after the last) is, now.
         self.metrics.publish_if_stale(&self.st, now);
+        // Priorities and reasons of a pass that came too soon after the last publication.
+        if self.view.facts_stale {
+            self.publish_facts(false);
+        }
         // Lost workers.
         let lost: Vec<String> = self
             .st

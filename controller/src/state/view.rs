@@ -13,8 +13,10 @@
 //!   committer runs the batch's replies, so a `squeue` after `sbatch` returned shows the job.
 //! - Priority and pending reason are recomputed by every pass without being recorded as
 //!   changes (see `tandem_sched::cycle`); rebuilding every pending job's entry per pass would
-//!   cost O(queue), so a pass publishes them as one sorted table at most every
-//!   [`FACTS_EVERY`] (like Slurm's PriorityCalcPeriod; a later change of the job wins).
+//!   cost O(queue), so every pass publishes them as one sorted table (a copy of three
+//!   numbers per pending job, small next to the pass itself; a later change of the job
+//!   wins). [`FACTS_EVERY`] can space those out, like Slurm's PriorityCalcPeriod; it is
+//!   zero because `squeue` right after `sbatch` must show the reason the pass just set.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -33,7 +35,7 @@ use super::{Actor, unix_now};
 use crate::api::convert::{self, JobFields, job_field as f};
 
 /// Least time between two publications of the pending jobs' priorities and reasons.
-pub const FACTS_EVERY: Duration = Duration::from_secs(1);
+pub const FACTS_EVERY: Duration = Duration::ZERO;
 
 /// What readers share: the latest published view.
 pub type SharedView = Arc<ArcSwap<ReadView>>;
@@ -340,6 +342,9 @@ pub struct ViewPublisher {
     /// Node entries must be rebuilt (a worker connected or left: address, version).
     pub nodes_dirty: bool,
     facts_at: Option<Instant>,
+    /// A pass recomputed priorities that are not published yet (rate limit); the tick
+    /// publishes them once allowed.
+    pub facts_stale: bool,
 }
 
 impl ViewPublisher {
@@ -351,6 +356,7 @@ impl ViewPublisher {
             dirty_jobs: HashSet::new(),
             nodes_dirty: true,
             facts_at: None,
+            facts_stale: false,
         }
     }
 
@@ -451,9 +457,11 @@ impl Actor {
     pub(super) fn publish_facts(&mut self, force: bool) {
         let now = Instant::now();
         if !force && self.view.facts_at.is_some_and(|t| now < t + FACTS_EVERY) {
+            self.view.facts_stale = true;
             return;
         }
         self.view.facts_at = Some(now);
+        self.view.facts_stale = false;
         // A fresh version, so that these facts win over entries built before them and lose
         // to entries built after.
         let version = self.view.current.version + 1;
