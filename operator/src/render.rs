@@ -317,6 +317,10 @@ pub fn pvc(tc: &TandemCluster) -> Result<PersistentVolumeClaim, RenderError> {
     )
 }
 
+/// Until the operator issues certificates from the cluster CA, its pods speak plain text
+/// (loopback only; see `controller_pod`).
+const PLAINTEXT_FLAG: &str = "--insecure-plaintext";
+
 /// The controller pod. `config_hash` (of the rendered config) goes in its template hash, so
 /// a config change restarts the controller; running jobs survive that as any restart.
 pub fn controller_pod(tc: &TandemCluster, config_hash: &str) -> Result<Pod, RenderError> {
@@ -334,6 +338,10 @@ pub fn controller_pod(tc: &TandemCluster, config_hash: &str) -> Result<Pod, Rend
         format!("{KEY_DIR}/{KEY_FILE}"),
         "--config".into(),
         format!("{CONFIG_DIR}/{CONTROLLER_CONFIG_KEY}"),
+        // The operator does not provision TLS certificates yet (issue #10): plain text,
+        // which the controller accepts only on a loopback address. That is the harness's
+        // pod network; on a real cluster the controller refuses to start and says so.
+        PLAINTEXT_FLAG.into(),
     ];
     if let Some(t) = &c.node_timeout {
         args.push("--node-timeout".into());
@@ -449,6 +457,7 @@ pub fn worker_pod(
         format!("$(POD_IP):{WORKER_STEP_PORT}"),
         "--state-dir".into(),
         WORKER_SPOOL.into(),
+        PLAINTEXT_FLAG.into(),
     ];
     if !s.features.is_empty() {
         args.extend(["--features".into(), s.features.join(",")]);
