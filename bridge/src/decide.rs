@@ -152,20 +152,8 @@ pub fn decide(members: &[Member], expected: Option<u32>, job: &JobView, now: i64
             now,
         ),
         JobView::Ending { job_id, why } => {
-            let evict: Vec<String> = holding
-                .iter()
-                .filter(|m| m.state == MemberState::Live)
-                .map(|m| m.name.clone())
-                .collect();
-            if !evict.is_empty() {
-                return Decision::Evict {
-                    job_id: *job_id,
-                    pods: evict,
-                    why: why.clone(),
-                };
-            }
-            if !holding.is_empty() {
-                return wait("evicted pods are still stopping");
+            if let Some(d) = clear_out(*job_id, why, &holding) {
+                return d;
             }
             Decision::EndJob {
                 job_id: *job_id,
@@ -173,20 +161,8 @@ pub fn decide(members: &[Member], expected: Option<u32>, job: &JobView, now: i64
             }
         }
         JobView::Ended { job_id, why } => {
-            let evict: Vec<String> = holding
-                .iter()
-                .filter(|m| m.state == MemberState::Live)
-                .map(|m| m.name.clone())
-                .collect();
-            if !evict.is_empty() {
-                return Decision::Evict {
-                    job_id: *job_id,
-                    pods: evict,
-                    why: why.clone(),
-                };
-            }
-            if !holding.is_empty() {
-                return wait("evicted pods are still stopping");
+            if let Some(d) = clear_out(*job_id, why, &holding) {
+                return d;
             }
             if live_unbound.is_empty() {
                 return wait("job ended and no pod waits");
@@ -252,6 +228,24 @@ fn allocated(
         bindings.push((m.name.clone(), slot.0.clone()));
     }
     Decision::Bind { job_id, bindings }
+}
+
+/// For a job that is over or ending: evict the pods still running on its nodes, or wait
+/// while evicted ones stop; `None` once none holds a slot.
+fn clear_out(job_id: u64, why: &EndReason, holding: &[&Member]) -> Option<Decision> {
+    let evict: Vec<String> = holding
+        .iter()
+        .filter(|m| m.state == MemberState::Live)
+        .map(|m| m.name.clone())
+        .collect();
+    if !evict.is_empty() {
+        return Some(Decision::Evict {
+            job_id,
+            pods: evict,
+            why: why.clone(),
+        });
+    }
+    (!holding.is_empty()).then(|| wait("evicted pods are still stopping"))
 }
 
 /// When the last member stopped; `now` when none is known (all gone from the API).

@@ -11,17 +11,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use support::worker::{FakeWorker, register};
 use support::{Controller, WAIT, alice};
-use tandem_proto::auth::Identity;
 use tandem_proto::externalscaler::external_scaler_client::ExternalScalerClient;
 use tandem_proto::externalscaler::{GetMetricsRequest, ScaledObjectRef};
+use tandem_proto::v1;
 use tandem_proto::v1::jobs_client::JobsClient;
-use tandem_proto::v1::worker_link_client::WorkerLinkClient;
-use tandem_proto::v1::{self, controller_message, worker_message};
 use tandem_sched::partition::Partition;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
 /// A free loopback port (bound, read, released: the controller binds it right after).
@@ -240,74 +237,13 @@ fn parse_openmetrics(body: &str) -> BTreeMap<String, f64> {
 }
 
 /// A worker stand-in on the WorkerLink stream: registers, is told to launch, reports ends.
-struct FakeWorker {
-    tx: mpsc::Sender<v1::WorkerMessage>,
-    rx: tonic::Streaming<v1::ControllerMessage>,
-}
-
-impl FakeWorker {
-    async fn attach(c: &Controller, name: &str) -> FakeWorker {
-        let ch = c.channel(&Identity::worker(name, 0, 0)).await;
-        let (tx, rx) = mpsc::channel(16);
-        tx.send(v1::WorkerMessage {
-            msg: Some(worker_message::Msg::Register(v1::Register {
-                node_name: name.into(),
-                resources: Some(v1::Tres {
-                    cpus: 64,
-                    mem_mb: 512 * 1024,
-                    gpus: 8,
-                    gpu_type: String::new(),
-                }),
-                step_address: "127.0.0.1:1".into(),
-                version: "test".into(),
-                partitions: vec!["gpu".into()],
-                ..Default::default()
-            })),
-        })
-        .await
-        .unwrap();
-        let rx = WorkerLinkClient::new(ch)
-            .attach(ReceiverStream::new(rx))
-            .await
-            .unwrap()
-            .into_inner();
-        let mut w = FakeWorker { tx, rx };
-        assert!(matches!(
-            w.next().await,
-            controller_message::Msg::Registered(_)
-        ));
-        w
-    }
-
-    async fn next(&mut self) -> controller_message::Msg {
-        tokio::time::timeout(WAIT, self.rx.message())
-            .await
-            .expect("no message from the controller in time")
-            .unwrap()
-            .expect("stream ended")
-            .msg
-            .unwrap()
-    }
-
-    async fn expect_launch(&mut self) -> u64 {
-        loop {
-            if let controller_message::Msg::LaunchJob(l) = self.next().await {
-                return l.job_id;
-            }
-        }
-    }
-
-    async fn end(&self, job: u64) {
-        self.tx
-            .send(v1::WorkerMessage {
-                msg: Some(worker_message::Msg::JobEnded(v1::JobEnded {
-                    job_id: job,
-                    ..Default::default()
-                })),
-            })
-            .await
-            .unwrap();
-    }
+/// An 8-GPU worker of the `gpu` partition.
+async fn gpu_worker(c: &Controller, name: &str) -> FakeWorker {
+    let reg = v1::Register {
+        partitions: vec!["gpu".into()],
+        ..register(name, 64, 512 * 1024, 8)
+    };
+    FakeWorker::attach(c, reg).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -431,9 +367,9 @@ async fn keda_scaler_reports_shape_aware_demand_and_scales_to_zero() {
     .await
     .unwrap();
     wait_workers(&mut s, &gpu8(), 2).await;
-    let mut w1 = FakeWorker::attach(&c, "gpu-1").await;
-    let w2 = FakeWorker::attach(&c, "gpu-2").await;
-    assert_eq!(w1.expect_launch().await, wide);
+    let mut w1 = gpu_worker(&c, "gpu-1").await;
+    let w2 = gpu_worker(&c, "gpu-2").await;
+    assert_eq!(w1.expect_launch().await.job_id, wide);
     // Running on both workers, nothing pending: still 2 (busy), still active.
     let m = scrape_until(metrics_addr, "tandem_nodes_alloc", 2.0).await;
     assert_eq!(m["tandem_partition_jobs_running{partition=\"gpu\"}"], 1.0);
@@ -442,7 +378,7 @@ async fn keda_scaler_reports_shape_aware_demand_and_scales_to_zero() {
     assert!(is_active(&mut s, &gpu8()).await);
 
     // The job ends: idle workers, nothing pending -> zero and inactive (scale to zero).
-    w1.end(wide).await;
+    w1.end(wide, 0).await;
     wait_workers(&mut s, &gpu8(), 0).await;
     assert!(!is_active(&mut s, &gpu8()).await);
     let last = tokio::time::timeout(WAIT, stream.message()).await.unwrap();

@@ -87,6 +87,19 @@ impl Watch {
     }
 }
 
+/// Reports a placeholder's pods gone now.
+async fn end(
+    b: &mut BridgeClient<AuthChannel>,
+    job_id: u64,
+) -> Result<v1::EndPlaceholderResponse, tonic::Status> {
+    b.end_placeholder(v1::EndPlaceholderRequest {
+        job_id,
+        end_time: 0,
+    })
+    .await
+    .map(tonic::Response::into_inner)
+}
+
 fn is(e: &v1::PlaceholderEvent, job: u64, state: JobState) -> bool {
     e.job_id == job && e.state == state as i32
 }
@@ -183,36 +196,16 @@ async fn placeholders_hold_kube_nodes_until_the_bridge_reports_the_pods_gone() {
 
     // The pods are gone: the job ends CANCELLED, and only now does k1 take the batch job,
     // the first thing it is ever asked to launch (the placeholder never was).
-    let ended = b
-        .end_placeholder(v1::EndPlaceholderRequest {
-            job_id: id,
-            end_time: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let ended = end(&mut b, id).await.unwrap();
     assert_eq!(ended.state, JobState::Cancelled as i32);
     watch
         .until("g1 cancelled", |e| is(e, id, JobState::Cancelled))
         .await;
     assert_eq!(k1.expect_launch().await.job_id, batch);
     // Reporting again is harmless; a batch job is not the bridge's to end.
-    let again = b
-        .end_placeholder(v1::EndPlaceholderRequest {
-            job_id: id,
-            end_time: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let again = end(&mut b, id).await.unwrap();
     assert_eq!(again.state, JobState::Cancelled as i32);
-    let e = b
-        .end_placeholder(v1::EndPlaceholderRequest {
-            job_id: batch,
-            end_time: 0,
-        })
-        .await
-        .unwrap_err();
+    let e = end(&mut b, batch).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
 
     // A new group waits while k1 runs batch work, and survives a controller restart: the
@@ -262,14 +255,7 @@ async fn a_placeholder_past_its_time_limit_is_asked_to_end_and_ends_timeout() {
         .until("time-out notice", |e| e.job_id == id && e.ending != 0)
         .await;
     assert_eq!(ev.ending, JobState::Timeout as i32);
-    let ended = b
-        .end_placeholder(v1::EndPlaceholderRequest {
-            job_id: id,
-            end_time: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let ended = end(&mut b, id).await.unwrap();
     assert_eq!(ended.state, JobState::Timeout as i32);
     c.stop().await;
 }
