@@ -336,9 +336,12 @@ fn preempted_job_keeps_running_for_its_qos_grace_time() {
         "2",
         "--gpus-per-node=2",
         "--wrap",
-        "trap '' TERM; sleep 300",
+        "trap '' TERM; echo trapped > trapped.txt; sleep 300",
     ]);
     c.wait_state(victim, "RUNNING", T);
+    // The notice SIGTERM comes at once: a shell that has not yet run its `trap` dies of it,
+    // as it would under Slurm. Preempt only once the script ignores the signal.
+    c.wait_file(&c.work.join("trapped.txt"), "trapped", T);
     let high = c.sbatch(&["--qos", "high", "--gpus=2", "--wrap", "true"]);
     let submitted = c.job(high).unwrap()["time"]["submission"].as_i64().unwrap();
     c.wait_state(high, "COMPLETED", T);
