@@ -1,8 +1,13 @@
 //! Property tests of every network decoder the controller exposes: arbitrary bytes as the
-//! request body of each gRPC method (Jobs, Nodes, Accounting, WorkerLink, the KEDA scaler),
-//! sent over the real TLS listener with a valid credential. Whatever arrives, the
+//! request body of each gRPC method (Jobs, Nodes, Accounting, WorkerLink, Bridge, the KEDA
+//! scaler), sent over the real TLS listener with a valid credential. Whatever arrives, the
 //! controller answers (no panic, no hang), refuses what it cannot use with a status that
 //! says so, and a refused request changes nothing.
+//!
+//! The credential interceptor runs before a body is decoded, the role check (`authz`) after
+//! it. Each method is therefore called with a role that may call it (a worker for
+//! WorkerLink, the bridge for Bridge, a user otherwise), so a body that decodes goes on to
+//! the handler's own checks instead of stopping at PERMISSION_DENIED.
 
 mod support;
 
@@ -10,7 +15,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use support::{Controller, WAIT, alice};
-use tandem_proto::auth::Identity;
+use tandem_proto::auth::{Identity, Role};
 use tandem_proto::raw;
 use tandem_proto::v1;
 use tandem_proto::v1::jobs_client::JobsClient;
@@ -44,6 +49,9 @@ const METHODS: &[&str] = &[
     "/tandem.v1.Accounting/ListShares",
     "/tandem.v1.Accounting/ListPriorities",
     "/tandem.v1.WorkerLink/Attach",
+    "/tandem.v1.Bridge/SubmitPlaceholder",
+    "/tandem.v1.Bridge/EndPlaceholder",
+    "/tandem.v1.Bridge/WatchPlaceholders",
 ];
 
 const SCALER_METHODS: &[&str] = &[
@@ -95,7 +103,9 @@ fn undecodable() -> impl Strategy<Value = Vec<u8>> {
     })
 }
 
-/// Checks one reply: it came within the deadline, and a refusal says why.
+/// Checks one reply: it came within the deadline, and a refusal says why. A caller whose
+/// role may call the method is never refused for its role: the body reached the decoder
+/// and, when it decoded, the handler.
 fn check(
     method: &str,
     reply: Result<Result<Vec<u8>, tonic::Status>, tokio::time::error::Elapsed>,
@@ -106,10 +116,42 @@ fn check(
         Err(s) => {
             assert_ne!(s.code(), tonic::Code::Unknown, "{method}: {s:?}");
             assert!(
+                !matches!(
+                    s.code(),
+                    tonic::Code::PermissionDenied | tonic::Code::Unauthenticated
+                ) || !method.contains("Bridge"),
+                "{method}: refused the bridge before decoding: {s:?}"
+            );
+            assert!(
                 !s.message().is_empty(),
                 "{method}: a refusal without a reason"
             );
             false
+        }
+    }
+}
+
+/// The bridge's identity, as `tandem-bridge` presents it.
+fn bridge() -> Identity {
+    Identity::service(Role::Bridge, "tandem-bridge", 0, 0)
+}
+
+/// The credential each method is called with: one whose role may call it.
+#[derive(Clone)]
+struct Callers {
+    user: tandem_proto::endpoint::AuthChannel,
+    worker: tandem_proto::endpoint::AuthChannel,
+    bridge: tandem_proto::endpoint::AuthChannel,
+}
+
+impl Callers {
+    fn for_method(&self, method: &str) -> tandem_proto::endpoint::AuthChannel {
+        if method.contains("WorkerLink") {
+            self.worker.clone()
+        } else if method.contains("/tandem.v1.Bridge/") {
+            self.bridge.clone()
+        } else {
+            self.user.clone()
         }
     }
 }
@@ -129,8 +171,11 @@ fn arbitrary_bytes_to_every_method_are_answered_and_refusals_change_nothing() {
     let ctl = rt.block_on(Controller::start(dir.path(), |c| {
         c.scaler_listen = Some(scaler_addr);
     }));
-    let user = rt.block_on(ctl.channel(&alice()));
-    let worker = rt.block_on(ctl.channel(&Identity::worker("n1", 0, 0)));
+    let callers = Callers {
+        user: rt.block_on(ctl.channel(&alice())),
+        worker: rt.block_on(ctl.channel(&Identity::worker("n1", 0, 0))),
+        bridge: rt.block_on(ctl.channel(&bridge())),
+    };
     let scaler = rt.block_on(async {
         let ep = tonic::transport::Endpoint::from_shared(format!("https://{scaler_addr}")).unwrap();
         tokio::time::timeout(WAIT, async {
@@ -154,7 +199,7 @@ fn arbitrary_bytes_to_every_method_are_answered_and_refusals_change_nothing() {
     // Undecodable bodies: every method refuses them, and nothing changes.
     proptest!(config.clone(), |(body in undecodable(), m in 0..METHODS.len())| {
         let method = METHODS[m];
-        let ch = if method.contains("WorkerLink") { worker.clone() } else { user.clone() };
+        let ch = callers.for_method(method);
         let reply = rt.block_on(async { tokio::time::timeout(WAIT, raw::call(ch, method, body)).await });
         prop_assert!(!check(method, reply), "{} accepted an undecodable body", method);
     });
@@ -177,7 +222,7 @@ fn arbitrary_bytes_to_every_method_are_answered_and_refusals_change_nothing() {
     // every one is answered, and a refusal leaves the state as it was.
     proptest!(config, |(body in proptest::collection::vec(any::<u8>(), 0..256), m in 0..METHODS.len())| {
         let method = METHODS[m];
-        let ch = if method.contains("WorkerLink") { worker.clone() } else { user.clone() };
+        let ch = callers.for_method(method);
         let prior = rt.block_on(snapshot(&ctl));
         let reply = rt.block_on(async { tokio::time::timeout(WAIT, raw::call(ch, method, body)).await });
         if !check(method, reply) && !method.contains("WorkerLink") {
@@ -186,5 +231,129 @@ fn arbitrary_bytes_to_every_method_are_answered_and_refusals_change_nothing() {
     });
     // Still serving.
     rt.block_on(snapshot(&ctl));
+    rt.block_on(ctl.stop());
+}
+
+/// A `SubmitPlaceholderRequest` with arbitrary fields, encoded: what a confused or hostile
+/// bridge could send that decodes.
+fn placeholder_request() -> impl Strategy<Value = Vec<u8>> {
+    let text = || proptest::option::of("[a-z0-9/-]{0,12}|\\PC{0,140}");
+    (
+        (text(), text(), text(), text(), text(), text(), text()),
+        (
+            any::<u64>(),
+            0u32..4,
+            0u32..4,
+            any::<u32>(),
+            any::<u64>(),
+            any::<u32>(),
+        ),
+    )
+        .prop_map(
+            |(
+                (group_uid, name, namespace, account, partition, qos, gpu_type),
+                (time_limit_s, nodes, pods_per_node, cpus_per_pod, mem_mb_per_pod, gpus_per_pod),
+            )| {
+                prost::Message::encode_to_vec(&v1::SubmitPlaceholderRequest {
+                    group_uid: group_uid.unwrap_or_default(),
+                    name: name.unwrap_or_default(),
+                    namespace: namespace.unwrap_or_default(),
+                    account: account.unwrap_or_default(),
+                    partition: partition.unwrap_or_default(),
+                    qos: qos.unwrap_or_default(),
+                    time_limit_s,
+                    nodes,
+                    pods_per_node,
+                    cpus_per_pod,
+                    mem_mb_per_pod,
+                    gpus_per_pod,
+                    gpu_type: gpu_type.unwrap_or_default(),
+                })
+            },
+        )
+}
+
+/// The Bridge service on its own, so each of its decoders gets many cases: undecodable bodies
+/// fail in the decoder (INTERNAL, before any role check), decodable ones reach the handler
+/// with the bridge's credential (never PERMISSION_DENIED), and a user's credential is refused
+/// for its role only after its body decoded.
+#[test]
+fn the_bridge_service_decodes_before_it_authorizes_and_refusals_change_nothing() {
+    const BRIDGE: [&str; 3] = [
+        "/tandem.v1.Bridge/SubmitPlaceholder",
+        "/tandem.v1.Bridge/EndPlaceholder",
+        "/tandem.v1.Bridge/WatchPlaceholders",
+    ];
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = rt.block_on(Controller::start(dir.path(), |_| {}));
+    let bridge_ch = rt.block_on(ctl.channel(&bridge()));
+    let user_ch = rt.block_on(ctl.channel(&alice()));
+    let call = |ch: &tandem_proto::endpoint::AuthChannel, method: &'static str, body: Vec<u8>| {
+        let ch = ch.clone();
+        rt.block_on(async { tokio::time::timeout(WAIT, raw::call(ch, method, body)).await })
+            .unwrap_or_else(|_| panic!("{method} hung"))
+    };
+
+    // The empty body is a valid message of every Bridge request (all fields default): the
+    // handler answers it with its own checks.
+    let s = call(&bridge_ch, BRIDGE[0], vec![]).unwrap_err();
+    assert_eq!(s.code(), tonic::Code::InvalidArgument, "{s:?}");
+    assert!(s.message().contains("group_uid"), "{s:?}");
+    let s = call(&bridge_ch, BRIDGE[1], vec![]).unwrap_err();
+    assert_eq!(s.code(), tonic::Code::InvalidArgument, "{s:?}");
+    assert!(s.message().contains("job id"), "{s:?}");
+    let first = call(&bridge_ch, BRIDGE[2], vec![]).expect("the watch answers the bridge");
+    let event: v1::PlaceholderEvent = prost::Message::decode(first.as_slice()).unwrap();
+    assert!(event.snapshot_done, "an empty snapshot: {event:?}");
+    // A user's decodable request gets past the decoder and is refused for its role.
+    for method in BRIDGE {
+        let s = call(&user_ch, method, vec![]).unwrap_err();
+        assert_eq!(s.code(), tonic::Code::PermissionDenied, "{method}: {s:?}");
+    }
+    let before = rt.block_on(snapshot(&ctl));
+
+    let config = ProptestConfig {
+        cases: 32,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    // Undecodable: refused by the decoder, whoever calls.
+    proptest!(config.clone(), |(body in undecodable(), m in 0..BRIDGE.len(), as_user in any::<bool>())| {
+        let method = BRIDGE[m];
+        let ch = if as_user { &user_ch } else { &bridge_ch };
+        let s = call(ch, method, body).expect_err("an undecodable body was accepted");
+        prop_assert_eq!(s.code(), tonic::Code::Internal, "{}: {:?}", method, s);
+        prop_assert!(s.message().contains("decode"), "{}: {:?}", method, s);
+    });
+    assert_eq!(
+        rt.block_on(snapshot(&ctl)),
+        before,
+        "a refused request changed state"
+    );
+
+    // Arbitrary bytes and arbitrary placeholder requests from the bridge: answered, never
+    // refused for the role, and a refusal changes nothing.
+    let body = prop_oneof![
+        proptest::collection::vec(any::<u8>(), 0..256).prop_map(|b| (b, None)),
+        placeholder_request().prop_map(|b| (b, Some(0))),
+    ];
+    proptest!(config, |((body, fixed) in body, m in 0..BRIDGE.len())| {
+        let method = BRIDGE[fixed.unwrap_or(m)];
+        let prior = rt.block_on(snapshot(&ctl));
+        let reply = rt.block_on(async {
+            tokio::time::timeout(WAIT, raw::call(bridge_ch.clone(), method, body)).await
+        });
+        if !check(method, reply) {
+            prop_assert_eq!(rt.block_on(snapshot(&ctl)), prior, "{} refused but changed state", method);
+        }
+    });
+    // Still serving the bridge.
+    let first = call(&bridge_ch, BRIDGE[2], vec![]).expect("the watch still answers");
+    let _: v1::PlaceholderEvent = prost::Message::decode(first.as_slice()).unwrap();
     rt.block_on(ctl.stop());
 }

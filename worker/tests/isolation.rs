@@ -1,6 +1,6 @@
 //! Job isolation through a fake controller and a real worker with real cgroups: the memory
-//! limit ends a job `OUT_OF_MEMORY` while its neighbour completes, a cancel kills a process
-//! that left the job's session, GPUs not given to a job are hidden by the devices
+//! limit ends a job `OUT_OF_MEMORY` while its neighbour completes, a cancel and the time
+//! limit kill a process that left the job's session, GPUs not given to a job are hidden by the devices
 //! controller, and jobs run with their user's supplementary groups.
 //!
 //! These need root and writable cgroups; where the machine has neither, each test prints
@@ -204,6 +204,83 @@ async fn cancel_kills_a_setsid_child_cgroup_auto() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_kills_a_setsid_child_cgroup_v2() {
     setsid_child_is_killed_on_cancel("cancel_kills_a_setsid_child_cgroup_v2", Mode::V2).await;
+}
+
+/// A job over its time limit ends TIMEOUT with every process of its cgroup, a child that
+/// left its session included. Both ignore SIGTERM, so only the worker's final kill of the
+/// whole cgroup (after KillWait) ends them: the escalation path, not the polite one.
+async fn setsid_child_is_killed_at_the_time_limit(name: &str, mode: Mode, version: &str) {
+    if !nix::unistd::getuid().is_root() {
+        eprintln!("SKIP {name}: needs root to create cgroups");
+        return;
+    }
+    let found = probe(mode);
+    if found.version() != version {
+        eprintln!(
+            "SKIP {name}: no usable cgroup {version} hierarchy on this host (found {})",
+            found.version()
+        );
+        return;
+    }
+    let mut h = Harness::start_with(|c| c.cgroup.mode = mode).await;
+    let pid_file = h.path("escaped.pid");
+    let script = format!(
+        "#!/bin/sh\ntrap '' TERM\nsetsid sh -c 'echo $$ > {}; exec sleep 300' &\nwait\n",
+        pid_file.display()
+    );
+    let mut job = h.job(66, &script, &h.path("t.txt"));
+    job.time_limit_s = 2;
+    job.kill_wait_s = 1;
+    h.controller.launch(job).await;
+    let batch_pid = i32::try_from(h.controller.started(66).await).unwrap();
+    let started = Instant::now();
+    let escaped = wait_for_pid(&pid_file).await;
+    assert!(alive(escaped), "the child runs before the limit");
+    assert_ne!(
+        session_of(escaped),
+        session_of(batch_pid),
+        "the child runs in a session of its own"
+    );
+    let subtree = h.config.cgroup.subtree.clone().unwrap();
+    assert!(
+        !job_cgroup_dirs(&subtree, 66).is_empty(),
+        "the job has a cgroup"
+    );
+    let ended = h.controller.ended(66).await;
+    assert!(ended.timed_out && !ended.cancelled, "{ended:?}");
+    // SIGTERM was ignored: the batch shell died of the SIGKILL after KillWait.
+    assert_eq!(ended.signal, 9, "{ended:?}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(1500),
+        "ended before its time limit and KillWait: {:?}",
+        started.elapsed()
+    );
+    // The end is reported after the cgroup was emptied: the child is gone already.
+    assert!(!alive(escaped), "pid {escaped} escaped the time limit");
+    assert!(job_cgroup_dirs(&subtree, 66).is_empty(), "cgroup removed");
+    h.stop().await;
+}
+
+/// cgroup v1: the job's processes are frozen and killed through every hierarchy it is in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_limit_kills_a_setsid_child_cgroup_v1() {
+    setsid_child_is_killed_at_the_time_limit(
+        "time_limit_kills_a_setsid_child_cgroup_v1",
+        Mode::V1,
+        "v1",
+    )
+    .await;
+}
+
+/// The unified hierarchy: `cgroup.kill`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_limit_kills_a_setsid_child_cgroup_v2() {
+    setsid_child_is_killed_at_the_time_limit(
+        "time_limit_kills_a_setsid_child_cgroup_v2",
+        Mode::V2,
+        "v2",
+    )
+    .await;
 }
 
 /// GPU device files stand in as `nvidia0`/`nvidia1` nodes of `/dev/zero` (1:5) and
