@@ -316,7 +316,8 @@ impl TestCluster {
     /// Runs `argv` in a running container of a pod, as `kubectl exec` does: the command is
     /// found in the container's image, with the container's environment, working directory
     /// and mounts (it joins the container's mount namespace), so it sees the pod's volumes
-    /// and reaches what the pod reaches. `container` `None`: the first container.
+    /// and reaches what the pod reaches. `container` `None`: the pod's default container
+    /// (annotation `kubectl.kubernetes.io/default-container`), else the first.
     pub async fn exec(
         &self,
         namespace: &str,
@@ -330,7 +331,15 @@ impl TestCluster {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let p = pods.get(pod).await.map_err(ExecError::Read)?;
         let spec = p.spec.clone().unwrap_or_default();
-        let c = match container {
+        // As kubectl: the named container, else the pod's
+        // `kubectl.kubernetes.io/default-container`, else the first.
+        let default = p
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("kubectl.kubernetes.io/default-container"))
+            .map(String::as_str);
+        let c = match container.or(default) {
             Some(n) => spec.containers.iter().find(|c| c.name == n),
             None => spec.containers.first(),
         }

@@ -1,18 +1,38 @@
-//! The operator against the in-repo API server: what it creates for a `TandemCluster`, and
-//! how bad specs are refused. Runs the real reconcilers in-process.
+//! The operator against the in-repo API server, its reconcilers running in-process.
 //!
-//! Not here yet (they need the harness's pod networking and volume mounts, which this
-//! branch does not have): a ready cluster whose `sinfo` in a login pod lists the workers,
-//! jobs, scale in/out and deletion with real workers.
+//! Without pods running: what it creates for a `TandemCluster`, and how the schema and the
+//! operator refuse bad specs.
+//!
+//! With the process kubelet running the real controller, worker and login pods (the image is
+//! `target/<profile>/`, so `cargo build --workspace --bins` first; root, for the pods' mount
+//! namespaces), each on Kubernetes nodes `kn-0`, `kn-1`, ... and driven from a login pod as
+//! a user would (`sbatch`, `sinfo`, `sacct` through the harness's `kubectl exec`):
+//! - a 3-worker set becomes a cluster whose `sinfo` lists its nodes; a 2-node job runs;
+//! - scale-in while a job runs: the idle worker goes at once, the busy victim is drained and
+//!   its pod deleted only once its job ended (Events `VictimChosen`, `DrainStarted`);
+//! - scale to zero, then a pending job makes the KEDA external scaler (asked through the
+//!   controller Service's `scaler` port, as KEDA asks) report demand, and scaling back
+//!   through the scale subresource runs the job;
+//! - deleting a worker set removes its pods and its nodes before its finalizer goes;
+//! - a running cluster and worker set made invalid: `Degraded` naming the field and an
+//!   `InvalidSpec` Event, and nothing running is touched.
+//!
+//! Every wait is on a condition (an object's state, or a command's output polled) with a
+//! generous timeout, and prints the pods' logs when it fails.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use tandem_e2e::testkit::{TestCluster, skip, wait_for};
-use tandem_operator::crd::{TandemCluster, WorkerSet};
+use tandem_e2e::testkit::{TestCluster, skip, wait_for, wait_for_deletion};
+use tandem_operator::crd::{LoginSet, TandemCluster, WorkerSet, WorkerSetStatus};
+use tandem_operator::labels::{DRAIN_FOR, WORKER_SET};
+use tandem_proto::externalscaler::external_scaler_client::ExternalScalerClient;
+use tandem_proto::externalscaler::{GetMetricsRequest, ScaledObjectRef};
+use tandem_proto::net::ClientSecurity;
 
 const T: Duration = Duration::from_secs(30);
 /// For waits on real processes starting and registering (a loaded 2-core machine).
@@ -196,72 +216,393 @@ async fn dump(client: &kube::Client, ns: &str) -> String {
     let mut out = String::new();
     for p in pods.list(&ListParams::default()).await.unwrap().items {
         let name = p.metadata.name.clone().unwrap_or_default();
-        let log = pods
-            .logs(
-                &name,
-                &kube::api::LogParams {
-                    tail_lines: Some(15),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap_or_else(|e| format!("<no log: {e}>"));
+        let containers: Vec<String> = p
+            .spec
+            .iter()
+            .flat_map(|s| s.containers.iter().map(|c| c.name.clone()))
+            .collect();
         out.push_str(&format!(
-            "--- {name} on {:?} {}:\n{log}\n",
+            "--- {name} on {:?} {}:\n",
             p.spec.as_ref().and_then(|s| s.node_name.clone()),
             tandem_e2e::testkit::phase(&p)
         ));
+        for c in containers {
+            let log = pods
+                .logs(
+                    &name,
+                    &kube::api::LogParams {
+                        container: Some(c.clone()),
+                        tail_lines: Some(15),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .unwrap_or_else(|e| format!("<no log: {e}>"));
+            out.push_str(&format!("[{c}]\n{log}\n"));
+        }
     }
     out
 }
 
-/// Runs a command in the login pod; panics with its output unless it succeeds.
-async fn login(cluster: &TestCluster, ns: &str, argv: &[&str]) -> String {
-    let out = cluster.exec(ns, "login-0", None, argv).await.unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{argv:?} failed: {text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
+/// One test's namespace on a cluster with the process kubelet and nodes `kn-0`, `kn-1`, ...,
+/// and the operator watching that namespace, in-process.
+struct Harness {
+    cluster: TestCluster,
+    client: kube::Client,
+    ns: String,
+    nodes: Vec<String>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    op: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
-#[tokio::test]
-async fn a_cluster_with_three_workers_runs_a_two_node_job_submitted_from_a_login_pod() {
-    let test = "three_workers_two_node_job";
-    let Some(cluster) = TestCluster::start_with_kubelet(test).await.unwrap() else {
-        return;
-    };
-    if tandem_e2e::testkit::tandem_bin().is_none() {
-        skip(
-            test,
-            "target/<profile>/tandem is not built (cargo build -p tandem-cli)",
-        );
-        return;
+impl Harness {
+    /// `None` (after a SKIP line) where the pods cannot run: a real cluster, no `tandem`
+    /// binary built, not root.
+    async fn start(test: &str, nodes: usize, cpu: &str) -> Option<Harness> {
+        let cluster = TestCluster::start_with_kubelet(test).await.unwrap()?;
+        if tandem_e2e::testkit::tandem_bin().is_none() {
+            skip(
+                test,
+                "target/<profile>/tandem is not built (cargo build -p tandem-cli)",
+            );
+            return None;
+        }
+        if !nix::unistd::geteuid().is_root() {
+            skip(
+                test,
+                "the pods' volume mounts need root (a mount namespace per container)",
+            );
+            return None;
+        }
+        let client = cluster.client();
+        install_crds(&client).await;
+        let nodes = cluster
+            .declare_nodes("kn", nodes, cpu, "8Gi", 0)
+            .await
+            .unwrap();
+        let ns = cluster.namespace("hpc").await.unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let op = tokio::spawn(tandem_operator::reconcile::run_with_client(
+            client.clone(),
+            tandem_operator::reconcile::Args {
+                namespace: Some(ns.clone()),
+            },
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Some(Harness {
+            cluster,
+            client,
+            ns,
+            nodes,
+            stop,
+            op,
+        })
     }
-    if !nix::unistd::geteuid().is_root() {
-        skip(
-            test,
-            "the pods' volume mounts need root (a mount namespace per container)",
-        );
-        return;
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), &self.ns)
     }
-    let client = cluster.client();
-    install_crds(&client).await;
-    let nodes = cluster.declare_nodes("kn", 3, "4", "8Gi", 0).await.unwrap();
-    let ns = cluster.namespace("hpc").await.unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let op = tokio::spawn(tandem_operator::reconcile::run_with_client(
-        client.clone(),
-        tandem_operator::reconcile::Args {
-            namespace: Some(ns.clone()),
-        },
-        async move {
-            let _ = stopped.await;
-        },
-    ));
-    let manifest = r#"
+
+    async fn apply(&self, manifest: &str) {
+        tandem_e2e::testkit::create_all(
+            &self.client,
+            &self.ns,
+            &tandem_e2e::testkit::objects_from_yaml(manifest).unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+
+    /// Panics with `msg` and every pod's log tail.
+    async fn fail(&self, msg: impl std::fmt::Display) -> ! {
+        panic!("{msg}\n{}", dump(&self.client, &self.ns).await)
+    }
+
+    async fn wait_set(&self, name: &str, what: &str, cond: impl Fn(&WorkerSetStatus) -> bool) {
+        let sets: Api<WorkerSet> = self.api();
+        if let Err(e) = wait_for(&sets, name, what, LONG, |w| {
+            w.status.as_ref().is_some_and(&cond)
+        })
+        .await
+        {
+            self.fail(e).await;
+        }
+    }
+
+    /// Waits until the set has exactly `n` pods, all with a registered, ready worker.
+    async fn workers_ready(&self, set: &str, n: i32) {
+        self.wait_set(set, &format!("to have {n} ready workers"), |s| {
+            s.replicas == n && s.ready_replicas == n
+        })
+        .await;
+    }
+
+    async fn login_ready(&self) {
+        let logins: Api<LoginSet> = self.api();
+        if let Err(e) = wait_for(&logins, "login", "to be ready", LONG, |l| {
+            l.status.as_ref().is_some_and(|s| s.ready_replicas == 1)
+        })
+        .await
+        {
+            self.fail(e).await;
+        }
+    }
+
+    /// Runs a command in the login pod; panics with its output unless it succeeds.
+    async fn login(&self, argv: &[&str]) -> String {
+        let out = self
+            .cluster
+            .exec(&self.ns, "login-0", None, argv)
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !out.status.success() {
+            self.fail(format!(
+                "{argv:?} failed: {text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            ))
+            .await;
+        }
+        text
+    }
+
+    /// Runs `argv` in the login pod every half second until its output satisfies `done`.
+    async fn poll_login(&self, argv: &[&str], what: &str, done: impl Fn(&str) -> bool) -> String {
+        let began = std::time::Instant::now();
+        loop {
+            let out = self.login(argv).await;
+            if done(&out) {
+                return out;
+            }
+            if began.elapsed() > LONG {
+                self.fail(format!(
+                    "timed out after {LONG:?} waiting for {argv:?} to show {what}; last output:\n{out}"
+                ))
+                .await;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// `sinfo` in the login pod until `done` holds for its nodes and their compact states.
+    async fn sinfo_until(
+        &self,
+        what: &str,
+        done: impl Fn(&BTreeMap<String, String>) -> bool,
+    ) -> BTreeMap<String, String> {
+        let out = self
+            .poll_login(&["sinfo", "-N", "-h", "-o", "%N %t"], what, |o| {
+                done(&node_states(o))
+            })
+            .await;
+        node_states(&out)
+    }
+
+    async fn sbatch(&self, args: &[&str]) -> String {
+        let mut argv = vec!["sbatch", "--parsable"];
+        argv.extend_from_slice(args);
+        let id = self.login(&argv).await.trim().to_owned();
+        assert!(
+            id.parse::<u64>().is_ok(),
+            "sbatch --parsable prints the job id: {id:?}"
+        );
+        id
+    }
+
+    /// Polls `squeue` until the job is in `state` (`PENDING`, `RUNNING`).
+    async fn job_in(&self, id: &str, state: &str) {
+        self.poll_login(&["squeue", "-h", "-j", id, "-o", "%T"], state, |o| {
+            o.trim() == state
+        })
+        .await;
+    }
+
+    /// Polls `sacct` until the job is COMPLETED; returns its line.
+    async fn completed(&self, id: &str) -> String {
+        self.poll_login(
+            &["sacct", "-j", id, "-n", "-X", "-o", "JobID,State,NNodes"],
+            "COMPLETED",
+            |o| o.contains("COMPLETED"),
+        )
+        .await
+    }
+
+    async fn worker_pods(&self, set: &str) -> Vec<Pod> {
+        let pods: Api<Pod> = self.api();
+        pods.list(&ListParams::default().labels(&format!("{WORKER_SET}={set}")))
+            .await
+            .unwrap()
+            .items
+    }
+
+    /// The (reason, message, count) of every Event about object `kind`/`name`.
+    async fn events(&self, kind: &str, name: &str) -> Vec<(String, String, i32)> {
+        let events: Api<Event> = self.api();
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.involved_object.kind.as_deref() == Some(kind)
+                    && e.involved_object.name.as_deref() == Some(name)
+            })
+            .map(|e| {
+                let count = e
+                    .series
+                    .as_ref()
+                    .and_then(|s| s.count)
+                    .or(e.count)
+                    .unwrap_or(1);
+                (
+                    e.reason.unwrap_or_default(),
+                    e.message.unwrap_or_default(),
+                    count,
+                )
+            })
+            .collect()
+    }
+
+    /// Waits until an Event about `kind`/`name` has `reason`; returns them all.
+    async fn wait_event(&self, kind: &str, name: &str, reason: &str) -> Vec<(String, String, i32)> {
+        let began = std::time::Instant::now();
+        loop {
+            let events = self.events(kind, name).await;
+            if events.iter().any(|e| e.0 == reason) {
+                return events;
+            }
+            if began.elapsed() > LONG {
+                self.fail(format!(
+                    "no {reason} Event about {kind} {name} after {LONG:?}; its Events: {events:?}"
+                ))
+                .await;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    async fn scale(&self, set: &str, replicas: i64) {
+        let sets: Api<WorkerSet> = self.api();
+        sets.patch_scale(
+            set,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+        )
+        .await
+        .unwrap();
+    }
+
+    /// Asks the cluster's KEDA external scaler about `r` as KEDA does: over the controller
+    /// Service's `scaler` port at its cluster IP, with TLS verified against the cluster CA
+    /// (`<tc>-ca`, what a `ScaledObject`'s `caCert` holds) when the operator made one.
+    /// `(IsActive, GetMetrics)`, or why there is no answer (yet). A new connection each time:
+    /// a controller restart (a reissued certificate) must not wedge the test.
+    async fn ask_scaler(&self, tc: &str, r: &ScaledObjectRef) -> Result<(bool, i64), String> {
+        let services: Api<Service> = self.api();
+        let svc = services
+            .get(&format!("{tc}-controller"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let spec = svc.spec.unwrap_or_default();
+        let ip = spec.cluster_ip.ok_or("the Service has no cluster IP")?;
+        let port = spec
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| p.name.as_deref() == Some("scaler"))
+            .map(|p| p.port)
+            .ok_or("the Service has no port named scaler")?;
+        let secrets: Api<Secret> = self.api();
+        let ca = secrets
+            .get_opt(&format!("{tc}-ca"))
+            .await
+            .map_err(|e| e.to_string())?
+            .and_then(|s| s.data?.get("ca.crt").map(|b| b.0.clone()));
+        let (scheme, security) = match ca {
+            Some(pem) => (
+                "https",
+                ClientSecurity::Tls(
+                    tandem_proto::tls::client_config_pem(&pem).map_err(|e| e.to_string())?,
+                ),
+            ),
+            None => ("http", ClientSecurity::Plaintext),
+        };
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("{scheme}://{ip}:{port}"))
+            .map_err(|e| e.to_string())?
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(10));
+        let channel = tandem_proto::net::connect(&endpoint, &security)
+            .await
+            .map_err(|e| format!("connecting {scheme}://{ip}:{port}: {e}"))?;
+        let mut c = ExternalScalerClient::new(channel);
+        let active = c
+            .is_active(r.clone())
+            .await
+            .map_err(|e| format!("IsActive: {e}"))?
+            .into_inner()
+            .result;
+        let m = c
+            .get_metrics(GetMetricsRequest {
+                scaled_object_ref: Some(r.clone()),
+                metric_name: format!("tandem-workers-{}", r.name),
+            })
+            .await
+            .map_err(|e| format!("GetMetrics: {e}"))?
+            .into_inner();
+        let value = m
+            .metric_values
+            .first()
+            .map(|v| v.metric_value)
+            .ok_or("GetMetrics returned no value")?;
+        Ok((active, value))
+    }
+
+    /// Asks the scaler every half second until it answers `want` (IsActive, workers).
+    async fn scaler_says(&self, tc: &str, r: &ScaledObjectRef, want: (bool, i64)) {
+        let began = std::time::Instant::now();
+        loop {
+            let got = self.ask_scaler(tc, r).await;
+            if got == Ok(want) {
+                return;
+            }
+            if began.elapsed() > LONG {
+                self.fail(format!(
+                    "the KEDA scaler did not answer {want:?} (IsActive, workers) within {LONG:?}; last: {got:?}"
+                ))
+                .await;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.op).await;
+    }
+}
+
+/// `sinfo -N -h -o "%N %t"` as node -> compact state (a node in two partitions shows twice).
+fn node_states(sinfo: &str) -> BTreeMap<String, String> {
+    sinfo
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            Some((w.next()?.to_owned(), w.next()?.to_owned()))
+        })
+        .collect()
+}
+
+fn uid(p: &Pod) -> String {
+    p.metadata.uid.clone().unwrap_or_default()
+}
+
+const CLUSTER_AND_LOGIN: &str = r#"
 apiVersion: tandem.dev/v1alpha1
 kind: TandemCluster
 metadata: {name: hpc}
@@ -269,97 +610,392 @@ spec:
   partitions: [{name: batch, default: true}]
 ---
 apiVersion: tandem.dev/v1alpha1
-kind: WorkerSet
-metadata: {name: cpu}
-spec: {clusterName: hpc, replicas: 3, partitions: [batch], cpus: 2, memory: 2G}
----
-apiVersion: tandem.dev/v1alpha1
 kind: LoginSet
 metadata: {name: login}
 spec: {clusterName: hpc, replicas: 1}
 "#;
-    tandem_e2e::testkit::create_all(
-        &client,
-        &ns,
-        &tandem_e2e::testkit::objects_from_yaml(manifest).unwrap(),
+
+#[tokio::test]
+async fn a_cluster_with_three_workers_runs_a_two_node_job_submitted_from_a_login_pod() {
+    let Some(h) = Harness::start("three_workers_two_node_job", 3, "4").await else {
+        return;
+    };
+    h.apply(CLUSTER_AND_LOGIN).await;
+    h.apply(
+        "{apiVersion: tandem.dev/v1alpha1, kind: WorkerSet, metadata: {name: cpu},
+          spec: {clusterName: hpc, replicas: 3, partitions: [batch], cpus: 2, memory: 2G}}",
     )
-    .await
-    .unwrap();
-    let sets: Api<WorkerSet> = Api::namespaced(client.clone(), &ns);
-    let ready = wait_for(&sets, "cpu", "to have 3 ready workers", LONG, |w| {
-        w.status.as_ref().is_some_and(|s| s.ready_replicas == 3)
-    })
     .await;
-    if let Err(e) = ready {
-        panic!("{e}\n{}", dump(&client, &ns).await);
-    }
-    let logins: Api<tandem_operator::crd::LoginSet> = Api::namespaced(client.clone(), &ns);
-    if let Err(e) = wait_for(&logins, "login", "to be ready", LONG, |l| {
-        l.status.as_ref().is_some_and(|s| s.ready_replicas == 1)
-    })
-    .await
-    {
-        panic!("{e}\n{}", dump(&client, &ns).await);
-    }
+    h.workers_ready("cpu", 3).await;
+    h.login_ready().await;
 
     // sinfo in the login pod: the three workers, named after their Kubernetes nodes.
-    let sinfo = login(&cluster, &ns, &["sinfo", "-N", "-h", "-o", "%N %t"]).await;
+    let sinfo = h.login(&["sinfo", "-N", "-h", "-o", "%N %t"]).await;
     eprintln!("sinfo in the login pod:\n{sinfo}");
-    let mut listed: Vec<&str> = sinfo
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .collect();
-    listed.sort_unstable();
-    listed.dedup();
-    assert_eq!(
-        listed,
-        nodes.iter().map(String::as_str).collect::<Vec<_>>(),
-        "{sinfo}"
-    );
+    let listed: Vec<String> = node_states(&sinfo).into_keys().collect();
+    assert_eq!(listed, h.nodes, "{sinfo}");
 
     // A two-node job from the login pod runs, and sacct shows it.
-    let id = login(
-        &cluster,
-        &ns,
-        &[
-            "sbatch",
-            "--parsable",
-            "-N",
-            "2",
-            "--wrap",
-            "echo two nodes",
-        ],
-    )
-    .await
-    .trim()
-    .to_owned();
-    assert!(
-        id.parse::<u64>().is_ok(),
-        "sbatch --parsable prints the job id: {id:?}"
-    );
-    let began = std::time::Instant::now();
-    let last = loop {
-        let sacct = login(
-            &cluster,
-            &ns,
-            &["sacct", "-j", &id, "-n", "-X", "-o", "JobID,State,NNodes"],
-        )
-        .await;
-        if sacct.contains("COMPLETED") || began.elapsed() > LONG {
-            break sacct;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
-    assert!(
-        last.contains("COMPLETED"),
-        "sacct: {last}\n{}",
-        dump(&client, &ns).await
-    );
+    let id = h.sbatch(&["-N", "2", "--wrap", "echo two nodes"]).await;
+    let last = h.completed(&id).await;
     assert!(
         last.split_whitespace().any(|w| w == "2"),
         "two nodes: {last}"
     );
+    h.stop().await;
+}
 
-    let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), op).await;
+#[tokio::test]
+async fn scaling_in_while_a_job_runs_removes_the_idle_worker_at_once_and_the_busy_one_after_its_job()
+ {
+    let Some(h) = Harness::start("scale_in_while_a_job_runs", 3, "2").await else {
+        return;
+    };
+    // The job waits for a file the test creates: a hostPath every worker mounts.
+    let gate = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        gate.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    h.apply(CLUSTER_AND_LOGIN).await;
+    h.apply(&format!(
+        "{{apiVersion: tandem.dev/v1alpha1, kind: WorkerSet, metadata: {{name: cpu}},
+          spec: {{clusterName: hpc, replicas: 3, partitions: [batch], cpus: 2, memory: 2G,
+                  scaleIn: {{drainDeadlineSeconds: 600}},
+                  template: {{volumes: [{{name: gate, hostPath: {{path: '{}', type: Directory}}}}],
+                              volumeMounts: [{{name: gate, mountPath: /gate}}]}}}}}}",
+        gate.path().display()
+    ))
+    .await;
+    h.workers_ready("cpu", 3).await;
+    h.login_ready().await;
+
+    // A two-node job holds two of the three workers until the test opens the gate.
+    let id = h
+        .sbatch(&[
+            "-N",
+            "2",
+            "--wrap",
+            "while [ ! -e /gate/go ]; do sleep 0.2; done; echo released",
+        ])
+        .await;
+    h.job_in(&id, "RUNNING").await;
+    let before = h
+        .sinfo_until("two busy nodes", |s| {
+            s.len() == 3 && s.values().filter(|t| *t != "idle").count() == 2
+        })
+        .await;
+    let idle = before
+        .iter()
+        .find(|(_, t)| *t == "idle")
+        .map(|(n, _)| n.clone())
+        .unwrap();
+    eprintln!("before scale-in: {before:?}");
+
+    // Down to one: the idle worker and one busy worker must go.
+    h.scale("cpu", 1).await;
+    let pods: Api<Pod> = h.api();
+    let idle_pod = tandem_operator::render::worker_pod_name("cpu", &idle);
+    if let Err(e) = wait_for_deletion(&pods, &idle_pod, LONG).await {
+        h.fail(e).await;
+    }
+    let during = h
+        .sinfo_until("the idle node gone and one busy node draining", |s| {
+            !s.contains_key(&idle)
+                && s.len() == 2
+                && s.values().filter(|t| *t == "drng").count() == 1
+        })
+        .await;
+    eprintln!("idle worker gone, busy victim draining: {during:?}");
+    let victim = during
+        .iter()
+        .find(|(_, t)| *t == "drng")
+        .map(|(n, _)| n.clone())
+        .unwrap();
+    let keeper = during.keys().find(|n| **n != victim).unwrap().clone();
+    assert!(
+        during[&keeper] == "mix" || during[&keeper] == "alloc",
+        "the worker that stays is not drained: {during:?}"
+    );
+    // The busy victim's pod stays while its job runs (the deadline is far off).
+    h.job_in(&id, "RUNNING").await;
+    let victim_pod = pods
+        .get(&tandem_operator::render::worker_pod_name("cpu", &victim))
+        .await
+        .unwrap();
+    assert!(
+        victim_pod.metadata.deletion_timestamp.is_none(),
+        "a busy worker is not deleted before its job ends"
+    );
+    assert_eq!(
+        victim_pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(DRAIN_FOR))
+            .map(String::as_str),
+        Some("scale-in")
+    );
+    h.wait_set("cpu", "to count the draining worker", |s| s.drain == 1)
+        .await;
+
+    // The job ends; then the victim's pod goes, and its node leaves the controller.
+    std::fs::write(gate.path().join("go"), b"").unwrap();
+    let done = h.completed(&id).await;
+    assert!(done.split_whitespace().any(|w| w == "2"), "{done}");
+    if let Err(e) = wait_for_deletion(&pods, &victim_pod.metadata.name.clone().unwrap(), LONG).await
+    {
+        h.fail(e).await;
+    }
+    let after = h
+        .sinfo_until("only the worker that stays, idle", |s| {
+            s.len() == 1 && s.get(&keeper).map(String::as_str) == Some("idle")
+        })
+        .await;
+    eprintln!("after the job: {after:?}");
+    h.workers_ready("cpu", 1).await;
+    let left: Vec<String> = h
+        .worker_pods("cpu")
+        .await
+        .iter()
+        .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+        .collect();
+    assert_eq!(left, vec![keeper]);
+
+    // The decisions were told as Events, one per victim: each names its pod as `related`,
+    // so the recorder does not fold the second victim's into the first's series.
+    let events = h.wait_event("WorkerSet", "cpu", "WorkerDrained").await;
+    let noted = |reason: &str, words: &[&str]| {
+        events
+            .iter()
+            .any(|e| e.0 == reason && words.iter().all(|w| e.1.contains(w)))
+    };
+    assert!(noted("VictimChosen", &[&idle, "idle"]), "{events:?}");
+    assert!(
+        noted("VictimChosen", &[&victim, "running job"]),
+        "both victims were chosen: {events:?}"
+    );
+    assert!(noted("DrainStarted", &["scale-in"]), "{events:?}");
+    assert!(
+        noted("DrainStarted", &[&victim]),
+        "the busy victim's drain was told: {events:?}"
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_set_scaled_to_zero_comes_back_when_the_keda_scaler_reports_a_pending_job() {
+    let Some(h) = Harness::start("scale_to_zero_and_back", 1, "2").await else {
+        return;
+    };
+    h.apply(CLUSTER_AND_LOGIN).await;
+    h.apply(
+        "{apiVersion: tandem.dev/v1alpha1, kind: WorkerSet, metadata: {name: cpu},
+          spec: {clusterName: hpc, replicas: 1, partitions: [batch], cpus: 2, memory: 2G}}",
+    )
+    .await;
+    h.workers_ready("cpu", 1).await;
+    h.login_ready().await;
+    // What a ScaledObject for this set says in its trigger's metadata.
+    let keda = ScaledObjectRef {
+        name: "cpu".into(),
+        namespace: h.ns.clone(),
+        scaler_metadata: [
+            ("partition", "batch"),
+            ("cpusPerNode", "2"),
+            ("workerSet", "cpu"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect(),
+    };
+    h.scaler_says("hpc", &keda, (false, 0)).await;
+
+    // To zero: the pod and the node go.
+    h.scale("cpu", 0).await;
+    h.wait_set("cpu", "to have no workers", |s| {
+        s.replicas == 0 && s.members.is_empty()
+    })
+    .await;
+    assert!(h.worker_pods("cpu").await.is_empty());
+    h.sinfo_until("no node", BTreeMap::is_empty).await;
+
+    // A job waits; the scaler reports the one worker it needs.
+    let id = h
+        .sbatch(&["-N", "1", "--wrap", "echo back from zero"])
+        .await;
+    h.job_in(&id, "PENDING").await;
+    h.scaler_says("hpc", &keda, (true, 1)).await;
+
+    // As KEDA's HPA would: replicas from the metric, through the scale subresource.
+    h.scale("cpu", 1).await;
+    h.completed(&id).await;
+    h.workers_ready("cpu", 1).await;
+    // Nothing waits or runs any more: back to inactive.
+    h.scaler_says("hpc", &keda, (false, 0)).await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn deleting_a_worker_set_removes_its_pods_and_nodes_before_it_goes() {
+    let Some(h) = Harness::start("delete_worker_set", 2, "2").await else {
+        return;
+    };
+    h.apply(CLUSTER_AND_LOGIN).await;
+    h.apply(
+        "{apiVersion: tandem.dev/v1alpha1, kind: WorkerSet, metadata: {name: cpu},
+          spec: {clusterName: hpc, replicas: 2, partitions: [batch], cpus: 2, memory: 2G}}",
+    )
+    .await;
+    h.workers_ready("cpu", 2).await;
+    h.login_ready().await;
+    h.sinfo_until("both workers", |s| s.len() == 2).await;
+
+    let sets: Api<WorkerSet> = h.api();
+    sets.delete("cpu", &DeleteParams::default()).await.unwrap();
+    if let Err(e) = wait_for_deletion(&sets, "cpu", LONG).await {
+        h.fail(e).await;
+    }
+    // The finalizer went only after the cleanup: nothing is left to wait for.
+    assert!(
+        h.worker_pods("cpu").await.is_empty(),
+        "the set's pods are gone"
+    );
+    let sinfo = h.login(&["sinfo", "-N", "-h", "-o", "%N %t"]).await;
+    assert!(
+        node_states(&sinfo).is_empty(),
+        "the controller lists no node of the deleted set:\n{sinfo}"
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn invalid_specs_on_a_running_cluster_are_reported_and_touch_nothing_running() {
+    let Some(h) = Harness::start("invalid_specs_touch_nothing", 1, "2").await else {
+        return;
+    };
+    h.apply(
+        "{apiVersion: tandem.dev/v1alpha1, kind: TandemCluster, metadata: {name: hpc},
+          spec: {partitions: [{name: batch, default: true}],
+                 accounts: [{name: physics, shares: 10}]}}",
+    )
+    .await;
+    h.apply(
+        "{apiVersion: tandem.dev/v1alpha1, kind: WorkerSet, metadata: {name: cpu},
+          spec: {clusterName: hpc, replicas: 1, partitions: [batch], cpus: 2, memory: 2G}}",
+    )
+    .await;
+    h.workers_ready("cpu", 1).await;
+    let pods: Api<Pod> = h.api();
+    let controller = pods.get("hpc-controller").await.unwrap();
+    let worker = h.worker_pods("cpu").await.pop().unwrap();
+
+    // An account whose parent is not declared. A server evaluating the CRD's CEL rules
+    // refuses it naming the rule; this one does not, and the operator says so.
+    let clusters: Api<TandemCluster> = h.api();
+    let bad_parent = json!({"spec": {"accounts": [
+        {"name": "physics", "shares": 10},
+        {"name": "theory", "parent": "nope"},
+    ]}});
+    match clusters
+        .patch("hpc", &PatchParams::default(), &Patch::Merge(&bad_parent))
+        .await
+    {
+        Err(e) => assert!(format!("{e}").contains("parent"), "{e}"),
+        Ok(_) => {
+            if let Err(e) = wait_for(&clusters, "hpc", "to be Degraded", LONG, |t| {
+                t.status.as_ref().is_some_and(|s| {
+                    s.conditions.iter().any(|c| {
+                        c.type_ == "Degraded"
+                            && c.status == "True"
+                            && c.reason == "InvalidSpec"
+                            && c.message.contains("spec.accounts[1].parent")
+                            && c.message.contains("\"nope\"")
+                    })
+                })
+            })
+            .await
+            {
+                h.fail(e).await;
+            }
+            let events = h.wait_event("TandemCluster", "hpc", "InvalidSpec").await;
+            assert!(
+                events
+                    .iter()
+                    .any(|e| e.0 == "InvalidSpec" && e.1.contains("spec.accounts[1].parent")),
+                "{events:?}"
+            );
+        }
+    }
+
+    // A running set's partition that the cluster does not have.
+    let sets: Api<WorkerSet> = h.api();
+    sets.patch(
+        "cpu",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"partitions": ["nope"]}})),
+    )
+    .await
+    .unwrap();
+    h.wait_set("cpu", "to be Degraded naming spec.partitions[0]", |s| {
+        s.conditions.iter().any(|c| {
+            c.type_ == "Degraded"
+                && c.status == "True"
+                && c.reason == "InvalidSpec"
+                && c.message.contains("spec.partitions[0]")
+        })
+    })
+    .await;
+    let events = h.wait_event("WorkerSet", "cpu", "InvalidSpec").await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.0 == "InvalidSpec" && e.1.contains("\"nope\"")),
+        "{events:?}"
+    );
+
+    // Nothing running was touched: the same pods, running, not draining.
+    for before in [&controller, &worker] {
+        let now = pods
+            .get(&before.metadata.name.clone().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(
+            uid(&now),
+            uid(before),
+            "{:?} was replaced",
+            now.metadata.name
+        );
+        assert!(now.metadata.deletion_timestamp.is_none());
+        assert_eq!(tandem_e2e::testkit::phase(&now), "Running");
+        assert!(
+            now.metadata
+                .annotations
+                .as_ref()
+                .is_none_or(|a| !a.contains_key(DRAIN_FOR)),
+            "{:?} is not drained",
+            now.metadata.name
+        );
+    }
+    // Fixed again, the set is ready with the worker it had all along.
+    sets.patch(
+        "cpu",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"partitions": ["batch"]}})),
+    )
+    .await
+    .unwrap();
+    h.wait_set("cpu", "to be ready and not Degraded", |s| {
+        s.ready_replicas == 1
+            && s.conditions
+                .iter()
+                .any(|c| c.type_ == "Degraded" && c.status == "False")
+    })
+    .await;
+    assert_eq!(
+        uid(&h.worker_pods("cpu").await.pop().unwrap()),
+        uid(&worker)
+    );
+    h.stop().await;
 }

@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 
 use tandem_proto::auth::{ClusterKey, Identity, Role};
 use tandem_proto::endpoint::{self, AuthChannel};
+use tandem_proto::net::ClientSecurity;
 use tandem_proto::v1;
 use tandem_proto::v1::accounting_client::AccountingClient;
 use tandem_proto::v1::jobs_client::JobsClient;
@@ -59,9 +60,15 @@ pub struct GrpcBatch {
 }
 
 impl GrpcBatch {
-    pub async fn connect(address: &str, key: &ClusterKey) -> Result<Self, BatchError> {
+    /// `security`: TLS verified against the cluster CA (the controller's certificate names
+    /// the Service's clusterIP, which `address` holds).
+    pub async fn connect(
+        address: &str,
+        security: &ClientSecurity,
+        key: &ClusterKey,
+    ) -> Result<Self, BatchError> {
         let who = Identity::service(Role::Operator, "tandem-operator", 0, 0);
-        let channel = endpoint::connect(address, key, &who)
+        let channel = endpoint::connect_as(address, security, key, &who)
             .await
             .map_err(|source| BatchError::Connect {
                 address: address.to_owned(),

@@ -11,6 +11,10 @@ pub const DEFAULT_STORAGE_SIZE: &str = "10Gi";
 pub const DEFAULT_DRAIN_DEADLINE_S: u32 = 3600;
 /// The controller's gRPC port (Slurm's slurmctld port).
 pub const CONTROLLER_PORT: u16 = 6817;
+/// The controller's KEDA external scaler port (gRPC over TLS, read-only).
+pub const SCALER_PORT: u16 = 9090;
+/// The controller's Prometheus `/metrics` port (plain HTTP: aggregate numbers only).
+pub const METRICS_PORT: u16 = 9100;
 /// The worker's step-launch port (Slurm's slurmd port).
 pub const WORKER_STEP_PORT: u16 = 6818;
 /// Where the controller keeps its store (the PVC's mount).
@@ -18,6 +22,15 @@ pub const STATE_DIR: &str = "/var/lib/tandem";
 /// The cluster key Secret's mount and file.
 pub const KEY_DIR: &str = "/etc/tandem/key";
 pub const KEY_FILE: &str = "cluster.key";
+/// The controller's certificate Secret's mount (`tls.crt`, `tls.key`, `ca.crt`).
+pub const TLS_DIR: &str = "/etc/tandem/tls";
+/// The cluster CA Secret's mount: `ca.crt` everywhere, `ca.key` only in worker pods.
+pub const CA_DIR: &str = "/etc/tandem/ca";
+pub const CA_CERT_FILE: &str = "ca.crt";
+pub const CA_KEY_FILE: &str = "ca.key";
+/// The login pods' identity agent socket, in an emptyDir both containers mount.
+pub const AUTH_DIR: &str = "/run/tandem";
+pub const AUTH_SOCKET_FILE: &str = "authd.sock";
 /// The ConfigMap's mount: `controller.toml` and the clients' `cluster.json`.
 pub const CONFIG_DIR: &str = "/etc/tandem/config";
 pub const CONTROLLER_CONFIG_KEY: &str = "controller.toml";

@@ -22,6 +22,12 @@ pub const COMPONENT_LOGIN: &str = "login";
 
 /// Hash of what a pod was rendered from; a different hash = outdated pod.
 pub const TEMPLATE_HASH: &str = "tandem.dev/template-hash";
+/// On the controller's certificate Secret: the names it was issued for (comma-separated)
+/// and the hash of the CA that issued it; a difference from what is wanted reissues it.
+pub const CERT_NAMES: &str = "tandem.dev/cert-names";
+pub const CERT_CA: &str = "tandem.dev/cert-ca";
+/// The container `kubectl exec` and `kubectl logs` pick when none is named.
+pub const DEFAULT_CONTAINER: &str = "kubectl.kubernetes.io/default-container";
 /// Set on a worker pod chosen to leave: unix seconds when its drain began.
 pub const DRAIN_SINCE: &str = "tandem.dev/drain-since";
 /// Why the pod is draining: `scale-in`, `rollout` or `delete`.

@@ -23,6 +23,9 @@
 //!   a time and replaced on the same node once idle: no running job is cut short.
 //! - **Removal**: a former node with no pod and no further use is removed from the
 //!   controller (set DOWN first if it still shows jobs).
+//! - **Registration**: a running worker whose node is not registered and up yet is looked
+//!   at again every [`DRAIN_POLL_S`] (node states are not watched), so `readyReplicas`
+//!   follows registration without waiting for another pod event.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -229,6 +232,19 @@ pub struct Event {
     /// PascalCase.
     pub reason: &'static str,
     pub note: String,
+    /// The object the decision is about besides the set itself (the Event's `related`).
+    /// Event recorders fold Events with the same reason about the same object into one
+    /// series that keeps only the first note; naming the pod or node keeps one Event per
+    /// victim, drain and removal.
+    pub related: Option<Related>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Related {
+    /// A pod in the set's namespace.
+    Pod(String),
+    /// A Kubernetes node (a worker's batch node has its node's name).
+    Node(String),
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -251,6 +267,22 @@ impl Plan {
             type_,
             reason,
             note,
+            related: None,
+        });
+    }
+
+    fn event_about(
+        &mut self,
+        related: Related,
+        type_: EventType,
+        reason: &'static str,
+        note: String,
+    ) {
+        self.events.push(Event {
+            type_,
+            reason,
+            note,
+            related: Some(related),
         });
     }
 
@@ -300,7 +332,8 @@ pub fn plan(desired: &Desired, obs: &Observed) -> Plan {
             p.actions.push(Action::DeletePod {
                 pod: pod.name.clone(),
             });
-            p.event(
+            p.event_about(
+                Related::Pod(pod.name.clone()),
                 EventType::Warning,
                 "WorkerEnded",
                 format!("worker pod {} ended; replacing it", pod.name),
@@ -376,7 +409,8 @@ pub fn plan(desired: &Desired, obs: &Observed) -> Plan {
                         .map_or("with no time limit".to_owned(), |t| format!("by {t}"))
                 ),
             };
-            p.event(
+            p.event_about(
+                Related::Pod(pod.name.clone()),
                 EventType::Normal,
                 "VictimChosen",
                 format!(
@@ -405,7 +439,8 @@ pub fn plan(desired: &Desired, obs: &Observed) -> Plan {
             p.actions.push(Action::Unmark {
                 pod: pod.name.clone(),
             });
-            p.event(
+            p.event_about(
+                Related::Pod(pod.name.clone()),
                 EventType::Normal,
                 "ScaleInCancelled",
                 format!("worker {} stays: replicas raised again", pod.name),
@@ -434,7 +469,8 @@ pub fn plan(desired: &Desired, obs: &Observed) -> Plan {
             }
             if obs.members.contains(&node) {
                 replaced += 1;
-                p.event(
+                p.event_about(
+                    Related::Node(node.clone()),
                     EventType::Normal,
                     "PodReplaced",
                     format!("worker for node {node} is gone; creating a new pod there"),
@@ -486,7 +522,8 @@ pub fn plan(desired: &Desired, obs: &Observed) -> Plan {
                         why: DrainFor::Rollout,
                         since: now,
                     });
-                    p.event(
+                    p.event_about(
+                        Related::Pod(pod.name.clone()),
                         EventType::Normal,
                         "RolloutDrain",
                         format!(
@@ -536,7 +573,8 @@ pub fn plan(desired: &Desired, obs: &Observed) -> Plan {
             p.actions.push(Action::DeletePod {
                 pod: pod.name.clone(),
             });
-            p.event(
+            p.event_about(
+                Related::Pod(pod.name.clone()),
                 EventType::Normal,
                 "WorkerDrained",
                 format!(
@@ -551,7 +589,8 @@ pub fn plan(desired: &Desired, obs: &Observed) -> Plan {
                 node: node.name.clone(),
                 reason: drain_reason(*why, &desired.set),
             });
-            p.event(
+            p.event_about(
+                Related::Pod(pod.name.clone()),
                 EventType::Normal,
                 "DrainStarted",
                 format!(
@@ -579,7 +618,8 @@ pub fn plan(desired: &Desired, obs: &Observed) -> Plan {
             p.actions.push(Action::DeletePod {
                 pod: pod.name.clone(),
             });
-            p.event(
+            p.event_about(
+                Related::Pod(pod.name.clone()),
                 EventType::Warning,
                 "DrainDeadlinePassed",
                 format!(
@@ -609,12 +649,30 @@ pub fn plan(desired: &Desired, obs: &Observed) -> Plan {
                 p.actions.push(Action::Resume {
                     node: n.name.clone(),
                 });
-                p.event(
+                p.event_about(
+                    Related::Node(n.name.clone()),
                     EventType::Normal,
                     "DrainCleared",
                     format!("node {} is back in service", n.name),
                 );
             }
+        }
+    }
+
+    // === running workers not (yet) up in the controller: node registration is not
+    // watched, so look again rather than report them unready until the next pod event ===
+    if !desired.deleting && obs.nodes.ok() {
+        let unready: Vec<&str> = staying
+            .iter()
+            .filter(|x| x.drain.is_none() && x.phase == PodPhase::Running && !ready(x, &obs.nodes))
+            .map(|x| x.name.as_str())
+            .collect();
+        if !unready.is_empty() {
+            p.waiting.push(format!(
+                "worker(s) {} running but not registered and up in the controller yet",
+                unready.join(", ")
+            ));
+            p.requeue(DRAIN_POLL_S);
         }
     }
 
@@ -638,7 +696,8 @@ pub fn plan(desired: &Desired, obs: &Observed) -> Plan {
                         reason: format!("{DRAIN_REASON_PREFIX} worker pod gone"),
                     });
                     p.actions.push(Action::RemoveNode { node: m.clone() });
-                    p.event(
+                    p.event_about(
+                        Related::Node(m.clone()),
                         EventType::Warning,
                         "NodeRemoved",
                         format!(
@@ -649,7 +708,8 @@ pub fn plan(desired: &Desired, obs: &Observed) -> Plan {
                 }
                 Some(_) => {
                     p.actions.push(Action::RemoveNode { node: m.clone() });
-                    p.event(
+                    p.event_about(
+                        Related::Node(m.clone()),
                         EventType::Normal,
                         "NodeRemoved",
                         format!("node {m} removed from the controller"),

@@ -19,10 +19,12 @@ pub const USES: &[(&str, &str, &[&str])] = &[
     ("tandem.dev", "loginsets", &["list", "watch"]),
     ("tandem.dev", "loginsets/status", &["patch"]),
     ("", "pods", &["list", "watch", "create", "patch", "delete"]),
-    ("", "services", &["get", "create"]),
+    // patch: a Service from an older operator gets the scaler and metrics ports.
+    ("", "services", &["get", "create", "patch"]),
     // create + patch: server-side apply, which creates the object the first time.
     ("", "configmaps", &["list", "watch", "create", "patch"]),
-    ("", "secrets", &["get", "create"]),
+    // patch: the controller's certificate, reissued when the Service's names change.
+    ("", "secrets", &["get", "create", "patch"]),
     ("", "persistentvolumeclaims", &["get", "create"]),
     ("", "nodes", &["list", "watch"]),
     ("events.k8s.io", "events", &["create"]),

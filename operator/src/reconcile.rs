@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Node, ObjectReference, PersistentVolumeClaim, Pod, Secret, Service,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action as Requeue, Controller};
@@ -20,6 +22,8 @@ use kube::runtime::{WatchStreamExt, finalizer, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tandem_proto::auth::ClusterKey;
+use tandem_proto::net::ClientSecurity;
+use tandem_proto::tls::ca::ClusterCa;
 use tokio::sync::Mutex;
 use tracing::{info, warn};
 
@@ -51,6 +55,10 @@ pub enum Error {
     Finalizer(#[source] Box<finalizer::Error<Error>>),
     #[error("the cluster key Secret {0} is malformed")]
     BadKey(String),
+    #[error("the cluster CA Secret {0} is malformed")]
+    BadCa(String),
+    #[error("making the cluster CA or a certificate")]
+    Tls(#[from] tandem_proto::tls::TlsError),
     #[error("generating the cluster key: {0}")]
     Random(String),
     /// Deleting a worker set waits for drains and removals; the finalizer stays until done
@@ -209,7 +217,21 @@ async fn publish<K: Resource<DynamicType = ()>>(ctx: &Context, obj: &K, ev: &pla
         reason: ev.reason.into(),
         note: Some(ev.note.chars().take(1000).collect()),
         action: ev.reason.into(),
-        secondary: None,
+        secondary: ev.related.as_ref().map(|r| match r {
+            plan::Related::Pod(name) => ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(name.clone()),
+                namespace: obj.meta().namespace.clone(),
+                ..ObjectReference::default()
+            },
+            plan::Related::Node(name) => ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Node".into()),
+                name: Some(name.clone()),
+                ..ObjectReference::default()
+            },
+        }),
     };
     if let Err(err) = recorder.publish(&e, &obj.object_ref(&())).await {
         warn!(error = %err, reason = ev.reason, "event not recorded");
@@ -221,6 +243,7 @@ fn warning(reason: &'static str, note: String) -> plan::Event {
         type_: plan::EventType::Warning,
         reason,
         note,
+        related: None,
     }
 }
 
@@ -242,6 +265,16 @@ fn unhex(s: &str) -> Option<[u8; 32]> {
     Some(out)
 }
 
+/// A Secret's value as text, from `data` (what an API server returns) or `stringData` (as
+/// written, which the in-repo server keeps).
+fn secret_text(s: &Secret, key: &str) -> Option<String> {
+    s.data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+        .or_else(|| s.string_data.as_ref().and_then(|d| d.get(key)).cloned())
+}
+
 /// Reads the cluster key from its Secret (the only place it lives).
 async fn cluster_key(ctx: &Context, ns: &str, tc: &str) -> Result<Option<ClusterKey>, Error> {
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
@@ -253,20 +286,31 @@ async fn cluster_key(ctx: &Context, ns: &str, tc: &str) -> Result<Option<Cluster
     else {
         return Ok(None);
     };
-    let bytes = s
-        .data
-        .as_ref()
-        .and_then(|d| d.get(defaults::KEY_FILE))
-        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-        .or_else(|| {
-            s.string_data
-                .as_ref()
-                .and_then(|d| d.get(defaults::KEY_FILE))
-                .cloned()
-        })
+    let bytes = secret_text(&s, defaults::KEY_FILE)
         .and_then(|t| unhex(&t))
         .ok_or(Error::BadKey(name))?;
     Ok(Some(ClusterKey::from_bytes(bytes)))
+}
+
+/// The cluster CA from its Secret (`ca.crt` and `ca.key`, both PEM).
+fn ca_of(name: &str, s: &Secret) -> Result<ClusterCa, Error> {
+    let cert = secret_text(s, defaults::CA_CERT_FILE);
+    let key = secret_text(s, defaults::CA_KEY_FILE);
+    match (cert, key) {
+        (Some(c), Some(k)) => ClusterCa::from_pem(&c, &k).map_err(|_| Error::BadCa(name.into())),
+        _ => Err(Error::BadCa(name.into())),
+    }
+}
+
+async fn read_ca(ctx: &Context, ns: &str, tc: &str) -> Result<Option<ClusterCa>, Error> {
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let name = render::ca_secret_name(tc);
+    secrets
+        .get_opt(&name)
+        .await
+        .map_err(kube("read CA Secret"))?
+        .map(|s| ca_of(&name, &s))
+        .transpose()
 }
 
 async fn batch_for(ctx: &Context, ns: &str, tc: &TandemCluster) -> Result<GrpcBatch, String> {
@@ -284,7 +328,15 @@ async fn batch_for(ctx: &Context, ns: &str, tc: &TandemCluster) -> Result<GrpcBa
         .await
         .map_err(|e| format!("{e:#}"))?
         .ok_or("the cluster key Secret does not exist yet")?;
-    let b = GrpcBatch::connect(&endpoint, &k)
+    // The controller's certificate chains to the cluster CA, which the operator keeps.
+    let ca = read_ca(ctx, ns, &name)
+        .await
+        .map_err(|e| format!("{e:#}"))?
+        .ok_or("the cluster CA Secret does not exist yet")?;
+    let security = tandem_proto::tls::client_config_pem(ca.cert_pem().as_bytes())
+        .map(ClientSecurity::Tls)
+        .map_err(|e| format!("{e:#}"))?;
+    let b = GrpcBatch::connect(&endpoint, &security, &k)
         .await
         .map_err(|e| format!("{e:#}"))?;
     ctx.batch.lock().await.insert(key, b.clone());
@@ -344,6 +396,33 @@ async fn reconcile_cluster(tc: Arc<TandemCluster>, ctx: Arc<Context>) -> Result<
         )?;
     }
 
+    // Step: the cluster CA Secret (created once: a new CA would orphan every certificate).
+    let ca_name = render::ca_secret_name(&name);
+    let ca = match secrets
+        .get_opt(&ca_name)
+        .await
+        .map_err(kube("read CA Secret"))?
+    {
+        Some(s) => ca_of(&ca_name, &s)?,
+        None => {
+            let ca = ClusterCa::generate()?;
+            let secret = render::ca_secret(&tc, ca.cert_pem(), ca.key_pem())?;
+            match secrets.create(&PostParams::default(), &secret).await {
+                Ok(_) => ca,
+                // Made by an earlier pass whose answer we have not seen: use that one.
+                Err(kube::Error::Api(e)) if e.code == 409 => read_ca(&ctx, &ns, &name)
+                    .await?
+                    .ok_or_else(|| Error::BadCa(ca_name.clone()))?,
+                Err(source) => {
+                    return Err(Error::Kube {
+                        step: "create CA Secret",
+                        source,
+                    });
+                }
+            }
+        }
+    };
+
     // Step: Service, and the endpoint from its clusterIP.
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
     let svc = match services
@@ -351,19 +430,72 @@ async fn reconcile_cluster(tc: Arc<TandemCluster>, ctx: Arc<Context>) -> Result<
         .await
         .map_err(kube("read Service"))?
     {
+        Some(s) if render::service_ports_differ(&s) => {
+            // Made by an older operator: give it the scaler and metrics ports.
+            services
+                .patch(
+                    &render::service_name(&name),
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"ports": render::service_ports()}})),
+                )
+                .await
+                .map_err(kube("patch Service ports"))?
+        }
         Some(s) => s,
         None => services
             .create(&PostParams::default(), &render::service(&tc)?)
             .await
             .map_err(kube("create Service"))?,
     };
-    let endpoint = svc
+    let cluster_ip = svc
         .spec
         .as_ref()
         .and_then(|s| s.cluster_ip.clone())
-        .filter(|ip| !ip.is_empty() && ip != "None")
-        .map(|ip| format!("http://{ip}:{}", defaults::CONTROLLER_PORT));
+        .filter(|ip| !ip.is_empty() && ip != "None");
+    let endpoint = cluster_ip
+        .as_ref()
+        .map(|ip| format!("https://{}", host_port(ip, defaults::CONTROLLER_PORT)));
     status.controller_endpoint = endpoint.clone();
+
+    // Step: the controller's certificate, for the Service's names and clusterIP; reissued
+    // when they or the CA change.
+    let cert_names =
+        render::controller_cert_names(&render::service_name(&name), &ns, cluster_ip.as_deref());
+    let tls_name = render::controller_tls_secret_name(&name);
+    let have_tls = secrets
+        .get_opt(&tls_name)
+        .await
+        .map_err(kube("read controller TLS Secret"))?;
+    if render::cert_needs_issue(&cert_names, ca.cert_pem(), have_tls.as_ref()) {
+        let (cert, key) = ca.issue(&cert_names)?;
+        let secret = render::controller_tls_secret(&tc, &cert_names, &cert, &key, ca.cert_pem())?;
+        if have_tls.is_some() {
+            secrets
+                .patch(&tls_name, &PatchParams::default(), &Patch::Merge(&secret))
+                .await
+                .map_err(kube("patch controller TLS Secret"))?;
+        } else {
+            create_ok(
+                secrets.create(&PostParams::default(), &secret).await,
+                "create controller TLS Secret",
+            )?;
+        }
+        publish(
+            &ctx,
+            &*tc,
+            &plan::Event {
+                type_: plan::EventType::Normal,
+                reason: "CertificateIssued",
+                note: format!(
+                    "controller certificate issued for {}",
+                    cert_names.join(", ")
+                ),
+                related: None,
+            },
+        )
+        .await;
+    }
+    let cert_id = render::controller_cert_id(&cert_names, ca.cert_pem());
 
     // Step: PVC.
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
@@ -441,7 +573,7 @@ async fn reconcile_cluster(tc: Arc<TandemCluster>, ctx: Arc<Context>) -> Result<
 
     // Step: the controller pod (recreated if lost; replaced when its config changes).
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let want = render::controller_pod(&tc, &config_hash)?;
+    let want = render::controller_pod(&tc, &config_hash, &cert_id)?;
     let want_hash = want.annotations().get(TEMPLATE_HASH).cloned();
     let have = ctx.pod_store.state().into_iter().find(|p| {
         p.namespace().as_deref() == Some(&ns) && p.name_any() == render::controller_pod_name(&name)
@@ -465,9 +597,9 @@ async fn reconcile_cluster(tc: Arc<TandemCluster>, ctx: Arc<Context>) -> Result<
                 &plan::Event {
                     type_: plan::EventType::Normal,
                     reason: "ControllerRestart",
-                    note:
-                        "the controller's config changed: restarting it (running jobs keep running)"
-                            .into(),
+                    note: "the controller's config or certificate changed: restarting it (running jobs keep running)"
+                        .into(),
+                    related: None,
                 },
             )
             .await;
@@ -574,6 +706,15 @@ async fn reconcile_cluster(tc: Arc<TandemCluster>, ctx: Arc<Context>) -> Result<
     })
 }
 
+/// `HOST:PORT`, bracketing an IPv6 host (a dual-stack Service's clusterIP may be one).
+fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
 fn old_ready(c: &[Condition]) -> bool {
     c.iter().any(|c| c.type_ == "Ready" && c.status == "True")
 }
@@ -594,6 +735,28 @@ fn pod_ready(p: &Pod) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// The merge patch from status `old` to `new`. What `new` leaves out (an emptied list, a
+/// `None`; the status types skip those when serializing) is sent as `null`: a merge patch
+/// that omits a key keeps its old value, so `status.members` would never empty and a set
+/// scaled to zero would keep "forgetting" its last node on every pass.
+fn status_patch<S: serde::Serialize>(old: &S, new: &S) -> serde_json::Value {
+    fn remove_missing(old: &serde_json::Value, new: &mut serde_json::Value) {
+        if let (serde_json::Value::Object(o), serde_json::Value::Object(n)) = (old, new) {
+            for (k, ov) in o {
+                match n.get_mut(k) {
+                    None => {
+                        n.insert(k.clone(), serde_json::Value::Null);
+                    }
+                    Some(nv) => remove_missing(ov, nv),
+                }
+            }
+        }
+    }
+    let mut status = json!(new);
+    remove_missing(&json!(old), &mut status);
+    json!({ "status": status })
+}
+
 async fn patch_cluster_status(
     clusters: &Api<TandemCluster>,
     name: &str,
@@ -607,7 +770,7 @@ async fn patch_cluster_status(
         .patch_status(
             name,
             &PatchParams::default(),
-            &Patch::Merge(json!({"status": new})),
+            &Patch::Merge(status_patch(old, new)),
         )
         .await
         .map_err(kube("patch TandemCluster status"))?;
@@ -1041,7 +1204,7 @@ async fn patch_set_status(
     sets.patch_status(
         name,
         &PatchParams::default(),
-        &Patch::Merge(json!({"status": new})),
+        &Patch::Merge(status_patch(old, new)),
     )
     .await
     .map_err(kube("patch WorkerSet status"))?;
@@ -1186,6 +1349,34 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(eligible_nodes(&nodes, &sel, &[tol]), vec!["a", "c"]);
+    }
+
+    #[test]
+    fn a_status_patch_clears_what_the_new_status_leaves_out() {
+        let old = WorkerSetStatus {
+            members: vec!["kn-0".into()],
+            selector: Some("s".into()),
+            replicas: 1,
+            ..Default::default()
+        };
+        let new = WorkerSetStatus {
+            selector: Some("s".into()),
+            ..Default::default()
+        };
+        let p = status_patch(&old, &new);
+        assert_eq!(p["status"]["members"], serde_json::Value::Null);
+        assert!(p["status"].as_object().unwrap().contains_key("members"));
+        assert_eq!(p["status"]["replicas"], json!(0));
+        assert_eq!(p["status"]["selector"], json!("s"));
+        // Nested objects too (the cluster's managed entities).
+        let mut a = json!({"managed": {"accounts": ["x"], "qos": ["q"]}});
+        let b = json!({"managed": {"qos": ["q"]}});
+        assert_eq!(
+            status_patch(&a, &b)["status"]["managed"],
+            json!({"accounts": null, "qos": ["q"]})
+        );
+        a["managed"]["accounts"] = json!(["y"]);
+        assert_eq!(status_patch(&a, &a)["status"], a);
     }
 
     #[test]

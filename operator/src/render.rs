@@ -5,10 +5,22 @@
 //! Control-plane pods (controller, login) pass PodSecurity `restricted`. Workers too when
 //! the set runs them as a user (`template.runAs`); otherwise the worker runs as root without
 //! privilege and with only the capabilities that starting jobs as their submitters needs.
+//!
+//! # Secrets and who mounts them
+//!
+//! | Secret | holds | mounted by |
+//! |---|---|---|
+//! | `<tc>-key` | the cluster key | controller, workers, the login pods' `authd` container |
+//! | `<tc>-ca` | the cluster CA (`ca.crt`, `ca.key`) | workers (whole); login pods (`ca.crt` only) |
+//! | `<tc>-controller-tls` | the controller's certificate (`kubernetes.io/tls`) | controller |
+//!
+//! Login pods never see the cluster key or the CA key: a user who can exec into one gets
+//! credentials for their own uid from the identity agent, nothing more.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde_json::{Value, json};
@@ -51,6 +63,12 @@ pub fn hash_of(v: &impl serde::Serialize) -> String {
 
 pub fn key_secret_name(tc: &str) -> String {
     format!("{tc}-key")
+}
+pub fn ca_secret_name(tc: &str) -> String {
+    format!("{tc}-ca")
+}
+pub fn controller_tls_secret_name(tc: &str) -> String {
+    format!("{tc}-controller-tls")
 }
 pub fn config_map_name(tc: &str) -> String {
     format!("{tc}-config")
@@ -131,6 +149,22 @@ fn restricted_pod(user: i64, group: i64) -> Value {
 
 /// The unprivileged uid control-plane pods run as (distroless `nonroot`).
 pub const NONROOT: i64 = 65532;
+/// The login pods' identity agent runs as its own uid, so the login container's users
+/// (another uid) cannot reach its files or its process.
+pub const AUTHD_UID: i64 = 65531;
+
+/// The agent's uid in a login pod whose users run as `login_uid`: never the same.
+pub fn authd_uid(login_uid: i64) -> i64 {
+    if login_uid == AUTHD_UID {
+        AUTHD_UID - 1
+    } else {
+        AUTHD_UID
+    }
+}
+
+/// Bumped when pods are rendered differently for the same spec (new volumes, flags), so an
+/// operator upgrade rolls its pods instead of leaving old ones that can no longer connect.
+const RENDER_REVISION: u32 = 2;
 
 // === the cluster's children ===
 
@@ -216,12 +250,16 @@ pub fn controller_toml(tc: &TandemCluster, parts: &Rendered) -> Result<String, R
     toml::to_string(&root).map_err(RenderError::Toml)
 }
 
-/// The clients' cluster file (`TANDEM_CONFIG`): the Service's address and the mounted key.
+/// The clients' cluster file (`TANDEM_CONFIG`): the Service's address, the mounted CA
+/// that its certificate chains to, the identity agent's socket (login pods) and the key
+/// (workers, which sign for themselves).
 pub fn client_json(tc: &str, endpoint: &str) -> String {
     json!({
         "cluster_name": tc,
         "controller": endpoint,
         "key_file": format!("{KEY_DIR}/{KEY_FILE}"),
+        "ca_file": format!("{CA_DIR}/{CA_CERT_FILE}"),
+        "auth_socket": format!("{AUTH_DIR}/{AUTH_SOCKET_FILE}"),
     })
     .to_string()
 }
@@ -279,6 +317,105 @@ pub fn key_secret(tc: &TandemCluster, key_hex: &str) -> Result<Secret, RenderErr
     )
 }
 
+/// Secret data as Kubernetes stores it (`data`, base64 on the wire), so what the operator
+/// writes reads back the same on every API server.
+fn secret_data<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Value {
+    let map: BTreeMap<&str, ByteString> = pairs
+        .into_iter()
+        .map(|(k, v)| (k, ByteString(v.as_bytes().to_vec())))
+        .collect();
+    json!(map)
+}
+
+/// The cluster CA Secret: created once, never rewritten (a new CA would orphan every
+/// certificate in use). Only worker pods mount its key.
+pub fn ca_secret(tc: &TandemCluster, cert_pem: &str, key_pem: &str) -> Result<Secret, RenderError> {
+    let name = tc.metadata.name.clone().unwrap_or_default();
+    typed(
+        "CA Secret",
+        json!({
+            "metadata": controller_object_meta(tc, &ca_secret_name(&name)),
+            "type": "Opaque",
+            "data": secret_data([(CA_CERT_FILE, cert_pem), (CA_KEY_FILE, key_pem)]),
+        }),
+    )
+}
+
+/// The names the controller's certificate carries: every spelling of the Service's DNS
+/// name (KEDA and in-cluster clients) and its cluster IP (what the cluster file names,
+/// since pods may not resolve the Service).
+pub fn controller_cert_names(service: &str, ns: &str, cluster_ip: Option<&str>) -> Vec<String> {
+    let mut names = vec![
+        service.to_owned(),
+        format!("{service}.{ns}"),
+        format!("{service}.{ns}.svc"),
+        format!("{service}.{ns}.svc.cluster.local"),
+    ];
+    names.extend(cluster_ip.map(str::to_owned));
+    names
+}
+
+/// What identifies an issued controller certificate: its names and its CA. In the
+/// controller pod's template hash, so a reissue restarts the controller onto it.
+pub fn controller_cert_id(names: &[String], ca_pem: &str) -> String {
+    hash_of(&(names, hash_of(&ca_pem)))
+}
+
+/// Whether the controller's certificate must be (re)issued: none yet, issued for other
+/// names (the Service's IP changed) or by another CA, or missing its files.
+pub fn cert_needs_issue(want: &[String], ca_pem: &str, have: Option<&Secret>) -> bool {
+    let Some(have) = have else {
+        return true;
+    };
+    let annotations = have.metadata.annotations.clone().unwrap_or_default();
+    let has = |k: &str| {
+        have.data.as_ref().is_some_and(|d| d.contains_key(k))
+            || have.string_data.as_ref().is_some_and(|d| d.contains_key(k))
+    };
+    annotations.get(CERT_NAMES) != Some(&want.join(","))
+        || annotations.get(CERT_CA) != Some(&hash_of(&ca_pem))
+        || !has(tandem_proto::tls::CERT_FILE)
+        || !has(tandem_proto::tls::KEY_FILE)
+}
+
+/// The controller's `kubernetes.io/tls` Secret (the layout `--tls-dir` reads, as
+/// cert-manager writes it), annotated with what it was issued for.
+pub fn controller_tls_secret(
+    tc: &TandemCluster,
+    names: &[String],
+    cert_pem: &str,
+    key_pem: &str,
+    ca_pem: &str,
+) -> Result<Secret, RenderError> {
+    let name = tc.metadata.name.clone().unwrap_or_default();
+    let mut meta = controller_object_meta(tc, &controller_tls_secret_name(&name));
+    meta["annotations"] = json!({
+        CERT_NAMES: names.join(","),
+        CERT_CA: hash_of(&ca_pem),
+    });
+    typed(
+        "controller TLS Secret",
+        json!({
+            "metadata": meta,
+            "type": "kubernetes.io/tls",
+            "data": secret_data([
+                (tandem_proto::tls::CERT_FILE, cert_pem),
+                (tandem_proto::tls::KEY_FILE, key_pem),
+                (tandem_proto::tls::CA_FILE, ca_pem),
+            ]),
+        }),
+    )
+}
+
+/// The Service's ports: gRPC for clients and workers, the KEDA scaler, Prometheus.
+pub fn service_ports() -> Value {
+    json!([
+        {"name": "grpc", "port": CONTROLLER_PORT, "targetPort": CONTROLLER_PORT, "protocol": "TCP"},
+        {"name": "scaler", "port": SCALER_PORT, "targetPort": SCALER_PORT, "protocol": "TCP"},
+        {"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT, "protocol": "TCP"},
+    ])
+}
+
 pub fn service(tc: &TandemCluster) -> Result<Service, RenderError> {
     let name = tc.metadata.name.clone().unwrap_or_default();
     let mut selector = BTreeMap::new();
@@ -291,10 +428,35 @@ pub fn service(tc: &TandemCluster) -> Result<Service, RenderError> {
             "spec": {
                 "type": "ClusterIP",
                 "selector": selector,
-                "ports": [{"name": "grpc", "port": CONTROLLER_PORT, "targetPort": CONTROLLER_PORT, "protocol": "TCP"}],
+                "ports": service_ports(),
             },
         }),
     )
+}
+
+/// Whether a Service made by an older operator lacks ports this one serves.
+pub fn service_ports_differ(svc: &Service) -> bool {
+    let have: Vec<(Option<String>, i32)> = svc
+        .spec
+        .iter()
+        .flat_map(|s| s.ports.iter().flatten())
+        .map(|p| (p.name.clone(), p.port))
+        .collect();
+    let want: Vec<(Option<String>, i32)> = service_ports()
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            (
+                p["name"].as_str().map(str::to_owned),
+                p["port"]
+                    .as_i64()
+                    .and_then(|n| i32::try_from(n).ok())
+                    .unwrap_or(0),
+            )
+        })
+        .collect();
+    have != want
 }
 
 /// The store's PVC. Owned by the cluster, so deleting the `TandemCluster` deletes the
@@ -317,17 +479,18 @@ pub fn pvc(tc: &TandemCluster) -> Result<PersistentVolumeClaim, RenderError> {
     )
 }
 
-/// Until the operator issues certificates from the cluster CA, its pods speak plain text
-/// (loopback only; see `controller_pod`).
-const PLAINTEXT_FLAG: &str = "--insecure-plaintext";
-
-/// The controller pod. `config_hash` (of the rendered config) goes in its template hash, so
-/// a config change restarts the controller; running jobs survive that as any restart.
-pub fn controller_pod(tc: &TandemCluster, config_hash: &str) -> Result<Pod, RenderError> {
+/// The controller pod. `config_hash` (of the rendered config) and `cert_id` (of its
+/// certificate, [`controller_cert_id`]) go in its template hash, so a config change or a
+/// reissued certificate restarts the controller; running jobs survive that as any restart.
+pub fn controller_pod(
+    tc: &TandemCluster,
+    config_hash: &str,
+    cert_id: &str,
+) -> Result<Pod, RenderError> {
     let name = tc.metadata.name.clone().unwrap_or_default();
     let image = tc.spec.image.clone().unwrap_or_else(default_image);
     let c = &tc.spec.controller;
-    let hash = hash_of(&(&image, c, config_hash));
+    let hash = hash_of(&(&image, c, config_hash, cert_id, RENDER_REVISION));
     let mut args = vec![
         "controller".to_owned(),
         "--listen".into(),
@@ -338,10 +501,14 @@ pub fn controller_pod(tc: &TandemCluster, config_hash: &str) -> Result<Pod, Rend
         format!("{KEY_DIR}/{KEY_FILE}"),
         "--config".into(),
         format!("{CONFIG_DIR}/{CONTROLLER_CONFIG_KEY}"),
-        // The operator does not provision TLS certificates yet (issue #10): plain text,
-        // which the controller accepts only on a loopback address. That is the harness's
-        // pod network; on a real cluster the controller refuses to start and says so.
-        PLAINTEXT_FLAG.into(),
+        "--tls-dir".into(),
+        TLS_DIR.into(),
+        // On the pod IP, as gRPC is: the Service reaches them there, and the scaler speaks
+        // TLS with the same certificate.
+        "--scaler-listen".into(),
+        format!("$(POD_IP):{SCALER_PORT}"),
+        "--metrics-listen".into(),
+        format!("$(POD_IP):{METRICS_PORT}"),
     ];
     if let Some(t) = &c.node_timeout {
         args.push("--node-timeout".into());
@@ -372,19 +539,25 @@ pub fn controller_pod(tc: &TandemCluster, config_hash: &str) -> Result<Pod, Rend
                     "command": ["tandem"],
                     "args": args,
                     "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
-                    "ports": [{"name": "grpc", "containerPort": CONTROLLER_PORT}],
+                    "ports": [
+                        {"name": "grpc", "containerPort": CONTROLLER_PORT},
+                        {"name": "scaler", "containerPort": SCALER_PORT},
+                        {"name": "metrics", "containerPort": METRICS_PORT},
+                    ],
                     "resources": c.resources,
                     "securityContext": restricted_container(),
                     "readinessProbe": {"tcpSocket": {"port": CONTROLLER_PORT}, "periodSeconds": 2},
                     "volumeMounts": [
                         {"name": "state", "mountPath": STATE_DIR},
                         {"name": "key", "mountPath": KEY_DIR, "readOnly": true},
+                        {"name": "tls", "mountPath": TLS_DIR, "readOnly": true},
                         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": true},
                     ],
                 }],
                 "volumes": [
                     {"name": "state", "persistentVolumeClaim": {"claimName": pvc_name(&name)}},
                     {"name": "key", "secret": {"secretName": key_secret_name(&name), "defaultMode": 0o400}},
+                    {"name": "tls", "secret": {"secretName": controller_tls_secret_name(&name), "defaultMode": 0o400}},
                     {"name": "config", "configMap": {"name": config_map_name(&name)}},
                 ],
             },
@@ -394,13 +567,22 @@ pub fn controller_pod(tc: &TandemCluster, config_hash: &str) -> Result<Pod, Rend
 
 // === worker and login pods ===
 
-fn client_volumes(tc: &str, o: &PodOverrides) -> (Vec<Value>, Vec<Value>) {
+/// A worker's volumes: the cluster key (it signs as its node), the whole CA (it issues its
+/// own step certificate at start: its pod IP is known only then), the cluster file, and
+/// the set's own volumes.
+///
+/// The CA key lets a worker mint a certificate for any name; the cluster key it already
+/// holds lets it sign any credential, root's included, so the CA key adds no power a
+/// compromised worker pod lacked. Both stay out of login pods.
+fn worker_volumes(tc: &str, o: &PodOverrides) -> (Vec<Value>, Vec<Value>) {
     let mut volumes = vec![
         json!({"name": "tandem-key", "secret": {"secretName": key_secret_name(tc), "defaultMode": 0o400}}),
+        json!({"name": "tandem-ca", "secret": {"secretName": ca_secret_name(tc), "defaultMode": 0o400}}),
         json!({"name": "tandem-config", "configMap": {"name": config_map_name(tc)}}),
     ];
     let mut mounts = vec![
         json!({"name": "tandem-key", "mountPath": KEY_DIR, "readOnly": true}),
+        json!({"name": "tandem-ca", "mountPath": CA_DIR, "readOnly": true}),
         json!({"name": "tandem-config", "mountPath": CONFIG_DIR, "readOnly": true}),
     ];
     volumes.extend(o.volumes.iter().map(|v| json!(v)));
@@ -428,6 +610,7 @@ pub fn worker_template_hash(ws: &WorkerSet, image: &str) -> String {
         &s.cpus,
         &s.memory,
         &s.template,
+        RENDER_REVISION,
     ))
 }
 
@@ -457,7 +640,8 @@ pub fn worker_pod(
         format!("$(POD_IP):{WORKER_STEP_PORT}"),
         "--state-dir".into(),
         WORKER_SPOOL.into(),
-        PLAINTEXT_FLAG.into(),
+        "--tls-issue-from".into(),
+        CA_DIR.into(),
     ];
     if !s.features.is_empty() {
         args.extend(["--features".into(), s.features.join(",")]);
@@ -482,7 +666,7 @@ pub fn worker_pod(
         json!({"name": "TANDEM_CONFIG", "value": format!("{CONFIG_DIR}/{CLIENT_CONFIG_KEY}")}),
     ];
     env.extend(o.env.iter().map(|e| json!(e)));
-    let (mut volumes, mut mounts) = client_volumes(&s.cluster_name, o);
+    let (mut volumes, mut mounts) = worker_volumes(&s.cluster_name, o);
     volumes.push(json!({"name": "spool", "emptyDir": {}}));
     mounts.push(json!({"name": "spool", "mountPath": WORKER_SPOOL}));
     let (pod_sc, container_sc) = match o.run_as {
@@ -552,7 +736,16 @@ pub fn worker_pod(
 }
 
 /// A login pod: the CLI configured through `TANDEM_CONFIG` (the mounted cluster file), kept
-/// alive so people `kubectl exec` into it.
+/// alive so people `kubectl exec` into it, and beside it the identity agent.
+///
+/// The `login` container holds neither the cluster key nor the CA key: only `ca.crt` and
+/// the agent's socket. The `authd` container alone mounts the key and runs as another uid
+/// ([`authd_uid`]), so users of the login container (its uid) cannot read the key through
+/// the other container's files or process, and get credentials for their own uid only. The
+/// socket's directory is read-only for them: connecting needs no write access, and nobody
+/// there can replace the socket with an impostor. The pod does not share its process
+/// namespace (that would expose the agent's `/proc/<pid>/root` to its own uid only, but
+/// there is no reason to open it).
 pub fn login_pod(
     ls: &LoginSet,
     index: u32,
@@ -561,25 +754,47 @@ pub fn login_pod(
     let name = ls.metadata.name.clone().unwrap_or_default();
     let s = &ls.spec;
     let o = &s.template;
+    let tc = &s.cluster_name;
     let image = o
         .image
         .clone()
         .or_else(|| cluster_image.map(str::to_owned))
         .unwrap_or_else(default_image);
-    let hash = hash_of(&(&image, o));
+    let hash = hash_of(&(&image, o, RENDER_REVISION));
     let mut env = vec![
         json!({"name": "TANDEM_CONFIG", "value": format!("{CONFIG_DIR}/{CLIENT_CONFIG_KEY}")}),
     ];
     env.extend(o.env.iter().map(|e| json!(e)));
-    let (volumes, mounts) = client_volumes(&s.cluster_name, o);
+    let mut volumes = vec![
+        json!({"name": "tandem-config", "configMap": {"name": config_map_name(tc)}}),
+        json!({"name": "tandem-ca", "secret": {
+            "secretName": ca_secret_name(tc),
+            "items": [{"key": CA_CERT_FILE, "path": CA_CERT_FILE}],
+            "defaultMode": 0o444,
+        }}),
+        json!({"name": "tandem-key", "secret": {"secretName": key_secret_name(tc), "defaultMode": 0o400}}),
+        json!({"name": "tandem-auth", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}),
+    ];
+    let mut mounts = vec![
+        json!({"name": "tandem-config", "mountPath": CONFIG_DIR, "readOnly": true}),
+        json!({"name": "tandem-ca", "mountPath": CA_DIR, "readOnly": true}),
+        json!({"name": "tandem-auth", "mountPath": AUTH_DIR, "readOnly": true}),
+    ];
+    volumes.extend(o.volumes.iter().map(|v| json!(v)));
+    mounts.extend(o.volume_mounts.iter().map(|m| json!(m)));
     let run_as = o.run_as.unwrap_or(crate::crd::template::RunAs {
         user: NONROOT,
         group: NONROOT,
     });
-    let mut pod_labels = merged(labels(&s.cluster_name, COMPONENT_LOGIN, &name), &o.labels);
+    let agent_uid = authd_uid(run_as.user);
+    let mut agent_sc = restricted_container();
+    agent_sc["runAsUser"] = json!(agent_uid);
+    agent_sc["runAsGroup"] = json!(agent_uid);
+    let mut pod_labels = merged(labels(tc, COMPONENT_LOGIN, &name), &o.labels);
     pod_labels.insert(LOGIN_SET.to_owned(), name.clone());
     let mut annotations = o.annotations.clone();
     annotations.insert(TEMPLATE_HASH.to_owned(), hash);
+    annotations.insert(DEFAULT_CONTAINER.to_owned(), "login".to_owned());
     typed(
         "login Pod",
         json!({
@@ -593,20 +808,43 @@ pub fn login_pod(
             "spec": {
                 "restartPolicy": "Always",
                 "automountServiceAccountToken": false,
+                "shareProcessNamespace": false,
                 "nodeSelector": o.node_selector,
                 "affinity": o.affinity,
                 "tolerations": o.tolerations,
                 "securityContext": restricted_pod(run_as.user, run_as.group),
-                "containers": [{
-                    "name": "login",
-                    "image": image,
-                    "imagePullPolicy": o.image_pull_policy,
-                    "command": ["sleep", "infinity"],
-                    "env": env,
-                    "resources": o.resources,
-                    "securityContext": restricted_container(),
-                    "volumeMounts": mounts,
-                }],
+                "containers": [
+                    {
+                        "name": "login",
+                        "image": image,
+                        "imagePullPolicy": o.image_pull_policy,
+                        "command": ["sleep", "infinity"],
+                        "env": env,
+                        "resources": o.resources,
+                        "securityContext": restricted_container(),
+                        "volumeMounts": mounts,
+                    },
+                    {
+                        "name": "authd",
+                        "image": image,
+                        "imagePullPolicy": o.image_pull_policy,
+                        "command": ["tandem"],
+                        "args": [
+                            "authd",
+                            "--key-file", format!("{KEY_DIR}/{KEY_FILE}"),
+                            "--socket", format!("{AUTH_DIR}/{AUTH_SOCKET_FILE}"),
+                        ],
+                        "resources": {
+                            "requests": {"cpu": "10m", "memory": "16Mi"},
+                            "limits": {"memory": "64Mi"},
+                        },
+                        "securityContext": agent_sc,
+                        "volumeMounts": [
+                            {"name": "tandem-key", "mountPath": KEY_DIR, "readOnly": true},
+                            {"name": "tandem-auth", "mountPath": AUTH_DIR},
+                        ],
+                    },
+                ],
                 "volumes": volumes,
             },
         }),

@@ -53,6 +53,12 @@ pub enum TlsError {
     },
     #[error("{path} holds no {what}")]
     Empty { what: &'static str, path: PathBuf },
+    #[error("cannot read {what} from PEM text")]
+    Pem {
+        what: &'static str,
+        #[source]
+        source: rustls::pki_types::pem::Error,
+    },
     #[error("invalid TLS material: {0}")]
     Rustls(#[from] rustls::Error),
     #[error("cannot make a certificate: {0}")]
@@ -98,6 +104,21 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
     Ok(certs)
 }
 
+/// Every certificate in PEM text (a CA kept in a Kubernetes Secret, read through the API).
+pub fn certs_from_pem(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let read = |source| TlsError::Pem {
+        what: "certificates",
+        source,
+    };
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(read)?;
+    if certs.is_empty() {
+        return Err(read(rustls::pki_types::pem::Error::NoItemsFound));
+    }
+    Ok(certs)
+}
+
 /// The private key in a PEM file (PKCS#8, SEC1 or PKCS#1).
 pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     PrivateKeyDer::from_pem_file(path).map_err(|source| match source {
@@ -129,6 +150,11 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig
 /// A client configuration that trusts exactly the CA certificates in `ca` (PEM).
 pub fn client_config(ca: &Path) -> Result<Arc<rustls::ClientConfig>, TlsError> {
     client_config_from(load_certs(ca)?)
+}
+
+/// [`client_config`] from CA certificates in PEM text.
+pub fn client_config_pem(ca_pem: &[u8]) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    client_config_from(certs_from_pem(ca_pem)?)
 }
 
 /// [`client_config`] from certificates already parsed.

@@ -86,6 +86,17 @@ pub struct Args {
     /// unless both are loopback addresses.
     #[arg(long)]
     pub insecure_plaintext: bool,
+    /// The cluster CA (DIR/ca.crt, DIR/ca.key): at start, issue the step service's
+    /// certificate for the address this worker advertises and its node name into the state
+    /// directory, and verify the controller against DIR/ca.crt. For pods, whose address is
+    /// known only once they run.
+    #[arg(
+        long,
+        value_name = "DIR",
+        env = "TANDEM_TLS_ISSUE_FROM",
+        conflicts_with_all = ["tls_cert", "tls_key", "tls_dir", "insecure_plaintext"]
+    )]
+    pub tls_issue_from: Option<PathBuf>,
 }
 
 /// How the worker's connections are secured.
@@ -127,13 +138,33 @@ pub struct Config {
 impl Args {
     /// Validates the flags and fills defaults from the machine and the cluster file.
     pub fn into_config(self) -> Result<Config, Error> {
-        let tls = tandem_proto::tls::Options {
+        let node_name = match self.name {
+            Some(n) => n,
+            None => nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .map(|h| h.split('.').next().unwrap_or_default().to_owned())
+                .unwrap_or_default(),
+        };
+        validate_name("--name", &node_name)?;
+        let state_dir = self
+            .state_dir
+            .unwrap_or_else(|| std::env::temp_dir().join(format!("tandem-worker-{node_name}")));
+
+        let mut tls = tandem_proto::tls::Options {
             cert: self.tls_cert,
             key: self.tls_key,
             ca: self.tls_ca,
             dir: self.tls_dir,
             insecure_plaintext: self.insecure_plaintext,
         };
+        if let Some(ca_dir) = &self.tls_issue_from {
+            let dir = issue_step_certificate(ca_dir, &state_dir, self.step_listen, &node_name)?;
+            tls.ca = tls
+                .ca
+                .or_else(|| Some(ca_dir.join(tandem_proto::tls::CA_FILE)));
+            tls.dir = Some(dir);
+        }
         let ca_given = tls.ca.is_some() || tls.dir.is_some() || tls.insecure_plaintext;
         let (controller, key_file, file_ca) = match (self.controller, self.key_file) {
             // Both given: a cluster file, if any, can still supply the CA.
@@ -160,16 +191,6 @@ impl Args {
             client: tls.client(&controller, file_ca.as_deref())?,
         };
 
-        let node_name = match self.name {
-            Some(n) => n,
-            None => nix::unistd::gethostname()
-                .ok()
-                .and_then(|h| h.into_string().ok())
-                .map(|h| h.split('.').next().unwrap_or_default().to_owned())
-                .unwrap_or_default(),
-        };
-        validate_name("--name", &node_name)?;
-
         let cpus = self.cpus.unwrap_or_else(resources::machine_cpus);
         if cpus == 0 {
             return Err(Error::invalid("--cpus", "must be at least 1"));
@@ -192,9 +213,6 @@ impl Args {
         if let Some(t) = &self.cgroup_subtree {
             validate_name("--cgroup-subtree", t)?;
         }
-        let state_dir = self
-            .state_dir
-            .unwrap_or_else(|| std::env::temp_dir().join(format!("tandem-worker-{node_name}")));
         Ok(Config {
             controller,
             key_file,
@@ -218,6 +236,32 @@ impl Args {
             transport,
         })
     }
+}
+
+/// The names the step certificate must carry: what srun dials (the advertised address,
+/// see `crate::advertised`) and the node name.
+pub(crate) fn step_certificate_names(step_listen: SocketAddr, node_name: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    if !step_listen.ip().is_unspecified() {
+        names.push(step_listen.ip().to_string());
+    }
+    names.push(node_name.to_owned());
+    names
+}
+
+/// `--tls-issue-from`: a fresh step certificate from the CA in `ca_dir`, written as a
+/// `--tls-dir` under the state directory (`tls/`, key 0600). Issued at every start, so a
+/// new pod IP never meets an old certificate.
+fn issue_step_certificate(
+    ca_dir: &std::path::Path,
+    state_dir: &std::path::Path,
+    step_listen: SocketAddr,
+    node_name: &str,
+) -> Result<PathBuf, Error> {
+    let ca = tandem_proto::tls::ca::ClusterCa::load(ca_dir)?;
+    let dir = state_dir.join("tls");
+    ca.write_server_dir(&dir, &step_certificate_names(step_listen, node_name))?;
+    Ok(dir)
 }
 
 /// Node names, features, partitions and GPU types: letters, digits, `-`, `_`, `.`.
@@ -290,6 +334,49 @@ mod tests {
         assert!(c.cpus >= 1 && c.mem_mb > 0);
         assert_eq!(c.gpus, None);
         assert!(c.state_dir.ends_with("tandem-worker-n1"));
+    }
+
+    #[test]
+    fn a_worker_issues_its_step_certificate_for_its_advertised_address() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca_dir = dir.path().join("ca");
+        let ca = tandem_proto::tls::ca::ClusterCa::load_or_create(&ca_dir).unwrap();
+        let state = dir.path().join("spool");
+        let argv = [
+            "tandem worker",
+            "--controller",
+            "https://10.96.0.10:6817",
+            "--key-file",
+            "/k",
+            "--name",
+            "kn-1",
+            "--step-listen",
+            "127.0.0.9:0",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--tls-issue-from",
+            ca_dir.to_str().unwrap(),
+        ];
+        let c = Args::try_parse_from(argv).unwrap().into_config().unwrap();
+        assert!(matches!(
+            c.transport.server,
+            tandem_proto::net::ServerSecurity::Tls(_)
+        ));
+        assert!(c.transport.client.is_tls(), "the controller is verified");
+        assert_eq!(
+            std::fs::read_to_string(state.join("tls/ca.crt")).unwrap(),
+            ca.cert_pem()
+        );
+        assert_eq!(
+            step_certificate_names("127.0.0.9:6818".parse().unwrap(), "kn-1"),
+            ["127.0.0.9", "kn-1"]
+        );
+        assert_eq!(
+            step_certificate_names("0.0.0.0:6818".parse().unwrap(), "kn-1"),
+            ["kn-1"]
+        );
+        let both = Args::try_parse_from(argv.iter().copied().chain(["--insecure-plaintext"]));
+        assert!(both.is_err(), "issuing and plain text exclude each other");
     }
 
     #[test]

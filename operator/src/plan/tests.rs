@@ -184,6 +184,32 @@ fn nothing_to_do_when_as_desired() {
     assert!(p.events.is_empty());
 }
 
+#[test]
+fn a_running_worker_not_registered_yet_is_looked_at_again() {
+    let p = plan(
+        &want(2),
+        &seen(vec![pod("n1"), pod("n2")], vec![node("n1")]),
+    );
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    assert!(
+        p.waiting
+            .iter()
+            .any(|w| w.contains("not registered") && w.contains(&pod("n2").name)),
+        "{:?}",
+        p.waiting
+    );
+    assert!(p.requeue_after_s.is_some_and(|s| s <= DRAIN_POLL_S));
+    // Down counts as not up; a pod not started yet brings its own pod events.
+    let p = plan(
+        &want(2),
+        &seen(
+            vec![pod("n1").pending(), pod("n2")],
+            vec![node("n2").down()],
+        ),
+    );
+    assert_eq!(p.waiting.len(), 1, "{:?}", p.waiting);
+}
+
 // === scale in: victim choice ===
 
 #[test]
@@ -206,9 +232,18 @@ fn scale_in_prefers_unstarted_then_idle_then_soonest_ending() {
         vec!["ws-d", "ws-c", "ws-b", "ws-a"],
         "no-limit job goes last"
     );
+    // One Event per victim, each naming its pod, so a recorder keeps them apart.
+    let victims: Vec<_> = p
+        .events
+        .iter()
+        .filter(|e| e.reason == "VictimChosen")
+        .map(|e| e.related.clone())
+        .collect();
     assert_eq!(
-        reasons(&p).iter().filter(|r| **r == "VictimChosen").count(),
-        4
+        victims,
+        ["ws-d", "ws-c", "ws-b", "ws-a"]
+            .map(|n| Some(crate::plan::Related::Pod(n.into())))
+            .to_vec()
     );
 }
 

@@ -87,7 +87,7 @@ fn assert_no_key_material(pod: &Pod, key_hex: &str) {
 
 #[test]
 fn the_controller_pod_is_restricted_and_mounts_key_config_and_store() {
-    let pod = controller_pod(&tc(), "cfg").unwrap();
+    let pod = controller_pod(&tc(), "cfg", "cert").unwrap();
     assert_restricted(&pod);
     assert_no_key_material(&pod, "deadbeef");
     let c = &pod.spec.as_ref().unwrap().containers[0];
@@ -98,7 +98,7 @@ fn the_controller_pod_is_restricted_and_mounts_key_config_and_store() {
         "{args:?}"
     );
     assert!(args.contains(&"/etc/tandem/key/cluster.key".to_owned()));
-    let other = controller_pod(&tc(), "cfg2").unwrap();
+    let other = controller_pod(&tc(), "cfg2", "cert").unwrap();
     assert_ne!(
         pod.metadata.annotations.as_ref().unwrap()[TEMPLATE_HASH],
         other.metadata.annotations.as_ref().unwrap()[TEMPLATE_HASH],
@@ -121,6 +121,15 @@ fn the_key_lives_in_a_secret_and_the_config_map_has_none() {
         serde_json::from_str(&cm.data.as_ref().unwrap()["cluster.json"]).unwrap();
     assert_eq!(client["controller"], "http://10.0.0.1:6817");
     assert_eq!(client["key_file"], "/etc/tandem/key/cluster.key");
+    // What proto/src/endpoint.rs reads: the CA mounted in worker and login pods, and the
+    // login pods' identity agent.
+    assert_eq!(client["ca_file"], "/etc/tandem/ca/ca.crt");
+    assert_eq!(client["auth_socket"], "/run/tandem/authd.sock");
+    let file: tandem_proto::endpoint::ClusterFile = serde_json::from_value(client.clone()).unwrap();
+    assert_eq!(
+        file.ca_file.as_deref(),
+        Some(std::path::Path::new("/etc/tandem/ca/ca.crt"))
+    );
     let toml = &cm.data.as_ref().unwrap()["controller.toml"];
     assert!(toml.contains("name = \"gpu\""), "{toml}");
     // The controller's own parser accepts it (same spelling as its --config file).
@@ -230,6 +239,224 @@ fn template_changes_change_the_hash_replicas_do_not() {
 
 #[test]
 fn login_pods_are_restricted_and_configured_through_tandem_config() {
+    let pod = login_pod(&ls(), 0, None).unwrap();
+    assert_restricted(&pod);
+    assert_no_key_material(&pod, "deadbeef");
+    let env = pod.spec.as_ref().unwrap().containers[0]
+        .env
+        .as_ref()
+        .unwrap();
+    assert!(env.iter().any(|e| e.name == "TANDEM_CONFIG"
+        && e.value.as_deref() == Some("/etc/tandem/config/cluster.json")));
+}
+
+fn args_of(c: &k8s_openapi::api::core::v1::Container) -> Vec<String> {
+    c.args.clone().unwrap_or_default()
+}
+
+fn has_pair(args: &[String], flag: &str, value: &str) -> bool {
+    args.windows(2).any(|w| w[0] == flag && w[1] == value)
+}
+
+/// The volume named `name` of a pod.
+fn volume<'a>(pod: &'a Pod, name: &str) -> &'a k8s_openapi::api::core::v1::Volume {
+    pod.spec
+        .as_ref()
+        .unwrap()
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == name)
+        .unwrap_or_else(|| panic!("no volume {name}"))
+}
+
+/// Volume names a container mounts.
+fn mounted(c: &k8s_openapi::api::core::v1::Container) -> Vec<String> {
+    c.volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| m.name.clone())
+        .collect()
+}
+
+/// Names of the Secrets whose volumes a container mounts.
+fn secrets_mounted(pod: &Pod, c: &k8s_openapi::api::core::v1::Container) -> Vec<String> {
+    mounted(c)
+        .iter()
+        .filter_map(|v| volume(pod, v).secret.as_ref())
+        .filter_map(|s| s.secret_name.clone())
+        .collect()
+}
+
+#[test]
+fn the_controller_speaks_tls_from_its_certificate_secret_and_serves_scaler_and_metrics() {
+    let pod = controller_pod(&tc(), "cfg", "cert").unwrap();
+    let c = &pod.spec.as_ref().unwrap().containers[0];
+    let args = args_of(c);
+    assert!(has_pair(&args, "--tls-dir", TLS_DIR), "{args:?}");
+    assert!(
+        !args.iter().any(|a| a == "--insecure-plaintext"),
+        "{args:?}"
+    );
+    assert!(has_pair(&args, "--scaler-listen", "$(POD_IP):9090"));
+    assert!(has_pair(&args, "--metrics-listen", "$(POD_IP):9100"));
+    let ports: Vec<(String, i32)> = c
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| (p.name.clone().unwrap(), p.container_port))
+        .collect();
+    assert_eq!(
+        ports,
+        [
+            ("grpc".to_owned(), i32::from(CONTROLLER_PORT)),
+            ("scaler".to_owned(), i32::from(SCALER_PORT)),
+            ("metrics".to_owned(), i32::from(METRICS_PORT)),
+        ]
+    );
+    let tls = volume(&pod, "tls").secret.as_ref().unwrap();
+    assert_eq!(tls.secret_name.as_deref(), Some("research-controller-tls"));
+    assert_eq!(tls.default_mode, Some(0o400));
+    assert!(
+        c.volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.name == "tls" && m.mount_path == TLS_DIR)
+    );
+    let reissued = controller_pod(&tc(), "cfg", "cert2").unwrap();
+    assert_ne!(
+        pod.metadata.annotations.as_ref().unwrap()[TEMPLATE_HASH],
+        reissued.metadata.annotations.as_ref().unwrap()[TEMPLATE_HASH],
+        "a reissued certificate restarts the controller"
+    );
+}
+
+#[test]
+fn the_service_exposes_grpc_scaler_and_metrics() {
+    let svc = service(&tc()).unwrap();
+    let ports: Vec<(String, i32)> = svc
+        .spec
+        .as_ref()
+        .unwrap()
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| (p.name.clone().unwrap(), p.port))
+        .collect();
+    assert_eq!(
+        ports,
+        [
+            ("grpc".to_owned(), 6817),
+            ("scaler".to_owned(), 9090),
+            ("metrics".to_owned(), 9100),
+        ]
+    );
+    assert!(!service_ports_differ(&svc));
+    let mut old = svc.clone();
+    old.spec
+        .as_mut()
+        .unwrap()
+        .ports
+        .as_mut()
+        .unwrap()
+        .truncate(1);
+    assert!(
+        service_ports_differ(&old),
+        "an older Service gets the new ports"
+    );
+}
+
+#[test]
+fn the_controller_certificate_names_the_service_and_its_cluster_ip() {
+    let names = controller_cert_names("research-controller", "hpc", Some("10.96.0.10"));
+    assert_eq!(
+        names,
+        [
+            "research-controller",
+            "research-controller.hpc",
+            "research-controller.hpc.svc",
+            "research-controller.hpc.svc.cluster.local",
+            "10.96.0.10",
+        ]
+    );
+    assert_eq!(controller_cert_names("s", "n", None).len(), 4);
+}
+
+#[test]
+fn the_controller_certificate_is_reissued_only_when_its_names_or_ca_change() {
+    let names = controller_cert_names("research-controller", "hpc", Some("10.96.0.10"));
+    assert!(cert_needs_issue(&names, "CA1", None), "none yet");
+    let issued = controller_tls_secret(&tc(), &names, "CERT", "KEY", "CA1").unwrap();
+    assert_eq!(issued.type_.as_deref(), Some("kubernetes.io/tls"));
+    let data = issued.data.as_ref().unwrap();
+    assert_eq!(data["tls.crt"].0, b"CERT");
+    assert_eq!(data["tls.key"].0, b"KEY");
+    assert_eq!(data["ca.crt"].0, b"CA1");
+    assert!(!cert_needs_issue(&names, "CA1", Some(&issued)), "current");
+
+    let moved = controller_cert_names("research-controller", "hpc", Some("10.96.0.11"));
+    assert!(
+        cert_needs_issue(&moved, "CA1", Some(&issued)),
+        "the clusterIP changed"
+    );
+    assert!(
+        cert_needs_issue(&names, "CA2", Some(&issued)),
+        "another CA issued it"
+    );
+    let mut emptied = issued.clone();
+    emptied.data.as_mut().unwrap().remove("tls.key");
+    assert!(cert_needs_issue(&names, "CA1", Some(&emptied)), "no key");
+    let mut unannotated = issued;
+    unannotated.metadata.annotations = None;
+    assert!(cert_needs_issue(&names, "CA1", Some(&unannotated)));
+
+    assert_ne!(
+        controller_cert_id(&names, "CA1"),
+        controller_cert_id(&moved, "CA1")
+    );
+    assert_ne!(
+        controller_cert_id(&names, "CA1"),
+        controller_cert_id(&names, "CA2")
+    );
+}
+
+#[test]
+fn the_ca_lives_in_its_own_secret() {
+    let s = ca_secret(&tc(), "CERT", "KEY").unwrap();
+    assert_eq!(s.metadata.name.as_deref(), Some("research-ca"));
+    let data = s.data.as_ref().unwrap();
+    assert_eq!(data["ca.crt"].0, b"CERT");
+    assert_eq!(data["ca.key"].0, b"KEY");
+    assert_eq!(
+        s.metadata.owner_references.as_ref().unwrap()[0].kind,
+        "TandemCluster"
+    );
+}
+
+#[test]
+fn a_worker_issues_its_step_certificate_from_the_mounted_ca_and_speaks_tls() {
+    let pod = worker_pod(&ws(), "gpu-07", None).unwrap();
+    let c = &pod.spec.as_ref().unwrap().containers[0];
+    let args = args_of(c);
+    assert!(has_pair(&args, "--tls-issue-from", CA_DIR), "{args:?}");
+    assert!(has_pair(&args, "--step-listen", "$(POD_IP):6818"));
+    assert!(
+        !args.iter().any(|a| a == "--insecure-plaintext"),
+        "{args:?}"
+    );
+    let ca = volume(&pod, "tandem-ca").secret.as_ref().unwrap();
+    assert_eq!(ca.secret_name.as_deref(), Some("research-ca"));
+    assert_eq!(ca.default_mode, Some(0o400));
+    assert!(ca.items.is_none(), "the worker needs ca.key to issue");
+    assert!(
+        c.volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.name == "tandem-ca" && m.mount_path == CA_DIR)
+    );
+}
+
+fn ls() -> LoginSet {
     let mut ls = LoginSet::new(
         "login",
         LoginSetSpec {
@@ -239,13 +466,79 @@ fn login_pods_are_restricted_and_configured_through_tandem_config() {
         },
     );
     ls.metadata.namespace = Some("hpc".into());
-    let pod = login_pod(&ls, 0, None).unwrap();
+    ls
+}
+
+#[test]
+fn login_users_get_an_identity_agent_and_never_the_key() {
+    let pod = login_pod(&ls(), 0, None).unwrap();
     assert_restricted(&pod);
-    assert_no_key_material(&pod, "deadbeef");
-    let env = pod.spec.as_ref().unwrap().containers[0]
-        .env
-        .as_ref()
-        .unwrap();
-    assert!(env.iter().any(|e| e.name == "TANDEM_CONFIG"
-        && e.value.as_deref() == Some("/etc/tandem/config/cluster.json")));
+    let spec = pod.spec.as_ref().unwrap();
+    let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["login", "authd"]);
+    let (login, agent) = (&spec.containers[0], &spec.containers[1]);
+    assert_eq!(
+        pod.metadata.annotations.as_ref().unwrap()[DEFAULT_CONTAINER],
+        "login",
+        "kubectl exec lands in the login container"
+    );
+
+    // The key: only the agent mounts it. The CA: only its certificate, only in login.
+    assert_eq!(secrets_mounted(&pod, agent), ["research-key"]);
+    assert_eq!(secrets_mounted(&pod, login), ["research-ca"]);
+    let ca = volume(&pod, "tandem-ca").secret.as_ref().unwrap();
+    let items: Vec<&str> = ca.items.iter().flatten().map(|i| i.key.as_str()).collect();
+    assert_eq!(items, ["ca.crt"], "never ca.key");
+
+    // Different non-root uids: login users cannot read the agent's files or process.
+    let pod_uid = spec.security_context.as_ref().unwrap().run_as_user;
+    let agent_sc = agent.security_context.as_ref().unwrap();
+    assert_eq!(pod_uid, Some(NONROOT));
+    assert!(
+        login
+            .security_context
+            .as_ref()
+            .unwrap()
+            .run_as_user
+            .is_none()
+    );
+    assert!(
+        agent_sc
+            .run_as_user
+            .is_some_and(|u| u > 0 && Some(u) != pod_uid)
+    );
+    assert_ne!(spec.share_process_namespace, Some(true));
+
+    // The agent's socket: an emptyDir both mount, read-only for the users.
+    let auth = volume(&pod, "tandem-auth");
+    assert!(auth.empty_dir.is_some());
+    let mount = |c: &k8s_openapi::api::core::v1::Container| {
+        c.volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == "tandem-auth")
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(mount(login).mount_path, AUTH_DIR);
+    assert_eq!(mount(login).read_only, Some(true));
+    assert_eq!(mount(agent).mount_path, AUTH_DIR);
+    assert_ne!(mount(agent).read_only, Some(true));
+    let args = args_of(agent);
+    assert_eq!(args[0], "authd");
+    assert!(has_pair(&args, "--key-file", "/etc/tandem/key/cluster.key"));
+    assert!(has_pair(&args, "--socket", "/run/tandem/authd.sock"));
+}
+
+#[test]
+fn the_agent_never_shares_the_login_users_uid() {
+    let mut l = ls();
+    l.spec.template.run_as = Some(crate::crd::template::RunAs {
+        user: AUTHD_UID,
+        group: 1000,
+    });
+    let pod = login_pod(&l, 0, None).unwrap();
+    let agent = &pod.spec.as_ref().unwrap().containers[1];
+    let uid = agent.security_context.as_ref().unwrap().run_as_user;
+    assert!(uid.is_some_and(|u| u != AUTHD_UID && u > 0), "{uid:?}");
 }

@@ -9,8 +9,10 @@
 //! DIR/NAME/ca.crt          a copy of the CA certificate, so DIR/NAME is a `--tls-dir`
 //! ```
 //!
-//! A Kubernetes cluster gets the same layout from Secrets (cert-manager's `tls.crt`,
-//! `tls.key`, `ca.crt`); nothing here runs there.
+//! On Kubernetes the operator keeps the CA in a Secret instead ([`ClusterCa::generate`],
+//! [`ClusterCa::from_pem`]) and mounts the same file names: the controller's certificate as
+//! a `kubernetes.io/tls` Secret (`tls.crt`, `tls.key`, `ca.crt`), and each worker issues its
+//! own step certificate at start ([`ClusterCa::load`]), since its pod IP is known only then.
 
 use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt as _;
@@ -33,6 +35,8 @@ const SERVER_YEARS: i32 = 2;
 pub struct ClusterCa {
     issuer: Issuer<'static, KeyPair>,
     cert_pem: String,
+    /// Kept to store the CA elsewhere (the operator's Secret); never logged.
+    key_pem: String,
 }
 
 impl std::fmt::Debug for ClusterCa {
@@ -74,37 +78,61 @@ impl ClusterCa {
     pub fn load_or_create(dir: &Path) -> Result<ClusterCa, TlsError> {
         let (cert_path, key_path) = (dir.join(CA_FILE), dir.join(CA_KEY_FILE));
         if cert_path.exists() && key_path.exists() {
-            let read = |path: &Path| {
-                std::fs::read_to_string(path).map_err(|source| TlsError::ReadFile {
-                    path: path.to_owned(),
-                    source,
-                })
-            };
-            let key = KeyPair::from_pem(&read(&key_path)?)?;
-            return Ok(ClusterCa {
-                issuer: Issuer::new(ca_params(), key),
-                cert_pem: read(&cert_path)?,
-            });
+            return Self::load(dir);
         }
         create_dir(dir)?;
+        let ca = Self::generate()?;
+        write_file(&key_path, ca.key_pem.as_bytes(), 0o600)?;
+        write_file(&cert_path, ca.cert_pem.as_bytes(), 0o644)?;
+        Ok(ca)
+    }
+
+    /// Loads the CA in `dir` (`ca.crt`, `ca.key`), as a mounted Secret holds it.
+    pub fn load(dir: &Path) -> Result<ClusterCa, TlsError> {
+        let read = |path: &Path| {
+            std::fs::read_to_string(path).map_err(|source| TlsError::ReadFile {
+                path: path.to_owned(),
+                source,
+            })
+        };
+        Self::from_pem(&read(&dir.join(CA_FILE))?, &read(&dir.join(CA_KEY_FILE))?)
+    }
+
+    /// A CA from its certificate and key (PEM), as [`ClusterCa::cert_pem`] and
+    /// [`ClusterCa::key_pem`] gave them.
+    pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<ClusterCa, TlsError> {
+        let key = KeyPair::from_pem(key_pem)?;
+        Ok(ClusterCa {
+            issuer: Issuer::new(ca_params(), key),
+            cert_pem: cert_pem.to_owned(),
+            key_pem: key_pem.to_owned(),
+        })
+    }
+
+    /// A new CA (ECDSA P-256) in memory; the caller stores it.
+    pub fn generate() -> Result<ClusterCa, TlsError> {
         let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
         let mut params = ca_params();
         let year = this_year();
         params.not_before = rcgen::date_time_ymd(year - 1, 1, 1);
         params.not_after = rcgen::date_time_ymd(year + CA_YEARS, 1, 1);
-        let cert = params.self_signed(&key)?;
-        let cert_pem = cert.pem();
-        write_file(&key_path, key.serialize_pem().as_bytes(), 0o600)?;
-        write_file(&cert_path, cert_pem.as_bytes(), 0o644)?;
+        let cert_pem = params.self_signed(&key)?.pem();
+        let key_pem = key.serialize_pem();
         Ok(ClusterCa {
             issuer: Issuer::new(ca_params(), key),
             cert_pem,
+            key_pem,
         })
     }
 
     /// The CA certificate (PEM).
     pub fn cert_pem(&self) -> &str {
         &self.cert_pem
+    }
+
+    /// The CA's private key (PEM): whoever holds it can issue certificates for any name.
+    pub fn key_pem(&self) -> &str {
+        &self.key_pem
     }
 
     /// A server certificate and key (PEM) valid for `names` (IP addresses or DNS names).
@@ -209,5 +237,38 @@ mod tests {
                 .is_err(),
             "a name not in the SANs was accepted"
         );
+    }
+
+    #[test]
+    fn a_ca_kept_as_pem_issues_certificates_that_chain_to_it() {
+        let ca = ClusterCa::generate().unwrap();
+        let again = ClusterCa::from_pem(ca.cert_pem(), ca.key_pem()).unwrap();
+        let (leaf, _) = again
+            .issue(&["10.96.0.10".into(), "svc.ns.svc".into()])
+            .unwrap();
+        let config =
+            crate::tls::client_config_pem(ca.cert_pem().as_bytes()).expect("a CA certificate");
+        assert!(!config.alpn_protocols.is_empty());
+        use rustls::pki_types::pem::PemObject as _;
+        let leaf = rustls::pki_types::CertificateDer::from_pem_slice(leaf.as_bytes()).unwrap();
+        let mut store = rustls::RootCertStore::empty();
+        for c in crate::tls::certs_from_pem(ca.cert_pem().as_bytes()).unwrap() {
+            store.add(c).unwrap();
+        }
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            std::sync::Arc::new(store),
+            super::super::provider(),
+        )
+        .build()
+        .unwrap();
+        use rustls::client::danger::ServerCertVerifier as _;
+        let now = rustls::pki_types::UnixTime::now();
+        for name in ["10.96.0.10", "svc.ns.svc"] {
+            let n = rustls::pki_types::ServerName::try_from(name).unwrap();
+            verifier
+                .verify_server_cert(&leaf, &[], &n, &[], now)
+                .unwrap();
+        }
+        assert!(ClusterCa::from_pem(ca.cert_pem(), "not a key").is_err());
     }
 }
