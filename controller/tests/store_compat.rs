@@ -2,10 +2,13 @@
 //! `fixtures/store-v0.1.0/tandem.sql` dump) opens in this version with every job, payload and
 //! accounting record intact.
 //!
-//! The fixture is regenerated (only when the format changes on purpose, and then the old
-//! dump is kept under its own version's name) with
-//! `cargo test -p tandem-controller --test store_compat -- --ignored write_fixture`, which
-//! runs [`scenario`] against a fresh controller and dumps its store with the `sqlite3` shell.
+//! The dump was written by the previous release itself (commit c483ddf, the last landed
+//! main before this format's fields were added): this file's [`scenario`] and
+//! `write_fixture` were run in a checkout of that commit, so the records lack every field
+//! added since and must load through their defaults. For the next release, run
+//! `cargo test -p tandem-controller --test store_compat -- --ignored write_fixture` in a
+//! checkout of this one (it dumps the store with the `sqlite3` shell) and keep the older
+//! dumps beside it under their own versions' names.
 
 mod support;
 
