@@ -56,9 +56,8 @@ pub struct Args {
     #[arg(long)]
     pub kill_wait: Option<u64>,
     /// Job isolation in cgroups: auto (v2 with the memory controller, else v1, else none),
-    /// v1, v2 or off. GPUs not given to a job are hidden by the devices controller on v1
-    /// only (v2 would need an eBPF device program; there only CUDA_VISIBLE_DEVICES hides
-    /// them).
+    /// v1, v2 or off. GPUs not given to a job are hidden by the devices controller on v1,
+    /// by an eBPF device program on v2 (a job fails to launch if the kernel refuses it).
     #[arg(long, value_enum, default_value_t = cgroup::Mode::Auto)]
     pub cgroup: cgroup::Mode,
     /// Where the cgroup file systems are mounted.

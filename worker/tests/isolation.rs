@@ -1,7 +1,8 @@
 //! Job isolation through a fake controller and a real worker with real cgroups: the memory
 //! limit ends a job `OUT_OF_MEMORY` while its neighbour completes, a cancel and the time
-//! limit kill a process that left the job's session, GPUs not given to a job are hidden by the devices
-//! controller, and jobs run with their user's supplementary groups.
+//! limit kill a process that left the job's session, GPUs not given to a job are hidden by the
+//! devices controller (v1) or an eBPF device program (v2), and jobs run with their user's
+//! supplementary groups.
 //!
 //! These need root and writable cgroups; where the machine has neither, each test prints
 //! `SKIP <name>: <why>` and returns.
@@ -284,21 +285,17 @@ async fn time_limit_kills_a_setsid_child_cgroup_v2() {
 }
 
 /// GPU device files stand in as `nvidia0`/`nvidia1` nodes of `/dev/zero` (1:5) and
-/// `/dev/urandom` (1:9): the job given GPU 0 reads the first and is refused the second.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gpus_not_allocated_are_hidden_by_the_devices_controller() {
+/// `/dev/urandom` (1:9): the job given GPU 0 reads the first and is refused the second, and
+/// may not make itself another node of it either (v1's `rwm`).
+async fn gpus_not_allocated_are_hidden(name: &str, mode: Mode, job_id: u64) {
     use nix::sys::stat::{Mode as FileMode, SFlag, makedev, mknod};
-    let name = "gpus_not_allocated_are_hidden_by_the_devices_controller";
-    if isolation_or_skip(name, Mode::Auto, Isolation::filters_devices).is_none() {
-        return;
-    }
     let devs = tempfile::tempdir().unwrap();
-    let mode = FileMode::from_bits_truncate(0o666);
+    let file_mode = FileMode::from_bits_truncate(0o666);
     for (file, minor) in [("nvidia0", 5), ("nvidia1", 9), ("nvidiactl", 3)] {
         if let Err(e) = mknod(
             &devs.path().join(file),
             SFlag::S_IFCHR,
-            mode,
+            file_mode,
             makedev(1, minor),
         ) {
             eprintln!("SKIP {name}: cannot create a fake device file: {e}");
@@ -306,25 +303,66 @@ async fn gpus_not_allocated_are_hidden_by_the_devices_controller() {
         }
     }
     let dev_dir = devs.path().to_owned();
-    let mut h = Harness::start_with(|c| c.cgroup.dev_dir = dev_dir).await;
+    let mut h = Harness::start_with(|c| {
+        c.cgroup.dev_dir = dev_dir;
+        c.cgroup.mode = mode;
+    })
+    .await;
     let d = devs.path().display();
     let script = format!(
         "#!/bin/sh\n\
          head -c 1 {d}/nvidia0 >/dev/null && echo gpu0 open || echo gpu0 denied\n\
          head -c 1 {d}/nvidia1 >/dev/null 2>&1 && echo gpu1 open || echo gpu1 denied\n\
          head -c 1 /dev/zero >/dev/null && echo control open\n\
+         mknod {d}/again c 1 9 2>/dev/null && echo mknod gpu1 done || echo mknod gpu1 denied\n\
          echo visible $CUDA_VISIBLE_DEVICES\n"
     );
-    let mut job = h.job(63, &script, &h.path("gpu.txt"));
+    let mut job = h.job(job_id, &script, &h.path("gpu.txt"));
     job.gpus = vec![0];
     h.controller.launch(job).await;
-    let ended = h.controller.ended(63).await;
+    let ended = h.controller.ended(job_id).await;
     assert_eq!(ended.exit_code, 0, "{ended:?}");
     assert_eq!(
         std::fs::read_to_string(h.path("gpu.txt")).unwrap(),
-        "gpu0 open\ngpu1 denied\ncontrol open\nvisible 0\n"
+        "gpu0 open\ngpu1 denied\ncontrol open\nmknod gpu1 denied\nvisible 0\n"
     );
     h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpus_not_allocated_are_hidden_by_the_devices_controller() {
+    let name = "gpus_not_allocated_are_hidden_by_the_devices_controller";
+    if isolation_or_skip(name, Mode::Auto, Isolation::filters_devices).is_none() {
+        return;
+    }
+    gpus_not_allocated_are_hidden(name, Mode::Auto, 63).await;
+}
+
+/// cgroup v2: the same, through the eBPF device program attached to the job's cgroup
+/// (the job's processes are in the unified hierarchy only, even on a hybrid host).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpus_not_allocated_are_hidden_by_a_cgroup_v2_device_program() {
+    let name = "gpus_not_allocated_are_hidden_by_a_cgroup_v2_device_program";
+    if !nix::unistd::getuid().is_root() {
+        eprintln!("SKIP {name}: needs root to create cgroups and load BPF programs");
+        return;
+    }
+    let found = probe(Mode::V2);
+    if found.version() != "v2" {
+        eprintln!(
+            "SKIP {name}: no usable cgroup v2 hierarchy on this host (found {})",
+            found.version()
+        );
+        return;
+    }
+    if let Some(why) = found.device_filter_problem() {
+        eprintln!(
+            "SKIP {name}: cgroup v2 is here but a BPF device program cannot be attached: {why}"
+        );
+        return;
+    }
+    assert!(found.filters_devices());
+    gpus_not_allocated_are_hidden(name, Mode::V2, 67).await;
 }
 
 /// A user in a supplementary group (created here, as root) sees it in `id -G`.

@@ -6,6 +6,8 @@
 //! - `detect`: which cgroup versions the node has and where the worker sits (pure parsing).
 //! - `v1`, `v2`: the file-system writers, each testable against a directory that mimics
 //!   cgroupfs.
+//! - `devfilter` (pure) and `bpf` (the system calls): v2's GPU hiding, an eBPF device
+//!   program in place of v1's `devices.deny`.
 //!
 //! Processes join their step's cgroup themselves before they exec the job (see
 //! [`crate::launch::exec`]), so nothing a job starts runs outside it, even for an instant.
@@ -14,7 +16,9 @@
 //! without cgroups and says so once (`--cgroup=off` does that on purpose; an unprivileged pod
 //! gets it when the cgroup files are not writable).
 
+mod bpf;
 pub mod detect;
+pub mod devfilter;
 pub mod plan;
 pub mod v1;
 pub mod v2;
@@ -134,6 +138,14 @@ impl Isolation {
                 Tree::V2(t) => ("v2", t.base().display().to_string()),
             };
             info!(version, at = %at, gpu_device_files = iso.gpus.len(), "jobs isolated in cgroups");
+            if let Some(why) = iso.device_filter_problem()
+                && !iso.gpus.is_empty()
+            {
+                warn!(
+                    %why,
+                    "cgroup v2 device programs cannot be attached here: jobs not given every GPU of the node will fail to launch"
+                );
+            }
             iso.clean_leftovers();
         }
         iso
@@ -161,9 +173,23 @@ impl Isolation {
         }
     }
 
-    /// Whether GPU device files can be hidden (v1 devices hierarchy).
+    /// Whether GPU device files can be hidden: the v1 devices hierarchy, or on v2 an eBPF
+    /// device program (probed when the tree was prepared).
     pub fn filters_devices(&self) -> bool {
-        matches!(&self.tree, Some(Tree::V1(t)) if t.bases().iter().any(|(c, _)| *c == v1::Controller::Devices))
+        match &self.tree {
+            Some(Tree::V1(t)) => t.bases().iter().any(|(c, _)| *c == v1::Controller::Devices),
+            Some(Tree::V2(t)) => t.device_filter().is_ok(),
+            None => false,
+        }
+    }
+
+    /// On v2, why a device program could not be attached (the kernel's words); `None` on
+    /// v1, without cgroups, or when it could.
+    pub fn device_filter_problem(&self) -> Option<&str> {
+        match &self.tree {
+            Some(Tree::V2(t)) => t.device_filter().err(),
+            _ => None,
+        }
     }
 
     /// Removes this worker's (empty) subtree when it stops; jobs' cgroups are gone by then.
@@ -191,12 +217,7 @@ impl Isolation {
             }
             Some(Tree::V2(t)) => {
                 destroy_blocking(&JobCgroup::V2(t.job(job_id)));
-                if !limits.deny.is_empty() {
-                    tracing::debug!(
-                        job_id,
-                        "cgroup v2 cannot filter devices without eBPF: GPUs hidden by CUDA_VISIBLE_DEVICES only"
-                    );
-                }
+                // GPUs to hide get an eBPF device program; failing that, an error.
                 Some(JobCgroup::V2(t.create_job(job_id, &limits)?))
             }
         })

@@ -7,8 +7,9 @@
 //!   64 CPUs gets 2 CPUs' worth of time however many threads it starts. The controller sends
 //!   CPU counts, not CPU ids, so the worker limits rather than pins.
 //! - GPUs: every GPU device file of the node (`/dev/nvidiaN`) not allocated to the job is
-//!   denied through the devices controller; control devices (`nvidiactl`, `nvidia-uvm`) stay
-//!   open, since a job with its own GPU needs them.
+//!   denied, by its device number, through the devices controller (v1) or an eBPF device
+//!   program (v2); control devices (`nvidiactl`, `nvidia-uvm`) stay open, since a job with
+//!   its own GPU needs them.
 
 use std::collections::BTreeSet;
 

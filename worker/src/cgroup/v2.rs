@@ -2,10 +2,16 @@
 //!
 //! Controllers are enabled top-down through `cgroup.subtree_control`; only those the node
 //! offers (`cgroup.controllers`) are asked for, so a tree without `memory` still isolates
-//! and kills (`cgroup.kill`), it just cannot limit. Device filtering on v2 needs an eBPF
-//! program attached to the cgroup (`BPF_CGROUP_DEVICE`), which this crate does not load (it
-//! forbids `unsafe` and links no BPF loader): on a v2 node, GPUs are hidden only through
-//! `CUDA_VISIBLE_DEVICES`.
+//! and kills (`cgroup.kill`), it just cannot limit.
+//!
+//! v2 has no `devices.deny`: GPUs not given to a job are hidden by an eBPF device program
+//! (`BPF_PROG_TYPE_CGROUP_DEVICE`, [`super::devfilter`]) attached to the job's directory
+//! with `BPF_F_ALLOW_MULTI` before any of its processes join, refusing exactly the devices
+//! v1 would deny (the same [`JobLimits::deny`]); its steps inherit it. A job with nothing
+//! to hide (a node without GPU device files, a job given all of them) gets no program. When
+//! the kernel refuses the program (no `CONFIG_CGROUP_BPF`, no `CAP_SYS_ADMIN`/`CAP_BPF`), a
+//! job with GPUs to hide fails to launch rather than see them: [`Tree::prepare`] probes
+//! once, so the worker says so at its start.
 
 use std::fs;
 use std::io;
@@ -15,6 +21,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use super::plan::{self, JobLimits};
+use super::{bpf, devfilter};
 
 /// The controllers a job's subtree uses, when the node has them.
 const WANTED: [&str; 3] = ["memory", "cpu", "pids"];
@@ -25,6 +32,8 @@ pub struct Tree {
     base: PathBuf,
     /// Of [`WANTED`], those enabled for the subtree.
     controllers: Vec<String>,
+    /// Whether a device program could be attached below `base`, or why not.
+    devices: Result<(), String>,
 }
 
 #[derive(Debug, Clone)]
@@ -73,13 +82,28 @@ impl Tree {
             fs::write(tandem.join("cgroup.subtree_control"), &line)?;
             fs::write(base.join("cgroup.subtree_control"), &line)?;
         }
-        Ok(Self { base, controllers })
+        let devices = probe_device_filter(&base);
+        Ok(Self {
+            base,
+            controllers,
+            devices,
+        })
     }
 
     /// A tree at `base` with `controllers` already enabled (tests, and a worker that
-    /// prepared it).
+    /// prepared it); the device filter is tried on each job that needs one.
     pub fn at(base: PathBuf, controllers: Vec<String>) -> Self {
-        Self { base, controllers }
+        Self {
+            base,
+            controllers,
+            devices: Ok(()),
+        }
+    }
+
+    /// `Ok` when [`Tree::prepare`] could attach a device program in this tree, else the
+    /// kernel's refusal.
+    pub fn device_filter(&self) -> Result<(), &str> {
+        self.devices.as_ref().map_err(String::as_str).copied()
     }
 
     pub fn base(&self) -> &Path {
@@ -101,9 +125,25 @@ impl Tree {
         }
     }
 
+    /// Creates job `job_id`'s directory with its limits. The device program goes first, while
+    /// the directory is still empty; when it cannot be attached the directory is removed
+    /// again and the error says why (fail closed: the job must not start seeing every GPU).
     pub fn create_job(&self, job_id: u64, limits: &JobLimits) -> io::Result<Job> {
         let job = self.job(job_id);
         fs::create_dir_all(&job.dir)?;
+        if !limits.deny.is_empty()
+            && let Err(e) = hide_devices(&job.dir, &limits.deny)
+        {
+            let _ = fs::remove_dir(&job.dir);
+            return Err(io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot hide the {} GPU device(s) not given to the job (cgroup v2 device \
+                     program): {e}",
+                    limits.deny.len()
+                ),
+            ));
+        }
         let has = |c: &str| job.controllers.iter().any(|x| x == c);
         if has("memory")
             && let Some(bytes) = limits.mem_bytes
@@ -125,6 +165,25 @@ impl Tree {
         }
         Ok(job)
     }
+}
+
+/// Attaches to `dir` a device program refusing `deny`.
+fn hide_devices(dir: &Path, deny: &[plan::CharDevice]) -> io::Result<()> {
+    let prog = devfilter::program(deny).map_err(io::Error::other)?;
+    bpf::attach_device_program(dir, &devfilter::encode(&prog))
+}
+
+/// Attaches a device program that allows everything to a throw-away cgroup below `base`,
+/// and removes it: whether jobs' GPU filters will load and attach here.
+fn probe_device_filter(base: &Path) -> Result<(), String> {
+    let dir = base.join("devices_probe");
+    if let Err(e) = fs::create_dir_all(&dir) {
+        return Err(format!("cannot create {}: {e}", dir.display()));
+    }
+    let attached = hide_devices(&dir, &[]).map_err(|e| e.to_string());
+    // The program goes with the cgroup.
+    let _ = fs::remove_dir(&dir);
+    attached
 }
 
 impl Job {
@@ -228,6 +287,30 @@ mod tests {
         fs::write(&procs[0], "11\n").unwrap();
         assert_eq!(job.pids(), vec![11]);
         assert_eq!(tree.leftover_jobs(), vec![9]);
+    }
+
+    #[test]
+    fn a_job_whose_gpus_cannot_be_hidden_is_not_created() {
+        // A plain directory takes no device program (and without root none loads): the
+        // job's directory goes again and the error says what could not be done.
+        let tmp = tempfile::tempdir().unwrap();
+        let tree = Tree::prepare(tmp.path(), "n1").unwrap();
+        assert!(tree.device_filter().is_err());
+        assert!(!tmp.path().join("tandem/n1/devices_probe").exists());
+        let limits = JobLimits {
+            deny: vec![plan::CharDevice {
+                major: 195,
+                minor: 1,
+            }],
+            ..Default::default()
+        };
+        let err = tree.create_job(4, &limits).unwrap_err().to_string();
+        assert!(err.contains("cannot hide the 1 GPU device(s)"), "{err}");
+        assert!(err.contains("BPF_PROG_"), "{err}");
+        assert!(!tmp.path().join("tandem/n1/job_4").exists());
+        // Nothing to hide: no program needed.
+        tree.create_job(5, &JobLimits::default()).unwrap();
+        assert!(tmp.path().join("tandem/n1/job_5").is_dir());
     }
 
     #[test]
