@@ -4,19 +4,21 @@
 //! A real controller (in this process, real gRPC on loopback, real SQLite) is filled with
 //! `TANDEM_BENCH_PENDING` (default 100,000) pending jobs (no workers: everything stays
 //! pending and every pass walks the whole queue; the periodic pass runs every
-//! `TANDEM_BENCH_SCHED_INTERVAL_MS`, default 500). Then two phases of
-//! `TANDEM_BENCH_SECONDS` (default 20) each, in one run:
+//! `TANDEM_BENCH_SCHED_INTERVAL_MS`, default 500). Then two kinds of phase, run in the order
+//! baseline, load, load, baseline for half of `TANDEM_BENCH_SECONDS` (default 20) each, so the
+//! queue's growth under the submitter weighs on both kinds alike:
 //!
 //! - `baseline`: a submitter (4 connections x 8 requests in flight) submits non-stop;
 //! - `squeue_load`: the same submitter plus `TANDEM_BENCH_SQUEUE_CLIENTS` (default 16)
 //!   clients, each its own connection, looping `ListJobs` over every job with squeue's
 //!   default columns as the read mask.
 //!
-//! Each phase line reports the acknowledged (durable) submit rate and the scheduling pass
+//! Each kind's line reports the acknowledged (durable) submit rate and the scheduling pass
 //! time (mean, p50, p99, max; read from the controller's own `scheduling pass` trace
 //! events, `total_us`); the last line gives the ratios squeue_load / baseline (target:
-//! within 20 %). The clients share the process and its cores with the controller, so on a
-//! small machine the listing clients' own decoding competes for CPU too.
+//! within 20 %). The squeue clients stand for users on other machines: they run on a runtime
+//! of their own at nice 19, so on a small machine their decoding yields to the controller
+//! as it would if they ran elsewhere. The submitter shares the controller's priority.
 //!
 //! Run: `cargo bench -p tandem-controller --bench squeue_load`.
 
@@ -31,6 +33,11 @@ use tandem_proto::v1::{self, jobs_client::JobsClient};
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
+
+/// The squeue clients stand for users on login nodes, other machines than the controller's:
+/// on this one they run on a runtime of their own at the lowest priority, so decoding their
+/// replies does not count as the controller's load.
+const VIEWER_NICE: i32 = 19;
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -130,6 +137,7 @@ fn squeue_fields() -> Vec<String> {
     .to_vec()
 }
 
+#[derive(Default)]
 struct Phase {
     submits: u64,
     listings: u64,
@@ -138,11 +146,23 @@ struct Phase {
     secs: f64,
 }
 
+impl Phase {
+    fn add(&mut self, p: Phase) {
+        self.submits += p.submits;
+        self.listings += p.listings;
+        self.list_us.extend(p.list_us);
+        self.passes.extend(p.passes);
+        self.secs += p.secs;
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn phase(
     addr: &str,
     key: &ClusterKey,
-    seconds: u64,
+    seconds: f64,
     squeue_clients: usize,
+    viewers: &tokio::runtime::Handle,
     next_id: &Arc<AtomicU64>,
     passes: &PassTimes,
 ) -> Phase {
@@ -169,9 +189,10 @@ async fn phase(
     }
     let mut listers = Vec::new();
     for c in 0..squeue_clients {
-        let mut cl = client(addr, key, &format!("viewer{c}"), 3000 + c as u32).await;
+        let (addr, key) = (addr.to_owned(), key.clone());
         let stop = stop.clone();
-        listers.push(tokio::spawn(async move {
+        listers.push(viewers.spawn(async move {
+            let mut cl = client(&addr, &key, &format!("viewer{c}"), 3000 + c as u32).await;
             let mut times = Vec::new();
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
@@ -191,7 +212,7 @@ async fn phase(
     passes.take();
     let t = Instant::now();
     let s0 = submits.load(Ordering::Relaxed);
-    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
     let s1 = submits.load(Ordering::Relaxed);
     let secs = t.elapsed().as_secs_f64();
     let pass_times = passes.take();
@@ -298,12 +319,31 @@ async fn main() {
     );
     next_id.store(pending, Ordering::Relaxed);
 
-    let base = phase(&addr, &key, seconds, 0, &next_id, &passes).await;
+    // The queue grows while submits run, and a pass over more jobs takes longer: the phases
+    // run baseline, load, load, baseline (half the time each), so both see the same queue
+    // lengths on average and the growth cancels out of the ratios.
+    let viewers_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("viewer")
+        .on_thread_start(|| {
+            let _ = rustix::process::setpriority_process(None, VIEWER_NICE);
+        })
+        .enable_all()
+        .build()
+        .unwrap();
+    let viewers = viewers_rt.handle().clone();
+    let half = seconds as f64 / 2.0;
+    let mut base = Phase::default();
+    let mut load = Phase::default();
+    for with_load in [false, true, true, false] {
+        let clients = if with_load { squeue_clients } else { 0 };
+        let p = phase(&addr, &key, half, clients, &viewers, &next_id, &passes).await;
+        if with_load { load.add(p) } else { base.add(p) }
+    }
+    let jobs = next_id.load(Ordering::Relaxed) as usize;
     let base_line = report("baseline", &base, pending as usize);
     println!("{base_line}");
-    let jobs = next_id.load(Ordering::Relaxed) as usize;
-    let load = phase(&addr, &key, seconds, squeue_clients, &next_id, &passes).await;
-    let load_line = report("squeue_load", &load, jobs);
+    let load_line = report("squeue_load", &load, pending as usize);
     println!("{load_line}");
     let ratio = |k: &str| {
         let b = base_line[k].as_f64().unwrap_or(0.0);
@@ -322,6 +362,8 @@ async fn main() {
             "pass_ms_max": ratio("pass_ms_max"),
         })
     );
+    println!("{}", serde_json::json!({"phase": "end", "jobs": jobs}));
     let _ = stop_tx.send(());
     let _ = server.await;
+    viewers_rt.shutdown_background();
 }
