@@ -17,6 +17,7 @@ use tandem_proto::v1::bridge_client::BridgeClient;
 use tandem_proto::v1::nodes_client::NodesClient;
 use tokio::sync::Mutex;
 
+use crate::nodes::Mode;
 use crate::request::{NodeCaps, Placeholder};
 
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +57,8 @@ pub trait BatchAlloc {
     ) -> Result<BoxStream<'static, Result<v1::PlaceholderEvent, BatchError>>, BatchError>;
     /// What the largest node of `partition` (empty: the default) offers.
     async fn caps(&self, partition: &str) -> Result<NodeCaps, BatchError>;
+    /// Every node of the controller with its mode (`None`: the controller gave none).
+    async fn modes(&self) -> Result<HashMap<String, Option<Mode>>, BatchError>;
 }
 
 /// [`BatchAlloc`] over gRPC.
@@ -91,13 +94,17 @@ impl GrpcBatch {
         })
     }
 
-    async fn refresh_caps(&self) -> Result<HashMap<String, NodeCaps>, BatchError> {
-        let resp = NodesClient::new(self.channel.clone())
+    async fn list_nodes(&self) -> Result<v1::ListNodesResponse, BatchError> {
+        Ok(NodesClient::new(self.channel.clone())
             .max_decoding_message_size(endpoint::MAX_RESPONSE_BYTES)
             .list_nodes(v1::ListNodesRequest::default())
             .await
             .map_err(call("ListNodes"))?
-            .into_inner();
+            .into_inner())
+    }
+
+    async fn refresh_caps(&self) -> Result<HashMap<String, NodeCaps>, BatchError> {
+        let resp = self.list_nodes().await?;
         let mut caps: HashMap<String, NodeCaps> = HashMap::new();
         for n in &resp.nodes {
             let Some(t) = &n.total else { continue };
@@ -172,5 +179,21 @@ impl BatchAlloc for GrpcBatch {
             .as_ref()
             .and_then(|(_, m)| m.get(partition).copied())
             .ok_or_else(|| BatchError::NoNodes(partition.to_owned()))
+    }
+
+    async fn modes(&self) -> Result<HashMap<String, Option<Mode>>, BatchError> {
+        let resp = self.list_nodes().await?;
+        Ok(resp
+            .nodes
+            .into_iter()
+            .map(|n| {
+                let mode = match n.mode() {
+                    v1::NodeMode::Batch => Some(Mode::Batch),
+                    v1::NodeMode::Kube => Some(Mode::Kube),
+                    v1::NodeMode::Unspecified => None,
+                };
+                (n.name, mode)
+            })
+            .collect())
     }
 }

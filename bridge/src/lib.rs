@@ -15,6 +15,7 @@
 //!                          policy       annotation > namespace default > cluster pure
 //!                          request      group -> placeholder job request         pure
 //!                          decide       (group, job) -> Submit | Bind | Evict ... pure
+//!                          nodes        (node, controller's mode) -> label/taint pure
 //! ```
 //!
 //! This crate holds the pure half so far: every decision is a function of what was
@@ -35,6 +36,7 @@ pub mod cluster;
 pub mod decide;
 pub mod group;
 pub mod labels;
+pub mod nodes;
 pub mod policy;
 pub mod quantity;
 pub mod request;

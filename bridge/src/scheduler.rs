@@ -4,16 +4,21 @@
 //!
 //! Event driven end to end: a pod event, a placeholder event or a node event marks the
 //! groups it touches dirty, and only those are decided again; nothing polls the controller
-//! and nothing lists every job per pod (slurm-bridge's #45). Failed API calls put the group
-//! on a retry list looked at once a second.
+//! for placeholders and nothing lists every job per pod (slurm-bridge's #45). Failed API
+//! calls put the group on a retry list looked at once a second.
+//!
+//! Node modes ([`crate::nodes`]) are the one read that is not a stream: the controller's
+//! node list is read at most once a tick after a placeholder event or a Node out of step,
+//! and every `MODE_RESYNC` (5 s; a batch job taking a free `kube` node announces nothing to
+//! the bridge); a Node is patched only when its label or taint differs.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
 use tandem_proto::v1;
@@ -25,6 +30,7 @@ use crate::cluster;
 use crate::decide::{Decision, EndReason, JobView, Member, decide, member_state};
 use crate::group::{GroupInfo, GroupKey, GroupKind, expected_members, group_of};
 use crate::labels::{JOB_NAME, LEGACY_JOB_NAME, SCHEDULER_NAME};
+use crate::nodes::{self, Mode};
 use crate::policy::{self, NamespacePolicy};
 use crate::request::{self, Placeholder};
 use crate::{annotations, resources};
@@ -53,6 +59,10 @@ pub enum Error {
 
 type PodKey = (String, String);
 
+/// How often node modes are read from the controller when nothing asked sooner: a node
+/// leaves `kube` mode when a batch job takes it, which no bridge event announces.
+const MODE_RESYNC: Duration = Duration::from_secs(5);
+
 /// A group, or a placeholder whose group has no pods left that the bridge knows.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Target {
@@ -78,6 +88,14 @@ struct Loop<B> {
     /// Submitted, not yet seen on the stream: wait for it rather than submit again.
     submitted: HashSet<String>,
     nodes: HashSet<String>,
+    /// Kubernetes Nodes as last observed, for their mode label and pool taint.
+    node_objs: HashMap<String, Node>,
+    /// The controller's nodes and their modes; `None` until read, or when the last read
+    /// failed (then no node is changed).
+    modes: Option<HashMap<String, Option<Mode>>>,
+    /// Read the modes again at the next tick.
+    modes_dirty: bool,
+    modes_at: Option<Instant>,
     gone: HashMap<String, i64>,
     policies: Vec<NamespacePolicy>,
     /// The last `Unschedulable` message written per pod, so each is written once.
@@ -113,6 +131,10 @@ pub async fn run<B: BatchAlloc>(
         jobs: HashMap::new(),
         submitted: HashSet::new(),
         nodes: HashSet::new(),
+        node_objs: HashMap::new(),
+        modes: None,
+        modes_dirty: true,
+        modes_at: None,
         gone: HashMap::new(),
         policies: Vec::new(),
         told: HashMap::new(),
@@ -176,7 +198,10 @@ pub async fn run<B: BatchAlloc>(
                     placeholders = l.resubscribe().await;
                 }
             },
-            _ = tick.tick() => l.on_tick(),
+            _ = tick.tick() => {
+                l.on_tick();
+                l.sync_modes().await;
+            }
         }
         l.process().await;
     }
@@ -247,13 +272,23 @@ impl<B: BatchAlloc> Loop<B> {
         let now = unix_now();
         match ev {
             Event::Apply(n) | Event::InitApply(n) => {
-                if let Some(name) = n.metadata.name {
+                if let Some(name) = n.metadata.name.clone() {
+                    // A new node, or one out of step with the modes last read: read them
+                    // again. Status heartbeats change neither, and read nothing.
+                    let stale =
+                        nodes::plan(&n, self.controller_view(&name), &self.cfg.cluster_name)
+                            .is_some();
+                    if stale || !self.node_objs.contains_key(&name) {
+                        self.modes_dirty = true;
+                    }
+                    self.node_objs.insert(name.clone(), n);
                     self.gone.remove(&name);
                     self.nodes.insert(name);
                 }
             }
             Event::Delete(n) => {
                 if let Some(name) = n.metadata.name {
+                    self.node_objs.remove(&name);
                     self.nodes.remove(&name);
                     self.gone.insert(name.clone(), now);
                     self.dirty_on_node(&name);
@@ -287,6 +322,8 @@ impl<B: BatchAlloc> Loop<B> {
     }
 
     fn on_placeholder(&mut self, ev: v1::PlaceholderEvent) {
+        // An allocation or an end may flip nodes.
+        self.modes_dirty = true;
         if ev.snapshot_done {
             self.jobs_synced = true;
             let orphans: Vec<Target> = self
@@ -323,6 +360,87 @@ impl<B: BatchAlloc> Loop<B> {
         let gone: Vec<String> = self.gone.keys().cloned().collect();
         for n in gone {
             self.dirty_on_node(&n);
+        }
+    }
+
+    /// What the controller last said about Kubernetes node `name`.
+    fn controller_view(&self, name: &str) -> nodes::Controller {
+        match &self.modes {
+            None => nodes::Controller::Unknown,
+            Some(m) => match m.get(name) {
+                None => nodes::Controller::NotPool,
+                Some(None) => nodes::Controller::Unknown,
+                Some(Some(mode)) => nodes::Controller::Pool(*mode),
+            },
+        }
+    }
+
+    /// Reads the controller's node modes when asked to (or every [`MODE_RESYNC`]) and
+    /// patches the Nodes that are out of step; nothing is written for a node in step.
+    async fn sync_modes(&mut self) {
+        let due = self.modes_dirty || self.modes_at.is_none_or(|t| t.elapsed() >= MODE_RESYNC);
+        if !due {
+            return;
+        }
+        self.modes_dirty = false;
+        self.modes_at = Some(Instant::now());
+        match self.batch.modes().await {
+            Ok(m) => self.modes = Some(m),
+            Err(e) => {
+                warn!(error = %e, "reading node modes; changing no node");
+                self.modes = None;
+                return;
+            }
+        }
+        let api: Api<Node> = Api::all(self.client.clone());
+        let mut names: Vec<String> = self.node_objs.keys().cloned().collect();
+        names.sort();
+        for name in &names {
+            let Some(n) = self.node_objs.get(name) else {
+                continue;
+            };
+            let Some(plan) = nodes::plan(n, self.controller_view(name), &self.cfg.cluster_name)
+            else {
+                continue;
+            };
+            let ops = nodes::json_patch(n, &plan);
+            let node_ref = {
+                use kube::Resource as _;
+                n.object_ref(&())
+            };
+            let patch: json_patch::Patch = match serde_json::from_value(ops) {
+                Ok(p) => p,
+                Err(e) => {
+                    warn!(node = %name, error = %e, "node patch not built");
+                    continue;
+                }
+            };
+            match api
+                .patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+                .await
+            {
+                Ok(patched) => {
+                    // Plan from what was written until the watch brings it.
+                    self.node_objs.insert(name.clone(), patched);
+                    info!(node = %name, mode = ?plan.label, taint = plan.taints.is_some(), "node in step");
+                    if let Some((from, to)) = plan.flip {
+                        let e = kube::runtime::events::Event {
+                            type_: kube::runtime::events::EventType::Normal,
+                            reason: "ModeChanged".into(),
+                            note: Some(nodes::flip_note(name, from, to)),
+                            action: "Partitioning".into(),
+                            secondary: None,
+                        };
+                        if let Err(err) = self.recorder.publish(&e, &node_ref).await {
+                            debug!(error = %err, "event not recorded");
+                        }
+                    }
+                }
+                // A concurrent writer (the resourceVersion test failed) or a refusal: the
+                // watch event of that write, or the next resync, plans again from what is
+                // then observed (never a retry per tick: no request storm).
+                Err(e) => warn!(node = %name, error = %e, "node patch refused; planning again"),
+            }
         }
     }
 

@@ -5,14 +5,18 @@
 //! Shows: pods are bound by the bridge to nodes the controller allocated (kube mode), several
 //! small pods share one node up to its GPUs, a batch job waits while the pool serves pods and
 //! runs once the Deployment scales to zero, invalid annotations leave a pod `Unschedulable`
-//! with the reason, and `squeue` lists the bridged groups as `namespace/owner`.
+//! with the reason, `squeue` lists the bridged groups as `namespace/owner`, and the pool
+//! nodes carry the pool taint and a `tandem.dev/mode` label that follows the controller
+//! (`kube` under pods, `batch` again once a batch job took the node, with a `ModeChanged`
+//! Event).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::events::v1::Event as KubeEvent;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tandem_e2e::testkit::{TestCluster, tandem_bin, wait_for};
@@ -294,6 +298,26 @@ async fn an_inference_deployment_and_batch_jobs_take_turns_on_one_pool() {
     );
     let s = cli(&tandem, &env, &["sinfo", "-N", "-h", "-o", "%N %t"]);
     assert_eq!(s.lines().count(), 2, "{s}");
+    // The time partition shows in Kubernetes: nodes hosting pods are labelled `kube` and
+    // carry the pool taint; sinfo shows the same mode.
+    let node_api: Api<Node> = Api::all(client.clone());
+    for node in per_node.keys() {
+        wait_for(
+            &node_api,
+            node,
+            "tandem.dev/mode=kube and the pool taint",
+            T,
+            |n: &Node| mode_of(n) == Some("kube") && has_pool_taint(n),
+        )
+        .await
+        .unwrap();
+        let m = cli(
+            &tandem,
+            &env,
+            &["sinfo", "-N", "-h", "-n", node, "-o", "%N %k"],
+        );
+        assert_eq!(m.trim(), format!("{node} kube"), "{m}");
+    }
 
     // A pod with an invalid annotation waits, saying why.
     let bad: Pod = serde_json::from_value(json!({
@@ -369,4 +393,67 @@ async fn an_inference_deployment_and_batch_jobs_take_turns_on_one_pool() {
         st.trim() == "COMPLETED"
     })
     .await;
+    // The node the batch job ran on is back in `batch` mode, still tainted, with an Event
+    // for the flip.
+    let ran_on = cli(
+        &tandem,
+        &env,
+        &["sacct", "-X", "-n", "-j", &batch, "-o", "NodeList%40"],
+    )
+    .trim()
+    .to_owned();
+    assert!(per_node.contains_key(&ran_on), "{ran_on:?} {per_node:?}");
+    wait_for(
+        &node_api,
+        &ran_on,
+        "tandem.dev/mode=batch and the pool taint",
+        T,
+        |n: &Node| mode_of(n) == Some("batch") && has_pool_taint(n),
+    )
+    .await
+    .unwrap();
+    let events: Api<KubeEvent> = Api::all(client.clone());
+    let deadline = tokio::time::Instant::now() + T;
+    loop {
+        let flips = events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.reason.as_deref() == Some("ModeChanged")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(&ran_on)
+            })
+            .count();
+        if flips >= 1 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a ModeChanged Event on {ran_on}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn mode_of(n: &Node) -> Option<&str> {
+    n.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("tandem.dev/mode"))
+        .map(String::as_str)
+}
+
+fn has_pool_taint(n: &Node) -> bool {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| {
+            ts.iter().any(|t| {
+                t.key == "tandem.dev/pool"
+                    && t.value.as_deref() == Some("pool")
+                    && t.effect == "NoSchedule"
+            })
+        })
 }

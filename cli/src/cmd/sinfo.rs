@@ -31,7 +31,7 @@ pub struct Args {
     /// Only nodes in these states (idle, mix, alloc, down, drain, ...).
     #[arg(short = 't', long = "states", value_name = "STATES", action = clap::ArgAction::Set)]
     pub states: Vec<String>,
-    /// Columns as %-fields, e.g. "%P %a %l %D %t %N".
+    /// Columns as %-fields, e.g. "%P %a %l %D %t %N"; "%k" is the node's mode (batch or kube).
     #[arg(short = 'o', long = "format", value_name = "FORMAT")]
     pub format: Option<String>,
     /// Do not print the header line.
@@ -50,7 +50,7 @@ pub async fn run(args: Args) -> Exit {
         (None, false, true) => SINFO_LONG.to_string(),
         (None, false, false) => crate::format::columns::SINFO_DEFAULT.to_string(),
     };
-    sinfo_format(&spec)?;
+    let by_mode = sinfo_format(&spec)?.shows_mode();
     let output: Box<dyn Output> = if args.json {
         Box::new(Json)
     } else {
@@ -90,19 +90,21 @@ pub async fn run(args: Args) -> Exit {
         &wanted_parts,
         &wanted_states,
         args.node_oriented,
+        by_mode,
     );
     crate::emit(&output.sinfo(&rows)?)?;
     Ok(0)
 }
 
-/// Rows in partition order; within a partition, one row per node state (first-seen order),
-/// or one per node with `node_oriented`.
+/// Rows in partition order; within a partition, one row per node state (and mode, with
+/// `by_mode`) in first-seen order, or one per node with `node_oriented`.
 pub fn group(
     parts: &[PartitionView],
     nodes: &[NodeView],
     wanted_parts: &[String],
     wanted_states: &[String],
     node_oriented: bool,
+    by_mode: bool,
 ) -> Vec<SinfoRow> {
     let state_ok = |n: &NodeView| {
         wanted_states.is_empty()
@@ -127,9 +129,9 @@ pub fn group(
             }));
             continue;
         }
-        let mut groups: Vec<(String, Vec<NodeView>)> = Vec::new();
+        let mut groups: Vec<((String, &str), Vec<NodeView>)> = Vec::new();
         for n in members {
-            let key = n.state_compact();
+            let key = (n.state_compact(), if by_mode { n.mode } else { "" });
             match groups.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, g)) => g.push(n.clone()),
                 None => groups.push((key, vec![n.clone()])),
@@ -187,7 +189,7 @@ mod tests {
             node("node-3", "ALLOCATED"),
             node("node-4", "IDLE"),
         ];
-        let rows = group(&[p], &nodes, &[], &[], false);
+        let rows = group(&[p], &nodes, &[], &[], false, false);
         let f = sinfo_format(SINFO_DEFAULT).unwrap();
         let ctx = RenderCtx::default();
         assert_eq!(
@@ -208,7 +210,56 @@ mod tests {
             &[],
             &["idle".into()],
             true,
+            false,
         );
         assert_eq!(idle_only.len(), 2);
+    }
+
+    #[test]
+    fn mode_column_splits_rows_by_mode() {
+        use tandem_proto::v1::NodeMode;
+        let moded = |name: &str, mode: NodeMode| {
+            NodeView::from_node(&NodeInfo {
+                name: name.into(),
+                state: "IDLE".into(),
+                mode: mode as i32,
+                partitions: vec!["batch".into()],
+                ..NodeInfo::default()
+            })
+        };
+        let p = PartitionView::from_partition(&PartitionInfo {
+            name: "batch".into(),
+            is_default: true,
+            state: "UP".into(),
+            nodes: (1..=3).map(|i| format!("node-{i}")).collect(),
+            ..PartitionInfo::default()
+        });
+        let nodes = vec![
+            moded("node-1", NodeMode::Kube),
+            moded("node-2", NodeMode::Batch),
+            moded("node-3", NodeMode::Kube),
+        ];
+        let f = sinfo_format("%P %t %.5k %N").unwrap();
+        assert!(f.shows_mode());
+        assert!(!sinfo_format(SINFO_DEFAULT).unwrap().shows_mode());
+        assert_eq!(f.header(), "PARTITION STATE  MODE NODELIST");
+        let ctx = RenderCtx::default();
+        let rows = group(std::slice::from_ref(&p), &nodes, &[], &[], false, true);
+        let lines: Vec<String> = rows.iter().map(|r| f.row(r, &ctx)).collect();
+        assert_eq!(
+            lines,
+            ["batch* idle  kube node-[1,3]", "batch* idle batch node-2"]
+        );
+        // Without the column, one idle row, as before.
+        assert_eq!(
+            group(std::slice::from_ref(&p), &nodes, &[], &[], false, false).len(),
+            1
+        );
+        // `sinfo -N -l` shows each node's mode.
+        let long = sinfo_format(crate::format::columns::SINFO_NODES_LONG).unwrap();
+        assert!(long.header().contains("MODE"), "{}", long.header());
+        let rows = group(&[p], &nodes, &[], &[], true, true);
+        assert!(long.row(&rows[0], &ctx).contains(" kube "));
+        assert!(long.row(&rows[1], &ctx).contains("batch "));
     }
 }

@@ -574,12 +574,15 @@ pub enum SinfoField {
     Gres,
     Features,
     Reason,
+    /// Tandem's time partition: `batch` or `kube` (`%k`; a letter Slurm's sinfo leaves
+    /// unused).
+    Mode,
 }
 
 pub const SINFO_DEFAULT: &str = "%#P %.5a %.10l %.6D %.6t %N";
 pub const SINFO_LONG: &str = "%#P %.5a %.10l %.6D %.11T %N";
 pub const SINFO_NODES: &str = "%#N %.6D %#P %6t";
-pub const SINFO_NODES_LONG: &str = "%#N %.6D %#P %.11T %.4c %.6m %.10G %.8f %E";
+pub const SINFO_NODES_LONG: &str = "%#N %.6D %#P %.11T %.5k %.4c %.6m %.10G %.8f %E";
 
 impl SinfoField {
     pub fn from_letter(c: char) -> Option<SinfoField> {
@@ -600,6 +603,7 @@ impl SinfoField {
             'G' => Gres,
             'f' => Features,
             'E' => Reason,
+            'k' => Mode,
             _ => return None,
         })
     }
@@ -622,6 +626,7 @@ impl Field<SinfoRow> for SinfoField {
             Gres => "GRES",
             Features => "AVAIL_FEATURES",
             Reason => "REASON",
+            Mode => "MODE",
         }
     }
 
@@ -685,12 +690,29 @@ impl Field<SinfoRow> for SinfoField {
                     n.reason.clone()
                 }
             }),
+            Mode => r.first().map_or("n/a", |n| n.mode).to_string(),
         }
     }
 }
 
 pub fn sinfo_format(spec: &str) -> Result<Format<SinfoField>, FormatError> {
     parse_percent(spec, SinfoField::from_letter)
+}
+
+impl Format<SinfoField> {
+    /// Whether the format prints the mode: then rows group by state and mode, as Slurm
+    /// splits rows by every field it prints.
+    pub fn shows_mode(&self) -> bool {
+        self.pieces.iter().any(|p| {
+            matches!(
+                p,
+                Piece::Field {
+                    field: SinfoField::Mode,
+                    ..
+                }
+            )
+        })
+    }
 }
 
 // === sacct ===

@@ -552,6 +552,8 @@ pub struct Node<'a> {
     pub gres: String,
     pub gres_used: String,
     pub idle_cpus: u32,
+    /// Tandem's time partition, `batch` or `kube` (not in Slurm's schema).
+    pub mode: &'static str,
     pub name: &'a str,
     pub partitions: &'a [String],
     pub real_memory: u64,
@@ -633,6 +635,7 @@ impl<'a> Node<'a> {
                 String::new()
             },
             idle_cpus: n.cpus.saturating_sub(n.cpus_alloc),
+            mode: n.mode,
             name: &n.name,
             partitions: &n.partitions,
             real_memory: n.mem_mb,
@@ -982,7 +985,14 @@ mod tests {
                 ..PartitionInfo::default()
             })
         };
-        let rows = crate::cmd::sinfo::group(&[part("batch"), part("gpu")], &nodes, &[], &[], false);
+        let rows = crate::cmd::sinfo::group(
+            &[part("batch"), part("gpu")],
+            &nodes,
+            &[],
+            &[],
+            false,
+            false,
+        );
         let v = parse(&Json.sinfo(&rows).unwrap());
         assert!(v.get("sinfo").is_none());
         let got = v["nodes"].as_array().unwrap();
@@ -995,6 +1005,7 @@ mod tests {
         let n1 = &got[0];
         assert_eq!(n1["state"], "mixed");
         assert_eq!(n1["state_flags"], json!([]));
+        assert_eq!(n1["mode"], "batch");
         assert_eq!(n1["cpus"], 64);
         assert_eq!(n1["alloc_cpus"], 2);
         assert_eq!(n1["idle_cpus"], 62);
