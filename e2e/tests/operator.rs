@@ -999,3 +999,71 @@ async fn invalid_specs_on_a_running_cluster_are_reported_and_touch_nothing_runni
     );
     h.stop().await;
 }
+
+#[tokio::test]
+async fn a_lost_controller_pod_is_recreated_and_the_running_job_survives() {
+    let Some(h) = Harness::start("controller_pod_lost", 2, "4").await else {
+        return;
+    };
+    let gate = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        gate.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    h.apply(CLUSTER_AND_LOGIN).await;
+    h.apply(&format!(
+        "{{apiVersion: tandem.dev/v1alpha1, kind: WorkerSet, metadata: {{name: cpu}},
+          spec: {{clusterName: hpc, replicas: 1, partitions: [batch], cpus: 2, memory: 2G,
+                  template: {{volumes: [{{name: gate, hostPath: {{path: '{}', type: Directory}}}}],
+                              volumeMounts: [{{name: gate, mountPath: /gate}}]}}}}}}",
+        gate.path().display()
+    ))
+    .await;
+    h.workers_ready("cpu", 1).await;
+    h.login_ready().await;
+    let id = h
+        .sbatch(&[
+            "--wrap",
+            "while [ ! -e /gate/go ]; do sleep 0.2; done; echo survived",
+        ])
+        .await;
+    h.job_in(&id, "RUNNING").await;
+
+    // The controller pod is lost (deleted, as a node drain or an eviction would): the
+    // operator makes a new one on the same store, and the worker reconnects to it through
+    // the Service.
+    let pods: Api<Pod> = h.api();
+    let name = tandem_operator::render::controller_pod_name("hpc");
+    let old = pods.get(&name).await.unwrap();
+    pods.delete(&name, &DeleteParams::default()).await.unwrap();
+    let ready = |p: &Pod| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    };
+    let new = wait_for(&pods, &name, "a new controller pod, ready", LONG, |p| {
+        uid(p) != uid(&old) && ready(p)
+    })
+    .await;
+    if let Err(e) = new {
+        h.fail(e).await;
+    }
+
+    // The job kept running through it, and ends as it would have.
+    h.job_in(&id, "RUNNING").await;
+    std::fs::write(gate.path().join("go"), b"").unwrap();
+    let done = h.completed(&id).await;
+    eprintln!("after the controller's replacement: {done}");
+    // Told as it happened: the first start and the replacement (one Event series).
+    let created: i32 = h
+        .events("TandemCluster", "hpc")
+        .await
+        .into_iter()
+        .filter(|e| e.0 == "ControllerPodCreated")
+        .map(|e| e.2)
+        .sum();
+    assert!(created >= 2, "controller pod creations told: {created}");
+    h.stop().await;
+}

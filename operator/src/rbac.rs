@@ -27,7 +27,8 @@ pub const USES: &[(&str, &str, &[&str])] = &[
     ("", "secrets", &["get", "create", "patch"]),
     ("", "persistentvolumeclaims", &["get", "create"]),
     ("", "nodes", &["list", "watch"]),
-    ("events.k8s.io", "events", &["create"]),
+    // patch: the recorder folds a repeated Event into a series and patches its count.
+    ("events.k8s.io", "events", &["create", "patch"]),
 ];
 
 /// The variable name the reconcilers give each resource's `Api` (the tests' convention).
@@ -110,7 +111,8 @@ mod tests {
         let status = resource.ends_with("/status");
         match verb {
             "get" => has(&format!("{var}.get(")) || has(&format!("{var}.get_opt(")),
-            "create" if var == "recorder" => has("recorder.publish("),
+            // kube's recorder creates an Event, then patches it into a series on a repeat.
+            "create" | "patch" if var == "recorder" => has("recorder.publish("),
             "create" => {
                 has(&format!("{var}.create("))
                     || has(&format!(

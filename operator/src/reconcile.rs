@@ -585,6 +585,23 @@ async fn reconcile_cluster(tc: Arc<TandemCluster>, ctx: Arc<Context>) -> Result<
                 pods.create(&PostParams::default(), &want).await,
                 "create controller Pod",
             )?;
+            // The first start and a lost pod's replacement read the same: a pod on the
+            // cluster's store, where every acknowledged job waits for it.
+            publish(
+                &ctx,
+                &*tc,
+                &plan::Event {
+                    type_: plan::EventType::Normal,
+                    reason: "ControllerPodCreated",
+                    note: format!(
+                        "no controller pod: creating {} on the store in PVC {} (running jobs keep running)",
+                        render::controller_pod_name(&name),
+                        render::pvc_name(&name)
+                    ),
+                    related: None,
+                },
+            )
+            .await;
             waiting.push("controller pod starting".into());
         }
         Some(p) if p.metadata.deletion_timestamp.is_some() => {

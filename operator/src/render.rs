@@ -643,6 +643,18 @@ pub fn worker_pod(
         "--tls-issue-from".into(),
         CA_DIR.into(),
     ];
+    // Where the host's cgroup tree is shared (no cgroup namespace, or two clusters' workers
+    // on one node), a worker's jobs live under a subtree no other cluster's worker of the
+    // same node name uses: a worker clears leftovers of its own earlier lives at start, and
+    // must never take another cluster's running jobs for them.
+    args.extend([
+        "--cgroup-subtree".into(),
+        format!(
+            "{}.{}.$(TANDEM_NODE_NAME)",
+            ws.metadata.namespace.as_deref().unwrap_or("default"),
+            s.cluster_name
+        ),
+    ]);
     if !s.features.is_empty() {
         args.extend(["--features".into(), s.features.join(",")]);
     }

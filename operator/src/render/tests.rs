@@ -149,6 +149,16 @@ fn a_worker_is_named_after_its_node_pinned_to_it_and_unprivileged() {
             .any(|w| w[0] == "--name" && w[1] == "$(TANDEM_NODE_NAME)")
     );
     assert!(args.windows(2).any(|w| w[0] == "--gpus" && w[1] == "8"));
+    // Its jobs' cgroups are its cluster's alone, even on a host tree another cluster shares.
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+    assert!(
+        has_pair(
+            args,
+            "--cgroup-subtree",
+            &format!("{ns}.research.$(TANDEM_NODE_NAME)")
+        ),
+        "{args:?}"
+    );
     let env = c.env.as_ref().unwrap();
     let node_env = env.iter().find(|e| e.name == "TANDEM_NODE_NAME").unwrap();
     assert_eq!(
