@@ -11,9 +11,10 @@ use tracing::warn;
 
 use crate::state::{Handle, ReadView};
 
-/// The nice value of listing threads (Linux keeps one per thread). At 10 a listing gets
-/// about a tenth of a core the actor or the committer also wants, and all of an idle one.
-pub const LISTING_NICE: i32 = 10;
+/// The nice value of listing threads (Linux keeps one per thread): the lowest, so a listing
+/// gets next to nothing of a core the actor or the committer also wants, and all of an idle
+/// one (`benches/squeue_load.rs` measures what a squeue crowd still costs; README).
+pub const LISTING_NICE: i32 = 19;
 
 /// Listings that may run at once (the rest wait their turn): half the machine's cores, at
 /// least one, so listings never take the cores the actor and the committer need.
