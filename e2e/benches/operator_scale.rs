@@ -62,7 +62,8 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde_json::json;
 use tandem_e2e::testkit::{
-    Options, RequestLog, RequestRecord, TestCluster, create_all, objects_from_yaml, phase,
+    Options, RequestLog, RequestRecord, TestCluster, create_all, max_in_one_second,
+    objects_from_yaml, phase,
 };
 use tandem_operator::crd::{LoginSet, TandemCluster, WorkerSet};
 use tandem_operator::labels::WORKER_SET;
@@ -161,20 +162,6 @@ fn breakdown(reqs: &[RequestRecord]) -> serde_json::Value {
     let mut v: Vec<(String, u64)> = by.into_iter().collect();
     v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     json!(v)
-}
-
-/// The most requests in any one-second window starting at a request.
-fn max_in_one_second(reqs: &[RequestRecord]) -> usize {
-    let times: Vec<Instant> = reqs.iter().map(|r| r.at).collect();
-    let mut best = 0;
-    let mut end = 0;
-    for start in 0..times.len() {
-        while end < times.len() && times[end] < times[start] + Duration::from_secs(1) {
-            end += 1;
-        }
-        best = best.max(end - start);
-    }
-    best
 }
 
 fn requests_between(log: &RequestLog, from: Instant, to: Instant) -> Vec<RequestRecord> {

@@ -811,6 +811,20 @@ pub fn phase(pod: &Pod) -> &str {
 #[derive(Debug, Clone, Default)]
 pub struct RequestLog(Arc<Mutex<Vec<RequestRecord>>>);
 
+/// The most of `reqs` (in the order sent) in any one-second window starting at one of them.
+pub fn max_in_one_second(reqs: &[RequestRecord]) -> usize {
+    let times: Vec<Instant> = reqs.iter().map(|r| r.at).collect();
+    let mut best = 0;
+    let mut end = 0;
+    for start in 0..times.len() {
+        while end < times.len() && times[end] < times[start] + Duration::from_secs(1) {
+            end += 1;
+        }
+        best = best.max(end - start);
+    }
+    best
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestRecord {
     pub at: Instant,
@@ -839,16 +853,7 @@ impl RequestLog {
     /// The most requests in any one-second window starting at a request (a busy loop
     /// shows up here however short it was).
     pub fn max_per_second(&self) -> usize {
-        let times: Vec<Instant> = self.all().iter().map(|r| r.at).collect();
-        let mut best = 0;
-        let mut end = 0;
-        for start in 0..times.len() {
-            while end < times.len() && times[end] < times[start] + Duration::from_secs(1) {
-                end += 1;
-            }
-            best = best.max(end - start);
-        }
-        best
+        max_in_one_second(&self.all())
     }
 
     fn record(&self, method: &str, path: String) {

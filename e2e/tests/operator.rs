@@ -342,6 +342,21 @@ impl Harness {
         .await;
     }
 
+    /// `CLUSTER_AND_LOGIN` and a worker set `cpu` of `replicas` 2-CPU workers (`extra`:
+    /// more of its spec, as `, key: value` flow YAML), all running, registered and reachable
+    /// from the login pod.
+    async fn cluster_with_workers(&self, replicas: i32, extra: &str) {
+        self.apply(CLUSTER_AND_LOGIN).await;
+        self.apply(&format!(
+            "{{apiVersion: tandem.dev/v1alpha1, kind: WorkerSet, metadata: {{name: cpu}},
+              spec: {{clusterName: hpc, replicas: {replicas}, partitions: [batch], cpus: 2,
+                      memory: 2G{extra}}}}}"
+        ))
+        .await;
+        self.workers_ready("cpu", replicas).await;
+        self.login_ready().await;
+    }
+
     async fn login_ready(&self) {
         let logins: Api<LoginSet> = self.api();
         if let Err(e) = wait_for(&logins, "login", "to be ready", LONG, |l| {
@@ -602,6 +617,28 @@ fn uid(p: &Pod) -> String {
     p.metadata.uid.clone().unwrap_or_default()
 }
 
+/// A folder jobs may read (every worker mounts it with [`gate_mount`]).
+fn gate() -> tempfile::TempDir {
+    let gate = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        gate.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    gate
+}
+
+/// A worker set's `template` (as `, template: ...` for [`Harness::cluster_with_workers`])
+/// mounting `gate` at `/gate` in every worker: a job waits there for a file the test makes,
+/// so nothing depends on timing.
+fn gate_mount(gate: &tempfile::TempDir) -> String {
+    format!(
+        ", template: {{volumes: [{{name: gate, hostPath: {{path: '{}', type: Directory}}}}],
+                       volumeMounts: [{{name: gate, mountPath: /gate}}]}}",
+        gate.path().display()
+    )
+}
+
 const CLUSTER_AND_LOGIN: &str = r#"
 apiVersion: tandem.dev/v1alpha1
 kind: TandemCluster
@@ -620,14 +657,7 @@ async fn a_cluster_with_three_workers_runs_a_two_node_job_submitted_from_a_login
     let Some(h) = Harness::start("three_workers_two_node_job", 3, "4").await else {
         return;
     };
-    h.apply(CLUSTER_AND_LOGIN).await;
-    h.apply(
-        "{apiVersion: tandem.dev/v1alpha1, kind: WorkerSet, metadata: {name: cpu},
-          spec: {clusterName: hpc, replicas: 3, partitions: [batch], cpus: 2, memory: 2G}}",
-    )
-    .await;
-    h.workers_ready("cpu", 3).await;
-    h.login_ready().await;
+    h.cluster_with_workers(3, "").await;
 
     // sinfo in the login pod: the three workers, named after their Kubernetes nodes.
     let sinfo = h.login(&["sinfo", "-N", "-h", "-o", "%N %t"]).await;
@@ -652,24 +682,12 @@ async fn scaling_in_while_a_job_runs_removes_the_idle_worker_at_once_and_the_bus
         return;
     };
     // The job waits for a file the test creates: a hostPath every worker mounts.
-    let gate = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        gate.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    h.apply(CLUSTER_AND_LOGIN).await;
-    h.apply(&format!(
-        "{{apiVersion: tandem.dev/v1alpha1, kind: WorkerSet, metadata: {{name: cpu}},
-          spec: {{clusterName: hpc, replicas: 3, partitions: [batch], cpus: 2, memory: 2G,
-                  scaleIn: {{drainDeadlineSeconds: 600}},
-                  template: {{volumes: [{{name: gate, hostPath: {{path: '{}', type: Directory}}}}],
-                              volumeMounts: [{{name: gate, mountPath: /gate}}]}}}}}}",
-        gate.path().display()
-    ))
-    .await;
-    h.workers_ready("cpu", 3).await;
-    h.login_ready().await;
+    let gate = gate();
+    let extra = format!(
+        ", scaleIn: {{drainDeadlineSeconds: 600}}{}",
+        gate_mount(&gate)
+    );
+    h.cluster_with_workers(3, &extra).await;
 
     // A two-node job holds two of the three workers until the test opens the gate.
     let id = h
@@ -789,14 +807,7 @@ async fn a_set_scaled_to_zero_comes_back_when_the_keda_scaler_reports_a_pending_
     let Some(h) = Harness::start("scale_to_zero_and_back", 1, "2").await else {
         return;
     };
-    h.apply(CLUSTER_AND_LOGIN).await;
-    h.apply(
-        "{apiVersion: tandem.dev/v1alpha1, kind: WorkerSet, metadata: {name: cpu},
-          spec: {clusterName: hpc, replicas: 1, partitions: [batch], cpus: 2, memory: 2G}}",
-    )
-    .await;
-    h.workers_ready("cpu", 1).await;
-    h.login_ready().await;
+    h.cluster_with_workers(1, "").await;
     // What a ScaledObject for this set says in its trigger's metadata.
     let keda = ScaledObjectRef {
         name: "cpu".into(),
@@ -842,14 +853,7 @@ async fn deleting_a_worker_set_removes_its_pods_and_nodes_before_it_goes() {
     let Some(h) = Harness::start("delete_worker_set", 2, "2").await else {
         return;
     };
-    h.apply(CLUSTER_AND_LOGIN).await;
-    h.apply(
-        "{apiVersion: tandem.dev/v1alpha1, kind: WorkerSet, metadata: {name: cpu},
-          spec: {clusterName: hpc, replicas: 2, partitions: [batch], cpus: 2, memory: 2G}}",
-    )
-    .await;
-    h.workers_ready("cpu", 2).await;
-    h.login_ready().await;
+    h.cluster_with_workers(2, "").await;
     h.sinfo_until("both workers", |s| s.len() == 2).await;
 
     let sets: Api<WorkerSet> = h.api();
@@ -1005,23 +1009,8 @@ async fn a_lost_controller_pod_is_recreated_and_the_running_job_survives() {
     let Some(h) = Harness::start("controller_pod_lost", 2, "4").await else {
         return;
     };
-    let gate = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        gate.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    h.apply(CLUSTER_AND_LOGIN).await;
-    h.apply(&format!(
-        "{{apiVersion: tandem.dev/v1alpha1, kind: WorkerSet, metadata: {{name: cpu}},
-          spec: {{clusterName: hpc, replicas: 1, partitions: [batch], cpus: 2, memory: 2G,
-                  template: {{volumes: [{{name: gate, hostPath: {{path: '{}', type: Directory}}}}],
-                              volumeMounts: [{{name: gate, mountPath: /gate}}]}}}}}}",
-        gate.path().display()
-    ))
-    .await;
-    h.workers_ready("cpu", 1).await;
-    h.login_ready().await;
+    let gate = gate();
+    h.cluster_with_workers(1, &gate_mount(&gate)).await;
     let id = h
         .sbatch(&[
             "--wrap",

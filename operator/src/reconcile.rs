@@ -247,6 +247,15 @@ fn warning(reason: &'static str, note: String) -> plan::Event {
     }
 }
 
+fn normal(reason: &'static str, note: String) -> plan::Event {
+    plan::Event {
+        type_: plan::EventType::Normal,
+        reason,
+        note,
+        related: None,
+    }
+}
+
 // === the controller connection ===
 
 fn hex(bytes: &[u8]) -> String {
@@ -483,15 +492,13 @@ async fn reconcile_cluster(tc: Arc<TandemCluster>, ctx: Arc<Context>) -> Result<
         publish(
             &ctx,
             &*tc,
-            &plan::Event {
-                type_: plan::EventType::Normal,
-                reason: "CertificateIssued",
-                note: format!(
+            &normal(
+                "CertificateIssued",
+                format!(
                     "controller certificate issued for {}",
                     cert_names.join(", ")
                 ),
-                related: None,
-            },
+            ),
         )
         .await;
     }
@@ -587,39 +594,20 @@ async fn reconcile_cluster(tc: Arc<TandemCluster>, ctx: Arc<Context>) -> Result<
             )?;
             // The first start and a lost pod's replacement read the same: a pod on the
             // cluster's store, where every acknowledged job waits for it.
-            publish(
-                &ctx,
-                &*tc,
-                &plan::Event {
-                    type_: plan::EventType::Normal,
-                    reason: "ControllerPodCreated",
-                    note: format!(
-                        "no controller pod: creating {} on the store in PVC {} (running jobs keep running)",
-                        render::controller_pod_name(&name),
-                        render::pvc_name(&name)
-                    ),
-                    related: None,
-                },
-            )
-            .await;
+            let note = format!(
+                "no controller pod: creating {} on the store in PVC {} (running jobs keep running)",
+                render::controller_pod_name(&name),
+                render::pvc_name(&name)
+            );
+            publish(&ctx, &*tc, &normal("ControllerPodCreated", note)).await;
             waiting.push("controller pod starting".into());
         }
         Some(p) if p.metadata.deletion_timestamp.is_some() => {
             waiting.push("controller pod restarting".into())
         }
         Some(p) if p.annotations().get(TEMPLATE_HASH) != want_hash.as_ref() => {
-            publish(
-                &ctx,
-                &*tc,
-                &plan::Event {
-                    type_: plan::EventType::Normal,
-                    reason: "ControllerRestart",
-                    note: "the controller's config or certificate changed: restarting it (running jobs keep running)"
-                        .into(),
-                    related: None,
-                },
-            )
-            .await;
+            let note = "the controller's config or certificate changed: restarting it (running jobs keep running)";
+            publish(&ctx, &*tc, &normal("ControllerRestart", note.into())).await;
             pods.delete(&p.name_any(), &DeleteParams::default())
                 .await
                 .map_err(kube("delete controller Pod"))?;
