@@ -190,21 +190,13 @@ pub async fn start(args: &Args) -> anyhow::Result<Started> {
         return Err(e);
     }
 
-    let addr = resolve_listen(args.listen)?;
+    let mut addr = resolve_listen(args.listen)?;
     let exe = std::env::current_exe().context("cannot find this binary's path")?;
     let tls = if args.insecure_plaintext {
         None
     } else {
         Some(Certificates::make(&dir, addr, args.nodes)?)
     };
-    let controller_url = match &tls {
-        Some(_) => format!("https://{addr}"),
-        None => format!("http://{addr}"),
-    };
-    let security = tandem_proto::endpoint::security_for(
-        &controller_url,
-        tls.as_ref().map(|t| t.ca_file.as_path()),
-    )?;
     let tls_flag = |dir: &Path| -> Vec<String> {
         match &tls {
             Some(_) => vec!["--tls-dir".into(), dir.to_string_lossy().into_owned()],
@@ -241,10 +233,35 @@ pub async fn start(args: &Args) -> anyhow::Result<Started> {
         cargs.push("--config".into());
         cargs.push(std::path::absolute(c)?.to_string_lossy().into_owned());
     }
-    std::fs::write(dir.join("controller.args"), cargs.join("\n") + "\n")
-        .context("cannot write controller.args")?;
-    let mut controller = spawn_daemon(&exe, &cargs, &dir.join("controller.log"))?;
-    write_pid(&dir.join("controller.pid"), controller.id())?;
+    let clog = dir.join("controller.log");
+    let mut attempt = 1;
+    let mut controller = loop {
+        std::fs::write(dir.join("controller.args"), cargs.join("\n") + "\n")
+            .context("cannot write controller.args")?;
+        let mut child = spawn_daemon(&exe, &cargs, &clog)?;
+        write_pid(&dir.join("controller.pid"), child.id())?;
+        // Port 0 was resolved by binding and letting go: another process may take the port
+        // before the controller binds it. The controller then stops at once, and another
+        // free port is tried (the certificates name the address, not the port).
+        if listening(addr, &mut child, Duration::from_secs(args.timeout)).await?
+            || args.listen.port() != 0
+            || attempt == LISTEN_ATTEMPTS
+            || !log_tail(&clog, 5).contains("Address already in use")
+        {
+            break child;
+        }
+        attempt += 1;
+        addr = resolve_listen(args.listen)?;
+        cargs[2] = addr.to_string();
+    };
+    let controller_url = match &tls {
+        Some(_) => format!("https://{addr}"),
+        None => format!("http://{addr}"),
+    };
+    let security = tandem_proto::endpoint::security_for(
+        &controller_url,
+        tls.as_ref().map(|t| t.ca_file.as_path()),
+    )?;
 
     let mut workers = Vec::new();
     for i in 1..=args.nodes {
@@ -418,6 +435,38 @@ async fn wait_agent(
             );
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Controllers started before `tandem up` gives up on finding a free port.
+const LISTEN_ATTEMPTS: u32 = 5;
+
+/// Whether the controller accepts connections on `addr`; false once it has exited. Past
+/// `timeout`, true: [`wait_ready`] says what is wrong.
+async fn listening(
+    addr: std::net::SocketAddr,
+    child: &mut std::process::Child,
+    timeout: Duration,
+) -> anyhow::Result<bool> {
+    let mut probe = addr;
+    if probe.ip().is_unspecified() {
+        probe.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if child.try_wait()?.is_some() {
+            return Ok(false);
+        }
+        if tokio::net::TcpStream::connect(probe).await.is_ok() {
+            // The port may have been taken by the process that raced us: the controller's
+            // exit, if it comes, is seen here before the cluster is declared up.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            return Ok(child.try_wait()?.is_none());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(true);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
