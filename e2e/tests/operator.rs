@@ -38,6 +38,24 @@ const T: Duration = Duration::from_secs(30);
 /// For waits on real processes starting and registering (a loaded 2-core machine).
 const LONG: Duration = Duration::from_secs(120);
 
+type Operator = tokio::task::JoinHandle<anyhow::Result<()>>;
+
+/// The operator's reconcilers in this process, watching namespace `ns`, until the sender is
+/// used or dropped.
+fn spawn_operator(client: &kube::Client, ns: &str) -> (tokio::sync::oneshot::Sender<()>, Operator) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let op = tokio::spawn(tandem_operator::reconcile::run_with_client(
+        client.clone(),
+        tandem_operator::reconcile::Args {
+            namespace: Some(ns.to_owned()),
+        },
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    (stop, op)
+}
+
 async fn install_crds(client: &kube::Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in tandem_operator::crd::all() {
@@ -60,16 +78,7 @@ async fn a_cluster_gets_its_key_secret_service_store_config_and_controller_pod_a
     let client = cluster.client();
     install_crds(&client).await;
     let ns = cluster.namespace("op").await.unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let op = tokio::spawn(tandem_operator::reconcile::run_with_client(
-        client.clone(),
-        tandem_operator::reconcile::Args {
-            namespace: Some(ns.clone()),
-        },
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let (stop, op) = spawn_operator(&client, &ns);
 
     let clusters: Api<TandemCluster> = Api::namespaced(client.clone(), &ns);
     let tc: TandemCluster = serde_json::from_value(json!({
@@ -252,7 +261,7 @@ struct Harness {
     ns: String,
     nodes: Vec<String>,
     stop: tokio::sync::oneshot::Sender<()>,
-    op: tokio::task::JoinHandle<anyhow::Result<()>>,
+    op: Operator,
 }
 
 impl Harness {
@@ -281,16 +290,7 @@ impl Harness {
             .await
             .unwrap();
         let ns = cluster.namespace("hpc").await.unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let op = tokio::spawn(tandem_operator::reconcile::run_with_client(
-            client.clone(),
-            tandem_operator::reconcile::Args {
-                namespace: Some(ns.clone()),
-            },
-            async move {
-                let _ = stopped.await;
-            },
-        ));
+        let (stop, op) = spawn_operator(&client, &ns);
         Some(Harness {
             cluster,
             client,
