@@ -31,9 +31,29 @@ pub async fn bind(
         },
     };
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    api.create_subresource::<_, serde_json::Value>("binding", pod, &PostParams::default(), &binding)
+    match api
+        .create_subresource::<_, serde_json::Value>(
+            "binding",
+            pod,
+            &PostParams::default(),
+            &binding,
+        )
         .await
-        .map(|_| ())
+    {
+        Ok(_) => Ok(()),
+        // Bound already (a watch event older than this bridge's own binding made it
+        // decide again): done if it is where this job put it; any other node stays an
+        // error, retried and logged.
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            let current = api.get(pod).await?;
+            if current.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node) {
+                Ok(())
+            } else {
+                Err(kube::Error::Api(e))
+            }
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Evicts `pod` through the Eviction API, so PodDisruptionBudgets are honoured.

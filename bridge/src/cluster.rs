@@ -1,6 +1,7 @@
 //! The namespace map from the cluster's `TandemCluster` (`spec.bridge.namespaces`), read as
 //! plain JSON so the bridge shares no crate with the operator.
 
+use kube::api::ApiResource;
 use serde::Deserialize;
 
 use crate::policy::NamespacePolicy;
@@ -10,6 +11,17 @@ pub const GROUP: &str = "tandem.dev";
 pub const VERSION: &str = "v1alpha1";
 pub const KIND: &str = "TandemCluster";
 pub const PLURAL: &str = "tandemclusters";
+
+/// The `TandemCluster` resource, for a dynamic `Api` (the bridge has no typed CRD).
+pub fn api_resource() -> ApiResource {
+    ApiResource {
+        group: GROUP.into(),
+        version: VERSION.into(),
+        api_version: format!("{GROUP}/{VERSION}"),
+        kind: KIND.into(),
+        plural: PLURAL.into(),
+    }
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -133,6 +133,11 @@ pub fn decide(members: &[Member], expected: Option<u32>, job: &JobView, now: i64
             if live_unbound.is_empty() {
                 return wait("no pod waits");
             }
+            // `None` is Slurm's reason for a job no scheduling pass has looked at yet: like
+            // kube-scheduler, say `Unschedulable` only once an attempt failed, with why.
+            if reason.is_empty() || reason == "None" {
+                return wait("the placeholder has not been considered yet");
+            }
             unschedulable(
                 &live_unbound,
                 format!("waiting in Tandem's queue: {reason}"),
@@ -387,6 +392,15 @@ mod tests {
                 message: "waiting in Tandem's queue: QOSMaxGRESPerUser".into(),
             }
         );
+        // Not yet looked at by a scheduling pass (`None`): nothing to explain yet.
+        let fresh = JobView::Pending {
+            job_id: 7,
+            reason: "None".into(),
+        };
+        assert!(matches!(
+            decide(&waiting(2), Some(2), &fresh, 0),
+            Decision::Wait { .. }
+        ));
     }
 
     #[test]

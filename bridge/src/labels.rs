@@ -17,6 +17,10 @@ pub const USER_ANNOTATIONS: [&str; 4] = [PARTITION, QOS, ACCOUNT, TIME_LIMIT];
 /// The prefix of every Tandem annotation; an unknown key under it is a typo, refused.
 pub const PREFIX: &str = "tandem.dev/";
 
+/// Pod label that opts a pod in (`"true"`, in any namespace) or out (`"false"`, in a mapped
+/// namespace) of scheduling by Tandem.
+pub const MANAGED_LABEL: &str = "tandem.dev/managed";
+
 /// Node label kept in step with the controller: `batch` or `kube`.
 pub const MODE_LABEL: &str = "tandem.dev/mode";
 /// Node taint key of pool nodes (`tandem.dev/pool=<cluster>:NoSchedule`).

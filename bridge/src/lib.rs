@@ -18,9 +18,10 @@
 //!                          nodes        (node, controller's mode) -> label/taint pure
 //! ```
 //!
-//! This crate holds the pure half so far: every decision is a function of what was
-//! observed, tested without a server. The watchers, the controller client and the binary
-//! (`tandem-bridge`) come next (issue #12); nothing here talks to a server yet.
+//! The I/O half: [`scheduler`] (watches, the placeholder stream, operations of up to 256
+//! groups in flight, one per group at a time), [`apply`] (bindings, evictions, status
+//! writes), [`batch`] (the controller client), [`leader`] (the Lease: only the leader
+//! schedules) and [`webhook`] (admission, served by every replica).
 //!
 //! # Invariants
 //!
@@ -36,9 +37,11 @@ pub mod cluster;
 pub mod decide;
 pub mod group;
 pub mod labels;
+pub mod leader;
 pub mod nodes;
 pub mod policy;
 pub mod quantity;
 pub mod request;
 pub mod resources;
 pub mod scheduler;
+pub mod webhook;

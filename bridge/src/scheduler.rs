@@ -7,15 +7,24 @@
 //! for placeholders and nothing lists every job per pod (slurm-bridge's #45). Failed API
 //! calls put the group on a retry list looked at once a second.
 //!
+//! Deciding is synchronous; what a decision writes (a submit, the bindings, ...) runs as
+//! an operation off the loop ([`work`]), up to [`MAX_IN_FLIGHT`] groups' at once: a burst
+//! of pods is many submits in flight, which the controller's group commit makes one fsync,
+//! rather than one round trip after another. One group has at most one operation in
+//! flight; a group that changes meanwhile is decided again when it is done, from the
+//! state then.
+//!
 //! Node modes ([`crate::nodes`]) are the one read that is not a stream: the controller's
 //! node list is read at most once a tick after a placeholder event or a Node out of step,
 //! and every `MODE_RESYNC` (5 s; a batch job taking a free `kube` node announces nothing to
 //! the bridge); a Node is patched only when its label or taint differs.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
@@ -24,7 +33,6 @@ use kube::runtime::watcher::{self, Event};
 use tandem_proto::v1;
 use tracing::{debug, info, warn};
 
-use crate::apply;
 use crate::batch::{BatchAlloc, BatchError};
 use crate::cluster;
 use crate::decide::{Decision, EndReason, JobView, Member, decide, member_state};
@@ -32,8 +40,10 @@ use crate::group::{GroupInfo, GroupKey, GroupKind, expected_members, group_of};
 use crate::labels::{JOB_NAME, LEGACY_JOB_NAME, SCHEDULER_NAME};
 use crate::nodes::{self, Mode};
 use crate::policy::{self, NamespacePolicy};
-use crate::request::{self, Placeholder};
 use crate::{annotations, resources};
+
+mod work;
+use work::{Ctx, Outcome, Tell, Work};
 
 /// What the loop needs besides its clients.
 #[derive(Debug, Clone)]
@@ -63,8 +73,13 @@ type PodKey = (String, String);
 /// leaves `kube` mode when a batch job takes it, which no bridge event announces.
 const MODE_RESYNC: Duration = Duration::from_secs(5);
 
+/// How many groups may have an operation in flight at once. Each is a few calls to the
+/// API server or the controller; a bound keeps a burst of 10,000 pods from being 10,000
+/// open requests.
+const MAX_IN_FLIGHT: usize = 256;
+
 /// A group, or a placeholder whose group has no pods left that the bridge knows.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Target {
     Group(GroupKey),
     Orphan(String),
@@ -72,7 +87,7 @@ enum Target {
 
 struct Loop<B> {
     client: Client,
-    batch: B,
+    batch: Arc<B>,
     recorder: Recorder,
     cfg: Config,
     pods: HashMap<PodKey, Pod>,
@@ -102,8 +117,15 @@ struct Loop<B> {
     told: HashMap<PodKey, String>,
     dirty: BTreeSet<Target>,
     retry: BTreeSet<Target>,
+    /// Targets with an operation in flight.
+    busy: HashSet<Target>,
+    /// Owners read for groups, each used by the group's next decision only.
+    owners: HashMap<GroupKey, Option<serde_json::Value>>,
     pods_synced: bool,
     jobs_synced: bool,
+    /// The `TandemCluster` was read (or found absent): until then no namespace is known to
+    /// be unmapped, and no pod is told so.
+    cluster_synced: bool,
 }
 
 /// Runs until `shutdown` resolves.
@@ -120,7 +142,7 @@ pub async fn run<B: BatchAlloc>(
     let mut l = Loop {
         recorder: Recorder::new(client.clone(), reporter),
         client: client.clone(),
-        batch,
+        batch: Arc::new(batch),
         cfg: cfg.clone(),
         pods: HashMap::new(),
         pod_group: HashMap::new(),
@@ -140,8 +162,11 @@ pub async fn run<B: BatchAlloc>(
         told: HashMap::new(),
         dirty: BTreeSet::new(),
         retry: BTreeSet::new(),
+        busy: HashSet::new(),
+        owners: HashMap::new(),
         pods_synced: false,
         jobs_synced: false,
+        cluster_synced: false,
     };
     let pod_api: Api<Pod> = Api::all(client.clone());
     let mut pods = watcher::watcher(
@@ -167,6 +192,12 @@ pub async fn run<B: BatchAlloc>(
     .boxed();
     let mut placeholders = l.batch.watch().await?;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let ctx = Ctx {
+        client: l.client.clone(),
+        batch: l.batch.clone(),
+        recorder: l.recorder.clone(),
+    };
+    let mut inflight = FuturesUnordered::new();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -183,6 +214,7 @@ pub async fn run<B: BatchAlloc>(
             },
             ev = clusters.next() => match ev {
                 Some(Ok(Event::Apply(tc) | Event::InitApply(tc))) => l.on_cluster(&tc),
+                Some(Ok(Event::InitDone)) => l.cluster_synced = true,
                 Some(Ok(_)) => {}
                 Some(Err(e)) => warn!(error = %e, "TandemCluster watch"),
                 None => {}
@@ -198,12 +230,15 @@ pub async fn run<B: BatchAlloc>(
                     placeholders = l.resubscribe().await;
                 }
             },
+            Some(out) = inflight.next(), if !inflight.is_empty() => l.finish(out),
             _ = tick.tick() => {
                 l.on_tick();
                 l.sync_modes().await;
             }
         }
-        l.process().await;
+        for (t, w) in l.process() {
+            inflight.push(work::perform(ctx.clone(), t, w));
+        }
     }
 }
 
@@ -444,25 +479,127 @@ impl<B: BatchAlloc> Loop<B> {
         }
     }
 
-    async fn process(&mut self) {
-        if !self.pods_synced || !self.jobs_synced {
-            return;
+    /// Starts an operation on each dirty target that has none in flight, up to
+    /// [`MAX_IN_FLIGHT`]; targets with one in flight stay dirty and are decided again once
+    /// it is done.
+    fn process(&mut self) -> Vec<(Target, Work)> {
+        let mut started = Vec::new();
+        if !self.pods_synced || !self.jobs_synced || !self.cluster_synced {
+            return started;
         }
-        let dirty = std::mem::take(&mut self.dirty);
-        for t in dirty {
-            if let Err(why) = self.process_one(&t).await {
-                debug!(target = ?t, why, "retrying");
-                self.retry.insert(t);
+        let now = unix_now();
+        let mut held = Vec::new();
+        while self.busy.len() < MAX_IN_FLIGHT {
+            let Some(t) = self.dirty.pop_first() else {
+                break;
+            };
+            let t = self.resolve(t);
+            if self.in_flight(&t) {
+                held.push(t);
+                continue;
             }
+            match self.start(&t, now) {
+                Ok(Some(w)) => {
+                    self.busy.insert(t.clone());
+                    started.push((t, w));
+                }
+                Ok(None) => {}
+                Err(why) => {
+                    debug!(target = ?t, why, "retrying");
+                    self.retry.insert(t);
+                }
+            }
+        }
+        self.dirty.extend(held);
+        started
+    }
+
+    /// An orphan whose group is known now is that group.
+    fn resolve(&self, t: Target) -> Target {
+        match t {
+            Target::Orphan(uid) => match self.keys.get(&uid) {
+                Some(k) => Target::Group(k.clone()),
+                None => Target::Orphan(uid),
+            },
+            t => t,
         }
     }
 
-    /// Decides one target and applies the decision. `Err` = try again later.
-    async fn process_one(&mut self, t: &Target) -> Result<(), String> {
-        let now = unix_now();
-        let (key, uid) = match t {
-            Target::Group(k) => (Some(k.clone()), self.uid_of(k).await),
-            Target::Orphan(uid) => (None, Some(uid.clone())),
+    /// Whether an operation on `t`'s group (or on its placeholder, as an orphan) runs.
+    fn in_flight(&self, t: &Target) -> bool {
+        self.busy.contains(t)
+            || matches!(t, Target::Group(k) if self
+                .uids
+                .get(k)
+                .is_some_and(|u| self.busy.contains(&Target::Orphan(u.clone()))))
+    }
+
+    /// Folds a finished operation into the state; its target may be decided again.
+    fn finish(&mut self, out: Outcome) {
+        self.busy.remove(&out.target);
+        if let Some((k, owner)) = out.owner {
+            // Decide with what was read (once): the target is decided again now.
+            self.owners.insert(k, owner);
+            self.dirty.insert(out.target.clone());
+        }
+        if let Some((uid, job_id)) = out.submitted {
+            // Wait for it on the stream, unless the stream brought it first.
+            if self.jobs.get(&uid).is_none_or(|j| j.job_id < job_id) {
+                self.submitted.insert(uid);
+            }
+        }
+        for (key, message) in out.told {
+            if self.pods.contains_key(&key) {
+                self.told.insert(key, message);
+            }
+        }
+        for (key, node) in out.bound {
+            if let Some(p) = self.pods.get_mut(&key) {
+                // Plan from what was written until the watch brings it: another event of
+                // the group before then must not bind it again (a 409).
+                if let Some(spec) = p.spec.as_mut()
+                    && spec.node_name.is_none()
+                {
+                    spec.node_name = Some(node);
+                }
+            }
+            self.told.remove(&key);
+        }
+        if let Some(why) = out.retry {
+            debug!(target = ?out.target, why, "retrying");
+            self.retry.insert(out.target);
+        }
+    }
+
+    /// Decides one target; the operation that applies the decision, if any. `Err` = try
+    /// again later.
+    fn start(&mut self, t: &Target, now: i64) -> Result<Option<Work>, String> {
+        let (key, uid, owner) = match t {
+            Target::Group(k) => {
+                let owner = self.owners.remove(k);
+                let needs_owner = matches!(
+                    k.kind,
+                    GroupKind::PodGroup | GroupKind::JobSet | GroupKind::IndexedJob
+                ) && (!self.uids.contains_key(k)
+                    || !self.expected.contains_key(k));
+                if needs_owner && owner.is_none() {
+                    return Ok(Some(Work::Lookup(k.clone())));
+                }
+                let owner = owner.flatten();
+                (Some(k.clone()), self.uid_of(k, owner.as_ref()), owner)
+            }
+            Target::Orphan(uid) => {
+                // A group whose UID is still unknown (its PodGroup not read yet) may own
+                // it: fail closed rather than end a running group's job.
+                if self
+                    .members
+                    .iter()
+                    .any(|(k, m)| !m.is_empty() && !self.uids.contains_key(k))
+                {
+                    return Err("a group's UID is still unknown".into());
+                }
+                (None, Some(uid.clone()), None)
+            }
         };
         let pods: Vec<Pod> = match &key {
             Some(k) => self
@@ -479,7 +616,7 @@ impl<B: BatchAlloc> Loop<B> {
             && uid.as_ref().is_none_or(|u| !self.jobs.contains_key(u))
         {
             self.forget(k);
-            return Ok(());
+            return Ok(None);
         }
         let members: Vec<Member> = pods.iter().map(|p| self.member(p, now)).collect();
         let view = match uid.as_ref().and_then(|u| self.jobs.get(u)) {
@@ -489,69 +626,63 @@ impl<B: BatchAlloc> Loop<B> {
             None => JobView::Absent,
         };
         let expected = match &key {
-            Some(k) => self.expected_of(k, &pods).await,
+            Some(k) => self.expected_of(k, &pods, owner.as_ref()),
             None => Some(0),
         };
-        let d = decide(&members, expected, &view, now);
-        match d {
+        let ns = key
+            .as_ref()
+            .map(|k| k.namespace.clone())
+            .unwrap_or_default();
+        Ok(match decide(&members, expected, &view, now) {
             Decision::Wait { why } => {
                 debug!(target = ?t, why, "waiting");
-                Ok(())
+                None
             }
-            Decision::Submit => {
-                let (Some(k), Some(uid)) = (key, uid) else {
-                    return Ok(());
-                };
-                self.submit(&k, &uid, &pods).await
-            }
+            Decision::Submit => match (key, uid) {
+                (Some(k), Some(uid)) => Some(self.submit(k, uid, pods)),
+                _ => None,
+            },
             Decision::Unschedulable {
                 pods: names,
                 message,
             } => {
-                let ns = key.map(|k| k.namespace).unwrap_or_default();
-                self.tell(&ns, &names, &message).await;
-                Ok(())
+                let tell = self.tell(&ns, &names, &pods);
+                let fresh = tell
+                    .pods
+                    .iter()
+                    .any(|p| tell.told.get(&pod_key(p).1) != Some(&message));
+                fresh.then_some(Work::Tell { tell, message })
             }
             Decision::Bind { job_id, bindings } => {
-                let ns = key.map(|k| k.namespace).unwrap_or_default();
-                self.bind(&ns, job_id, &bindings).await
+                let pods = pods
+                    .into_iter()
+                    .filter(|p| bindings.iter().any(|(n, _)| *n == pod_key(p).1))
+                    .collect();
+                Some(Work::Bind {
+                    ns,
+                    job_id,
+                    bindings,
+                    pods,
+                })
             }
             Decision::Evict {
                 job_id,
                 pods: names,
                 why,
-            } => {
-                let ns = key.map(|k| k.namespace).unwrap_or_default();
-                let mut failed = false;
-                for name in &names {
-                    match apply::evict(&self.client, &ns, name).await {
-                        Ok(()) => info!(job_id, pod = %name, why = ?why, "evicted"),
-                        Err(e) => {
-                            warn!(job_id, pod = %name, error = %e, "eviction refused; retrying");
-                            failed = true;
-                        }
-                    }
-                }
-                if failed {
-                    Err("eviction refused".into())
-                } else {
-                    Ok(())
-                }
-            }
-            Decision::EndJob { job_id, end_time } => {
-                self.batch
-                    .end(job_id, end_time)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                info!(job_id, end_time, "placeholder ended: its pods are gone");
-                Ok(())
-            }
-        }
+            } => Some(Work::Evict {
+                ns,
+                job_id,
+                names,
+                why,
+            }),
+            Decision::EndJob { job_id, end_time } => Some(Work::End { job_id, end_time }),
+        })
     }
 
     fn forget(&mut self, k: &GroupKey) {
         self.members.remove(k);
         self.expected.remove(k);
+        self.owners.remove(k);
         if let Some(uid) = self.uids.remove(k) {
             self.keys.remove(&uid);
         }
@@ -570,95 +701,58 @@ impl<B: BatchAlloc> Loop<B> {
     }
 
     /// The group's UID: on the pods where they carry it, else its owner object's.
-    async fn uid_of(&mut self, k: &GroupKey) -> Option<String> {
+    fn uid_of(&mut self, k: &GroupKey, owner: Option<&serde_json::Value>) -> Option<String> {
         if let Some(u) = self.uids.get(k) {
             return Some(u.clone());
         }
-        let owner = self.owner(k).await?;
-        let uid = owner.pointer("/metadata/uid")?.as_str()?.to_owned();
+        let uid = owner?.pointer("/metadata/uid")?.as_str()?.to_owned();
         self.keys.insert(uid.clone(), k.clone());
         self.uids.insert(k.clone(), uid.clone());
         Some(uid)
     }
 
-    async fn expected_of(&mut self, k: &GroupKey, pods: &[Pod]) -> Option<u32> {
+    fn expected_of(
+        &mut self,
+        k: &GroupKey,
+        pods: &[Pod],
+        owner: Option<&serde_json::Value>,
+    ) -> Option<u32> {
         if let Some(n) = self.expected.get(k) {
             return Some(*n);
         }
-        let info = pods
-            .first()
-            .and_then(|p| self.pod_group.get(&pod_key(p)))?
-            .clone();
-        let owner = match info.key.kind {
-            GroupKind::Pod | GroupKind::LeaderWorkerSet => None,
-            _ => self.owner(k).await,
-        };
-        let n = expected_members(&info, owner.as_ref())?;
+        let info = pods.first().and_then(|p| self.pod_group.get(&pod_key(p)))?;
+        let n = expected_members(info, owner)?;
         self.expected.insert(k.clone(), n);
         Some(n)
     }
 
-    /// The PodGroup, JobSet or Job behind a group, as JSON; `None` when absent or unreadable.
-    async fn owner(&self, k: &GroupKey) -> Option<serde_json::Value> {
-        let (group, version, kind, plural) = match k.kind {
-            GroupKind::PodGroup => ("scheduling.x-k8s.io", "v1alpha1", "PodGroup", "podgroups"),
-            GroupKind::JobSet => ("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets"),
-            GroupKind::IndexedJob => ("batch", "v1", "Job", "jobs"),
-            GroupKind::Pod | GroupKind::LeaderWorkerSet => return None,
-        };
-        let ar = ApiResource {
-            group: group.into(),
-            version: version.into(),
-            api_version: format!("{group}/{version}"),
-            kind: kind.into(),
-            plural: plural.into(),
-        };
-        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &k.namespace, &ar);
-        match api.get_opt(&k.name).await {
-            Ok(Some(o)) => serde_json::to_value(o).ok(),
-            Ok(None) => None,
-            Err(e) => {
-                debug!(group = ?k, error = %e, "owner lookup failed");
-                None
-            }
-        }
-    }
-
-    async fn submit(&mut self, k: &GroupKey, uid: &str, pods: &[Pod]) -> Result<(), String> {
-        let waiting: Vec<&Pod> = pods
-            .iter()
+    /// The submit of a group's placeholder, or the `Unschedulable` its request earns.
+    fn submit(&self, k: GroupKey, uid: String, pods: Vec<Pod>) -> Work {
+        let waiting: Vec<Pod> = pods
+            .into_iter()
             .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_none()))
             .collect();
         let names: Vec<String> = waiting.iter().map(|p| pod_key(p).1).collect();
-        let placeholder = match self.placeholder(k, uid, &waiting).await {
-            Ok(p) => p,
-            Err(message) => {
-                self.tell(&k.namespace, &names, &message).await;
-                return Ok(());
-            }
-        };
-        match self.batch.submit(&placeholder).await {
-            Ok(job_id) => {
-                info!(job_id, group = ?k, pods = placeholder.pods, nodes = placeholder.nodes, "placeholder submitted");
-                self.submitted.insert(uid.to_owned());
-                Ok(())
-            }
-            Err(BatchError::Call { status, .. })
-                if status.code() == tonic::Code::InvalidArgument =>
-            {
-                self.tell(&k.namespace, &names, status.message()).await;
-                Ok(())
-            }
-            Err(e) => Err(e.to_string()),
+        let tell = self.tell(&k.namespace, &names, &waiting);
+        match self.request(&k, &tell.pods) {
+            Ok((info, res, settings)) => Work::Submit(Box::new(work::Submit {
+                key: k,
+                uid,
+                info,
+                res,
+                settings,
+                waiting: tell,
+            })),
+            Err(message) => Work::Tell { tell, message },
         }
     }
 
-    async fn placeholder(
+    /// What the placeholder request needs that the loop knows.
+    fn request(
         &self,
         k: &GroupKey,
-        uid: &str,
-        pods: &[&Pod],
-    ) -> Result<Placeholder, String> {
+        pods: &[Pod],
+    ) -> Result<(GroupInfo, Vec<resources::PodResources>, policy::Resolved), String> {
         let first = pods.first().ok_or("no pod waits")?;
         let asks =
             annotations::parse(first.metadata.annotations.as_ref()).map_err(|e| e.to_string())?;
@@ -674,74 +768,32 @@ impl<B: BatchAlloc> Loop<B> {
             })
             .collect::<Result<_, _>>()
             .map_err(|e| e.to_string())?;
-        let caps = self
-            .batch
-            .caps(settings.partition.as_deref().unwrap_or(""))
-            .await
-            .map_err(|e| e.to_string())?;
         let info = self
             .pod_group
             .get(&pod_key(first))
-            .ok_or("pod not grouped")?;
-        request::placeholder(uid, info, &res, settings, caps).map_err(|e| e.to_string())
+            .ok_or("pod not grouped")?
+            .clone();
+        Ok((info, res, settings))
     }
 
-    /// Writes `Unschedulable` with `message` on the pods not already told so.
-    async fn tell(&mut self, ns: &str, names: &[String], message: &str) {
-        for name in names {
-            let key = (ns.to_owned(), name.clone());
-            if self.told.get(&key).is_some_and(|m| m == message) {
-                continue;
-            }
-            if let Err(e) = apply::unschedulable(&self.client, ns, name, message).await {
-                debug!(pod = %name, error = %e, "PodScheduled not written");
-                continue;
-            }
-            if let Some(p) = self.pods.get(&key) {
-                apply::event(
-                    &self.recorder,
-                    p,
-                    true,
-                    "FailedScheduling",
-                    message.to_owned(),
-                )
-                .await;
-            }
-            self.told.insert(key, message.to_owned());
-        }
-    }
-
-    async fn bind(
-        &mut self,
-        ns: &str,
-        job_id: u64,
-        bindings: &[(String, String)],
-    ) -> Result<(), String> {
-        let calls = bindings.iter().map(|(pod, node)| {
-            let client = self.client.clone();
-            async move { (pod, node, apply::bind(&client, ns, pod, node, job_id).await) }
-        });
-        let results = futures::future::join_all(calls).await;
-        let mut failed = false;
-        for (pod, node, r) in results {
-            match r {
-                Ok(()) => {
-                    if let Some(p) = self.pods.get(&(ns.to_owned(), pod.clone())) {
-                        let note = format!("Successfully assigned {ns}/{pod} to {node}");
-                        apply::event(&self.recorder, p, false, "Scheduled", note).await;
-                    }
-                    self.told.remove(&(ns.to_owned(), pod.clone()));
-                }
-                Err(e) => {
-                    warn!(job_id, pod = %pod, node = %node, error = %e, "binding failed; retrying");
-                    failed = true;
-                }
-            }
-        }
-        if failed {
-            Err("binding failed".into())
-        } else {
-            Ok(())
+    /// The pods named, with what each was last told.
+    fn tell(&self, ns: &str, names: &[String], pods: &[Pod]) -> Tell {
+        let pods: Vec<Pod> = pods
+            .iter()
+            .filter(|p| names.contains(&pod_key(p).1))
+            .cloned()
+            .collect();
+        let told = pods
+            .iter()
+            .filter_map(|p| {
+                let key = pod_key(p);
+                self.told.get(&key).map(|m| (key.1, m.clone()))
+            })
+            .collect();
+        Tell {
+            ns: ns.to_owned(),
+            pods,
+            told,
         }
     }
 }

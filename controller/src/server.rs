@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tandem_proto::auth::{ClusterKey, ServerAuth};
+use tandem_proto::listing::jobs_server::JobsServer;
 use tandem_proto::net::{self, Listener};
 use tandem_proto::v1::accounting_server::AccountingServer;
 use tandem_proto::v1::bridge_server::BridgeServer;
-use tandem_proto::v1::jobs_server::JobsServer;
 use tandem_proto::v1::nodes_server::NodesServer;
 use tandem_proto::v1::worker_link_server::WorkerLinkServer;
 use tonic::service::interceptor::InterceptedService;

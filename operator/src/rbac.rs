@@ -1,6 +1,6 @@
 //! Every Kubernetes API call the operator makes, in one table, and the ClusterRole derived
 //! from it (`tandem-operator rbac`, checked in at
-//! `charts/tandem-operator/templates/clusterrole.yaml`).
+//! `charts/tandem-operator/files/clusterrole.yaml`).
 //!
 //! The reconcilers name each `Api` after its resource (`pods`, `services`, ...). The tests
 //! read `src/reconcile.rs` and fail both ways: on a verb in the table the code never uses,
@@ -183,13 +183,13 @@ mod tests {
     fn the_checked_in_role_is_current() {
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../charts/tandem-operator/templates/clusterrole.yaml"
+            "/../charts/tandem-operator/files/clusterrole.yaml"
         );
         let have = std::fs::read_to_string(path).unwrap_or_default();
         assert_eq!(
             have,
             cluster_role_yaml().unwrap(),
-            "regenerate: cargo run -p tandem-operator -- rbac > charts/tandem-operator/templates/clusterrole.yaml"
+            "regenerate: cargo run -p tandem-operator -- rbac > charts/tandem-operator/files/clusterrole.yaml"
         );
     }
 }

@@ -28,6 +28,7 @@ pub mod externalscaler {
 
 pub mod auth;
 pub mod endpoint;
+pub mod listing;
 pub mod net;
 pub mod raw;
 pub mod tls;

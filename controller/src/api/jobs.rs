@@ -4,7 +4,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use futures::Stream;
-use tandem_proto::v1::{self, jobs_server::Jobs};
+use tandem_proto::listing::{EncodedListJobs, jobs_server::Jobs};
+use tandem_proto::v1;
 use tandem_sched::JobId;
 use tonic::{Request, Response, Status};
 use tracing::instrument;
@@ -40,8 +41,7 @@ impl JobsService {
 /// Fills the wanted payload fields (workdir, output paths, command, ...) of a few jobs from
 /// their stored payloads.
 pub async fn add_payloads(reader: &Arc<Mutex<Store>>, jobs: &mut [v1::JobInfo], want: JobFields) {
-    if jobs.is_empty() || jobs.len() > DETAIL_LIMIT || !PAYLOAD_FIELDS.iter().any(|f| want.has(*f))
-    {
+    if jobs.is_empty() || jobs.len() > DETAIL_LIMIT || !wants_payloads(want) {
         return;
     }
     let ids: Vec<u64> = jobs
@@ -76,6 +76,40 @@ pub async fn add_payloads(reader: &Arc<Mutex<Store>>, jobs: &mut [v1::JobInfo], 
             convert::add_payload(info, &p, want);
         }
     }
+}
+
+fn wants_payloads(want: JobFields) -> bool {
+    PAYLOAD_FIELDS.iter().any(|f| want.has(*f))
+}
+
+/// Everyone sees every job's state (as squeue shows); only the owner and admins see what it
+/// runs and where its output goes. `drop_uid`: the owner was added for this check only.
+fn redact(
+    mut resp: v1::ListJobsResponse,
+    who: &tandem_proto::auth::Identity,
+    drop_uid: bool,
+) -> v1::ListJobsResponse {
+    for j in resp
+        .jobs
+        .iter_mut()
+        .filter(|j| !authz::may_read_job_details(who, j.uid))
+    {
+        for field in [
+            &mut j.workdir,
+            &mut j.stdout,
+            &mut j.stderr,
+            &mut j.command,
+            &mut j.comment,
+        ] {
+            field.clear();
+        }
+    }
+    if drop_uid {
+        for j in &mut resp.jobs {
+            j.uid = 0;
+        }
+    }
+    resp
 }
 
 #[tonic::async_trait]
@@ -136,7 +170,7 @@ impl Jobs for JobsService {
     async fn list_jobs(
         &self,
         request: Request<v1::ListJobsRequest>,
-    ) -> Result<Response<v1::ListJobsResponse>, Status> {
+    ) -> Result<Response<EncodedListJobs>, Status> {
         let who = authz::require(&request, authz::Rpc::ListJobs)?;
         let mut req = request.into_inner();
         let want = JobFields::from_names(&req.fields)?;
@@ -146,31 +180,17 @@ impl Jobs for JobsService {
         if add_uid {
             req.fields.push("uid".to_owned());
         }
+        // Everything but the payload read (a few jobs, from the store) runs on the listing
+        // threads, the reply's encoding and the freeing of its jobs included.
+        let finish = move |resp| EncodedListJobs::encode(redact(resp, &who, add_uid));
+        if !wants_payloads(want) {
+            let encoded =
+                reads::on_view(&self.handle, move |v| Ok(finish(v.list_jobs(&req)?))).await?;
+            return Ok(Response::new(encoded));
+        }
         let mut resp = reads::on_view(&self.handle, move |v| v.list_jobs(&req)).await?;
         add_payloads(&self.reader, &mut resp.jobs, want).await;
-        // Everyone sees every job's state (as squeue shows); only the owner and admins see
-        // what it runs and where its output goes.
-        for j in resp
-            .jobs
-            .iter_mut()
-            .filter(|j| !authz::may_read_job_details(&who, j.uid))
-        {
-            for field in [
-                &mut j.workdir,
-                &mut j.stdout,
-                &mut j.stderr,
-                &mut j.command,
-                &mut j.comment,
-            ] {
-                field.clear();
-            }
-        }
-        if add_uid {
-            for j in &mut resp.jobs {
-                j.uid = 0;
-            }
-        }
-        Ok(Response::new(resp))
+        Ok(Response::new(reads::run(move || Ok(finish(resp))).await?))
     }
 
     #[instrument(skip_all, fields(user, job_id = request.get_ref().job.as_ref().map(|j| j.job_id)))]
@@ -267,5 +287,41 @@ impl Jobs for JobsService {
             .call(|reply| Command::CompleteStep { who, req, reply })
             .await?;
         Ok(Response::new(resp))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tandem_proto::auth::Identity;
+
+    use super::*;
+
+    fn job(id: u64, uid: u32) -> v1::JobInfo {
+        v1::JobInfo {
+            job_id: id,
+            uid,
+            command: "/home/a/train.sh".into(),
+            workdir: "/home/a".into(),
+            stdout: "/home/a/out".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_listing_shows_details_of_the_callers_own_jobs_only() {
+        let resp = v1::ListJobsResponse {
+            jobs: vec![job(1, 1000), job(2, 1001)],
+            now: 0,
+        };
+        let out = redact(resp.clone(), &Identity::user("a", 1000, 1000), false);
+        assert_eq!(out.jobs[0], resp.jobs[0]);
+        assert_eq!(out.jobs[1].command, "");
+        assert_eq!(out.jobs[1].workdir, "");
+        assert_eq!(out.jobs[1].stdout, "");
+        assert_eq!(out.jobs[1].uid, 1001);
+        // Root sees everything; an owner added only for the check is taken out again.
+        let root = redact(resp.clone(), &Identity::user("root", 0, 0), true);
+        assert_eq!(root.jobs[1].command, resp.jobs[1].command);
+        assert!(root.jobs.iter().all(|j| j.uid == 0));
     }
 }

@@ -71,11 +71,17 @@ pub async fn on_view<T: Send + 'static>(
     f: impl FnOnce(&ReadView) -> Result<T, Status> + Send + 'static,
 ) -> Result<T, Status> {
     let handle = handle.clone();
-    let (tx, rx) = tokio::sync::oneshot::channel();
     // Loaded when a thread takes the work: a listing that waited still reads the newest view.
+    run(move || f(&handle.view())).await
+}
+
+/// Runs `f` on the listing pool (a listing's CPU-heavy tail: redaction, encoding).
+pub async fn run<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Status> + Send + 'static,
+) -> Result<T, Status> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
     let work: Work = Box::new(move || {
-        let view = handle.view();
-        let _ = tx.send(f(&view));
+        let _ = tx.send(f());
     });
     pool()
         .lock()

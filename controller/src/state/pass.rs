@@ -43,6 +43,8 @@ impl Actor {
             }
         }
         let dispatch_us = started.elapsed().as_micros() as u64 - sched_us;
+        // After the starts: only placeholders still pending have a reason to announce.
+        self.placeholder_reasons();
         let rows = self.flush();
         // Counted in the pass: publishing the recomputed priorities is the pass's cost.
         self.publish_facts(false);

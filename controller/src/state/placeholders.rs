@@ -25,6 +25,11 @@ pub(super) struct Placeholders {
     watchers: Vec<Watcher>,
     /// Running placeholders past their time limit, already announced as ending TIMEOUT.
     timed_out: HashSet<JobId>,
+    /// The pending reason last announced per pending placeholder. A pass changes reasons
+    /// without recording a job change (see `tandem_sched::cycle`), so they are compared
+    /// here after each pass: the bridge tells the pods why they wait (`Resources`,
+    /// `Priority`, ...), not the `None` of a job no pass has looked at yet.
+    reasons: HashMap<JobId, String>,
 }
 
 struct Watcher {
@@ -251,7 +256,46 @@ impl Actor {
         self.send_placeholder_events(events);
     }
 
+    /// After a pass: announces pending placeholders whose reason changed.
+    pub(super) fn placeholder_reasons(&mut self) {
+        let now = self.now();
+        let ids: Vec<JobId> = self
+            .placeholders
+            .by_group
+            .values()
+            .copied()
+            .filter(|id| {
+                self.st
+                    .job(*id)
+                    .is_some_and(|j| j.state == JobState::Pending)
+            })
+            .collect();
+        // Forget those no longer pending (started or ended while no bridge watched).
+        let live: HashSet<JobId> = ids.iter().copied().collect();
+        self.placeholders.reasons.retain(|id, _| live.contains(id));
+        let mut events = Vec::new();
+        for id in ids {
+            let Some(j) = self.st.job(id) else { continue };
+            let reason = j.reason.to_string();
+            if self.placeholders.reasons.get(&id) == Some(&reason) {
+                continue;
+            }
+            events.push(self.placeholder_event(j, now));
+        }
+        self.send_placeholder_events(events);
+    }
+
     fn send_placeholder_events(&mut self, events: Vec<v1::PlaceholderEvent>) {
+        let pending = convert::state_to_proto(JobState::Pending) as i32;
+        for e in &events {
+            if e.removed || e.state != pending {
+                self.placeholders.reasons.remove(&JobId(e.job_id));
+            } else {
+                self.placeholders
+                    .reasons
+                    .insert(JobId(e.job_id), e.reason.clone());
+            }
+        }
         self.placeholders
             .watchers
             .retain(|w| !w.lost.load(Ordering::Relaxed) && !w.tx.is_closed());

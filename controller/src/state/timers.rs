@@ -68,6 +68,11 @@ impl Actor {
             // Begin times and time-based eligibility have no event of their own.
             if self.st.pending_jobs().next().is_some() {
                 self.pass_wanted = true;
+            } else if self.st.running_jobs().next().is_some() {
+                // No pass will run, but running jobs (a serving group's placeholder for
+                // days) still charge their accounts: `sshare` and fair share see usage
+                // as it accrues, as Slurm's decay thread does, not only when jobs end.
+                self.st.charge_usage(now);
             }
             self.next_periodic_pass = now_i + self.cfg.sched_interval;
         }

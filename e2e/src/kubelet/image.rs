@@ -27,6 +27,40 @@ pub struct Image {
     /// Whether a command not in `bins` is looked up on this machine's `PATH` (a
     /// busybox-like image that has `sh`, `sleep`, `echo`, ...).
     pub host_tools: bool,
+    /// A directory of links the image puts first on its containers' `PATH` (its `ENV
+    /// PATH`), made when a container starts: name -> the file it runs. So a process the
+    /// container starts by name (a batch script calling `scontrol`) finds the image's
+    /// commands, as in the real image, whose Dockerfile links the CLI names.
+    pub path_links: Option<PathLinks>,
+}
+
+/// The links an image's `PATH` directory holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathLinks {
+    pub dir: PathBuf,
+    pub links: BTreeMap<String, PathBuf>,
+}
+
+impl PathLinks {
+    /// Makes (or refreshes) every link. Concurrent kubelets may do this at once: each link
+    /// is made under a unique name and renamed into place, which is atomic.
+    fn ensure(&self) -> std::io::Result<()> {
+        std::fs::create_dir_all(&self.dir)?;
+        for (name, target) in &self.links {
+            let link = self.dir.join(name);
+            if std::fs::read_link(&link).is_ok_and(|t| t == *target) {
+                continue;
+            }
+            let tmp = self.dir.join(format!(
+                ".{name}.{}.{}",
+                std::process::id(),
+                rand::random::<u32>()
+            ));
+            std::os::unix::fs::symlink(target, &tmp)?;
+            std::fs::rename(&tmp, &link)?;
+        }
+        Ok(())
+    }
 }
 
 impl Image {
@@ -38,6 +72,7 @@ impl Image {
             bins: BTreeMap::new(),
             dirs: Vec::new(),
             host_tools: true,
+            path_links: None,
         }
     }
 
@@ -56,6 +91,7 @@ impl Image {
                 .collect(),
             dirs: Vec::new(),
             host_tools: true,
+            path_links: None,
         }
     }
 
@@ -68,17 +104,28 @@ impl Image {
             bins: BTreeMap::new(),
             dirs: vec![dir.into()],
             host_tools: true,
+            path_links: None,
         }
     }
 
     /// Tandem's image (`ghcr.io/tandem-dev/tandem`) from a build directory
     /// (`target/debug`): every binary there (`tandem`, `tandem-operator`, `tandem-bridge`),
-    /// the CLI names (`sbatch`, `squeue`, ...) as names of `tandem`, `ENTRYPOINT ["tandem"]`.
+    /// the CLI names (`sbatch`, `squeue`, ...) as names of `tandem`, `ENTRYPOINT ["tandem"]`,
+    /// and those names on the containers' `PATH` as the Dockerfile links them (in
+    /// `<build_dir>/tandem-image-bin`, since the build directory has only `tandem`).
     pub fn tandem(build_dir: impl Into<PathBuf>) -> Self {
         let dir = build_dir.into();
         let tandem = dir.join(format!("tandem{}", std::env::consts::EXE_SUFFIX));
+        let path_links = PathLinks {
+            dir: dir.join("tandem-image-bin"),
+            links: TANDEM_NAMES
+                .iter()
+                .map(|n| ((*n).to_owned(), tandem.clone()))
+                .collect(),
+        };
         Self {
             dirs: vec![dir],
+            path_links: Some(path_links),
             ..Self::binary(tandem, &TANDEM_NAMES)
         }
     }
@@ -95,10 +142,11 @@ impl Image {
     }
 }
 
-/// The names the multi-call `tandem` binary answers to (by `argv[0]`).
-pub const TANDEM_NAMES: [&str; 10] = [
-    "tandem", "sbatch", "squeue", "scancel", "sinfo", "sacct", "scontrol", "srun", "sprio",
-    "salloc",
+/// The names the multi-call `tandem` binary answers to (by `argv[0]`): `tandem` and
+/// `tandem_cli::SLURM_COMMANDS`, what `tandem links` makes and the Dockerfile links.
+pub const TANDEM_NAMES: [&str; 11] = [
+    "tandem", "sbatch", "squeue", "scancel", "sinfo", "sacct", "scontrol", "srun", "sacctmgr",
+    "sshare", "sprio",
 ];
 
 fn is_executable(path: &Path) -> bool {
@@ -121,6 +169,9 @@ pub struct Launch {
     /// `argv[0]` as the container called it.
     pub arg0: String,
     pub args: Vec<String>,
+    /// A directory to put first on the process's `PATH` (the image's `ENV PATH`); the
+    /// container's own `PATH` variable, if it sets one, still wins.
+    pub path: Option<PathBuf>,
 }
 
 /// Why a container cannot start.
@@ -132,6 +183,8 @@ pub enum LaunchError {
     NoCommand,
     /// The command is not in the image (the runtime's `StartError`, exit code 128).
     NotFound(String),
+    /// The image's `PATH` links could not be made.
+    PathLinks(String),
 }
 
 impl ImageTable {
@@ -194,10 +247,20 @@ impl ImageTable {
             None if image.host_tools => PathBuf::from(arg0),
             None => return Err(LaunchError::NotFound(arg0.clone())),
         };
+        let path = match &image.path_links {
+            Some(links) => {
+                links
+                    .ensure()
+                    .map_err(|e| LaunchError::PathLinks(format!("{}: {e}", links.dir.display())))?;
+                Some(links.dir.clone())
+            }
+            None => None,
+        };
         Ok(Launch {
             program,
             arg0: file_name.to_owned(),
             args: args.to_vec(),
+            path,
         })
     }
 }
@@ -319,6 +382,33 @@ mod tests {
         assert_eq!(
             (default.arg0.as_str(), default.args),
             ("tandem", vec!["controller".to_string()])
+        );
+    }
+
+    #[test]
+    fn the_tandem_image_puts_its_cli_names_on_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = ImageTable::new().with("tandem", Image::tandem(dir.path()));
+        let c = container(json!({"name": "c", "image": "tandem", "args": ["worker"]}));
+        let bin = dir.path().join("tandem-image-bin");
+        let first = t.launch(&c).unwrap();
+        assert_eq!(first.path.as_deref(), Some(bin.as_path()));
+        for name in ["scontrol", "srun", "sbatch", "tandem"] {
+            assert_eq!(
+                std::fs::read_link(bin.join(name)).unwrap(),
+                dir.path().join("tandem"),
+                "{name} links to the multi-call binary"
+            );
+        }
+        // A second start keeps the links (no error on existing ones).
+        assert_eq!(t.launch(&c).unwrap().path, first.path);
+        assert_eq!(
+            table()
+                .launch(&container(json!({"name": "c", "image": "busybox"})))
+                .unwrap()
+                .path,
+            None,
+            "host-tool images add nothing to PATH"
         );
     }
 

@@ -453,6 +453,10 @@ impl Worker {
                 let msg = "failed to generate container spec: no command specified".to_owned();
                 return self.wait(kind, idx, "CreateContainerError", msg);
             }
+            Err(LaunchError::PathLinks(e)) => {
+                let msg = format!("failed to create the image's PATH links: {e}");
+                return self.wait(kind, idx, "CreateContainerError", msg);
+            }
         }
         let env = match self.resolve_env(&container).await {
             Ok(env) => env,

@@ -96,10 +96,7 @@ pub async fn start(
         .args(&launch.args)
         .current_dir(target.cwd)
         .env_clear()
-        .env(
-            "PATH",
-            std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into()),
-        )
+        .env("PATH", image_path(launch))
         .env("HOME", target.cwd)
         .env("HOSTNAME", target.pod)
         .envs(env.iter().map(|(k, v)| (k, v)))
@@ -157,6 +154,21 @@ pub async fn start(
     })
 }
 
+/// The `PATH` a container starts with: the image's directory (its `ENV PATH`), then the
+/// host's, whose tools stand in for the image's base layers.
+fn image_path(launch: &Launch) -> std::ffi::OsString {
+    let host = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    match &launch.path {
+        Some(dir) => {
+            let mut path = dir.as_os_str().to_owned();
+            path.push(":");
+            path.push(host);
+            path
+        }
+        None => host,
+    }
+}
+
 /// The exit code a container runtime reports: the code, or 128 + the signal number.
 pub fn exit_code(status: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
@@ -176,6 +188,7 @@ mod tests {
             program: PathBuf::from("sh"),
             arg0: "sh".into(),
             args: vec!["-c".into(), script.into()],
+            path: None,
         }
     }
 

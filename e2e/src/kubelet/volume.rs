@@ -484,6 +484,7 @@ pub fn wrap(launch: &Launch, mounts: &[Mount]) -> Launch {
         program: PathBuf::from("unshare"),
         arg0: "unshare".into(),
         args,
+        path: launch.path.clone(),
     }
 }
 
@@ -622,6 +623,7 @@ mod tests {
             program: PathBuf::from("/x/tandem"),
             arg0: "sbatch".into(),
             args: vec!["--wrap".into(), "echo 'hi'".into()],
+            path: None,
         };
         let m = vec![Mount {
             source: PathBuf::from("/s"),

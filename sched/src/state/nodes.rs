@@ -2,7 +2,7 @@
 
 use crate::effect::{Effect, SignalReason};
 use crate::job::{JobState, KillReason, Reason};
-use crate::node::{Health, Node};
+use crate::node::{Health, Node, NodeMode};
 use crate::{JobId, NodeId};
 
 use super::{NodeError, NodeRegistration, State};
@@ -76,17 +76,21 @@ impl State {
         self.refresh_partitions_of(id);
         let mut effects = Vec::new();
         // Only the batch host runs a job's script, so only it can vouch for the job; the
-        // other nodes of a multi-node job run nothing until steps start.
+        // other nodes of a multi-node job run nothing until steps start. A `kube`-mode
+        // placeholder runs on no worker at all (its pods run under the kubelet): no worker
+        // ever reports it, and its end comes from the bridge, never from a re-registration.
         let hosted: Vec<JobId> = self.nodes[id.index()]
             .jobs
             .iter()
             .copied()
             .filter(|j| {
-                self.jobs
-                    .get(j)
-                    .and_then(|j| j.alloc.as_ref())
-                    .and_then(|a| a.nodes.first())
-                    .is_some_and(|n| n.node == id)
+                self.jobs.get(j).is_some_and(|j| {
+                    j.spec.mode != NodeMode::Kube
+                        && j.alloc
+                            .as_ref()
+                            .and_then(|a| a.nodes.first())
+                            .is_some_and(|n| n.node == id)
+                })
             })
             .collect();
         for job in hosted {

@@ -509,3 +509,28 @@ fn reservation_bound_counts_shapes_and_zero_means_no_bound() {
     assert_eq!(reservations(2), 2);
     assert_eq!(reservations(0), 3);
 }
+
+/// Issue #12: a restarted controller (or a reconnecting worker) must not end a running
+/// `kube`-mode placeholder because the worker does not report it: no worker ever runs one.
+#[test]
+fn a_reregistering_worker_leaves_its_kube_placeholders_running() {
+    let mut st = State::test_cluster(1, 32, 64_000, 8);
+    let k = st.submit(JobSpec::test().gpus(2).kube(), 0).unwrap();
+    let b = st.submit(JobSpec::test().gpus(2).kube(), 0).unwrap();
+    assert_eq!(st.schedule(0).starts.len(), 2);
+    let effects = st
+        .register_node(NodeRegistration::test("node-01", 32, 64_000, 8), 1)
+        .unwrap();
+    assert!(effects.is_empty(), "{effects:?}");
+    for j in [k, b] {
+        assert_eq!(state_of(&st, j), JobState::Running);
+    }
+    // A batch job the worker no longer reports still ends NODE_FAIL (or is requeued).
+    let mut st = State::test_cluster(1, 32, 64_000, 8);
+    let batch = st.submit(JobSpec::test().no_requeue(), 0).unwrap();
+    assert_eq!(st.schedule(0).starts.len(), 1);
+    st.register_node(NodeRegistration::test("node-01", 32, 64_000, 8), 1)
+        .unwrap();
+    assert_ne!(state_of(&st, batch), JobState::Running);
+    assert_consistent(&st);
+}

@@ -1,0 +1,354 @@
+//! Packaging: the Helm charts and the Dockerfile, checked without a cluster or docker.
+//!
+//! - `charts_render_lint_and_validate` runs `scripts/chart-tests` (real Helm through
+//!   helm-python-sdk, `kubernetes-validate --strict`, the CRD schemas, values.schema.json;
+//!   it makes its Python environment under `target/` the first time), then checks every
+//!   command the rendered containers run against the built binaries: the subcommand exists
+//!   and knows every `--flag` the chart passes.
+//! - The Dockerfile builds and copies only binaries of the workspace, its links are the
+//!   names `tandem links` makes, and it runs as a non-root user.
+//!
+//! Needs the binaries built first: `cargo build --bins -p tandem-cli -p tandem-operator
+//! -p tandem-bridge` (the README's test command builds every binary).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("e2e/ has a parent")
+        .to_path_buf()
+}
+
+/// `target/<profile>/`, where the workspace's binaries are built.
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/packaging-HASH
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>")
+        .to_path_buf()
+}
+
+fn built(name: &str) -> PathBuf {
+    let p = bin_dir().join(name);
+    assert!(
+        p.is_file(),
+        "{} is missing: run `cargo build --bins -p tandem-cli -p tandem-operator -p tandem-bridge` first",
+        p.display()
+    );
+    p
+}
+
+fn dockerfile() -> String {
+    std::fs::read_to_string(root().join("Dockerfile")).expect("Dockerfile at the repository root")
+}
+
+/// The Dockerfile's instructions with `\` continuations joined.
+fn instructions(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    for line in text.lines() {
+        let t = line.trim();
+        if t.starts_with('#') || (t.is_empty() && cur.is_empty()) {
+            continue;
+        }
+        match t.strip_suffix('\\') {
+            Some(head) => {
+                cur.push_str(head);
+                cur.push(' ');
+            }
+            None => {
+                cur.push_str(t);
+                out.push(std::mem::take(&mut cur));
+            }
+        }
+    }
+    out
+}
+
+/// (package name, its binary target names) of every workspace member, from `cargo metadata`.
+fn workspace_bins() -> Vec<(String, Vec<String>)> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args([
+            "metadata",
+            "--no-deps",
+            "--format-version",
+            "1",
+            "--offline",
+        ])
+        .current_dir(root())
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        out.status.success(),
+        "cargo metadata: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("metadata is JSON");
+    meta["packages"]
+        .as_array()
+        .expect("packages")
+        .iter()
+        .map(|p| {
+            let bins = p["targets"]
+                .as_array()
+                .expect("targets")
+                .iter()
+                .filter(|t| {
+                    t["kind"]
+                        .as_array()
+                        .is_some_and(|k| k.iter().any(|k| k == "bin"))
+                })
+                .map(|t| t["name"].as_str().expect("target name").to_owned())
+                .collect();
+            (p["name"].as_str().expect("package name").to_owned(), bins)
+        })
+        .collect()
+}
+
+/// The words after each `-p` in the builder's `cargo build`.
+fn built_packages(instrs: &[String]) -> Vec<String> {
+    let build = instrs
+        .iter()
+        .find(|i| i.starts_with("RUN") && i.contains("cargo build"))
+        .expect("a RUN cargo build in the Dockerfile");
+    // Only the cargo command itself (`mkdir -p` may follow in the same RUN).
+    let cargo = build
+        .split("cargo build")
+        .nth(1)
+        .and_then(|rest| rest.split("&&").next())
+        .unwrap_or_default();
+    let words: Vec<&str> = cargo.split_whitespace().collect();
+    words
+        .windows(2)
+        .filter(|w| w[0] == "-p" || w[0] == "--package")
+        .map(|w| w[1].to_owned())
+        .collect()
+}
+
+/// Files the runtime stage copies from the builder into `/usr/local/bin/`.
+fn copied_binaries(instrs: &[String]) -> Vec<String> {
+    instrs
+        .iter()
+        .filter(|i| i.starts_with("COPY --from=builder"))
+        .filter_map(|i| i.split_whitespace().last())
+        .filter_map(|dest| dest.strip_prefix("/usr/local/bin/"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The names of the `for name in ...; do ln -s tandem "$name"` loop.
+fn linked_names(instrs: &[String]) -> BTreeSet<String> {
+    let run = instrs
+        .iter()
+        .find(|i| i.contains("ln -s tandem"))
+        .expect("the Dockerfile links the CLI names to tandem");
+    let list = run
+        .split("for name in ")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .expect("a `for name in ...;` loop");
+    list.split_whitespace().map(str::to_owned).collect()
+}
+
+#[test]
+fn the_dockerfile_builds_and_copies_workspace_binaries() {
+    let instrs = instructions(&dockerfile());
+    let bins = workspace_bins();
+    let packages = built_packages(&instrs);
+    assert!(!packages.is_empty(), "cargo build names no package (-p)");
+    let mut buildable = BTreeSet::new();
+    for p in &packages {
+        let (_, b) = bins
+            .iter()
+            .find(|(name, _)| name == p)
+            .unwrap_or_else(|| panic!("the Dockerfile builds {p}, not a workspace package"));
+        buildable.extend(b.iter().cloned());
+    }
+    let copied = copied_binaries(&instrs);
+    for want in ["tandem", "tandem-operator", "tandem-bridge"] {
+        assert!(
+            copied.iter().any(|c| c == want),
+            "the image lacks {want}: {copied:?}"
+        );
+    }
+    for c in &copied {
+        assert!(
+            buildable.contains(c),
+            "the Dockerfile copies {c}, which no built package ({packages:?}) has as a binary ({buildable:?})"
+        );
+        let cp = instrs
+            .iter()
+            .find(|i| i.contains("cargo build"))
+            .expect("cargo build");
+        assert!(
+            cp.contains(&format!("target/release/{c}")),
+            "the builder does not take {c} out of target/release"
+        );
+    }
+    // Non-root, by number (PodSecurity's runAsNonRoot can only check a numeric user).
+    let user = instrs
+        .iter()
+        .rev()
+        .find_map(|i| i.strip_prefix("USER "))
+        .expect("a USER instruction");
+    let uid: u32 = user
+        .split(':')
+        .next()
+        .and_then(|u| u.trim().parse().ok())
+        .unwrap_or_else(|| panic!("USER {user} is not numeric"));
+    assert_ne!(uid, 0, "the image runs as root");
+    for chart in ["tandem-operator", "tandem-bridge"] {
+        let values =
+            std::fs::read_to_string(root().join(format!("charts/{chart}/values.yaml"))).unwrap();
+        let v: serde_yaml::Value = serde_yaml::from_str(&values).unwrap();
+        assert_eq!(
+            v["podSecurityContext"]["runAsUser"].as_u64(),
+            Some(u64::from(uid)),
+            "{chart}'s runAsUser differs from the image's USER"
+        );
+    }
+    // Multi-stage: the runtime stage is not the Rust image.
+    let froms: Vec<&String> = instrs.iter().filter(|i| i.starts_with("FROM ")).collect();
+    assert!(froms.len() >= 2, "not multi-stage: {froms:?}");
+    assert!(
+        !froms.last().unwrap().contains("rust"),
+        "the runtime stage is the Rust image"
+    );
+    let entry = instrs
+        .iter()
+        .find_map(|i| i.strip_prefix("ENTRYPOINT "))
+        .expect("ENTRYPOINT");
+    let entry: Vec<String> = serde_json::from_str(entry).expect("ENTRYPOINT in exec form");
+    assert!(
+        copied.contains(&entry[0]),
+        "ENTRYPOINT {entry:?} is not a copied binary"
+    );
+    assert!(
+        instrs
+            .iter()
+            .any(|i| i.contains("apt-get install") && i.contains(" python3 ")),
+        "python3 is not in the runtime image"
+    );
+}
+
+#[test]
+fn the_dockerfile_links_the_names_tandem_links_makes() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(built("tandem"))
+        .arg("links")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "tandem links: {out:?}");
+    let made: BTreeSet<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        made.contains("sbatch") && made.contains("squeue"),
+        "{made:?}"
+    );
+    let linked = linked_names(&instructions(&dockerfile()));
+    assert_eq!(
+        linked, made,
+        "the Dockerfile's links differ from `tandem links`"
+    );
+}
+
+/// Runs `bin subcommand --help`; returns its output.
+fn help(bin: &str, sub: &[&str]) -> String {
+    let out = Command::new(built(bin))
+        .args(sub)
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "`{bin} {} --help` fails: {}",
+        sub.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The command line a container runs is one the binary accepts: its subcommand exists and
+/// every long flag appears in that subcommand's help.
+fn assert_accepted(where_: &str, argv: &[String]) {
+    let bin = argv.first().map(String::as_str).unwrap_or("tandem");
+    assert!(
+        ["tandem", "tandem-operator", "tandem-bridge"].contains(&bin),
+        "{where_}: runs {bin}, which the image does not have"
+    );
+    let sub = argv
+        .get(1)
+        .filter(|a| !a.starts_with('-'))
+        .unwrap_or_else(|| panic!("{where_}: {argv:?} names no subcommand"));
+    let text = help(bin, &[sub]);
+    for flag in argv.iter().filter(|a| a.starts_with("--")) {
+        let name = flag.split('=').next().unwrap();
+        assert!(
+            text.split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == ']')
+                .any(|w| w == name),
+            "{where_}: `{bin} {sub}` has no flag {name}"
+        );
+    }
+}
+
+#[test]
+fn charts_render_lint_and_validate() {
+    let out_dir = tempfile::tempdir().unwrap();
+    let out = Command::new("bash")
+        .arg(root().join("scripts/chart-tests"))
+        .env("CHART_TESTS_OUT", out_dir.path())
+        .output()
+        .expect("bash runs scripts/chart-tests");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "scripts/chart-tests failed:\n{stdout}"
+    );
+    assert!(stdout.contains(" 0 failed"), "no summary line:\n{stdout}");
+
+    let text = std::fs::read_to_string(out_dir.path().join("entrypoints.json"))
+        .expect("chart tests write entrypoints.json");
+    let entries: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
+    let mut seen = BTreeSet::new();
+    for e in &entries {
+        let mut argv: Vec<String> = Vec::new();
+        for part in ["command", "args"] {
+            for a in e[part].as_array().expect("list") {
+                argv.push(a.as_str().expect("string").to_owned());
+            }
+        }
+        if seen.insert(argv.clone()) {
+            assert_accepted(e["where"].as_str().unwrap_or("?"), &argv);
+        }
+    }
+    let subs: BTreeSet<String> = seen
+        .iter()
+        .filter_map(|a| Some(format!("{} {}", a.first()?, a.get(1)?)))
+        .collect();
+    for want in [
+        "tandem-operator run",
+        "tandem-bridge run",
+        "tandem-bridge webhook-certs",
+    ] {
+        assert!(subs.contains(want), "no chart runs `{want}`: {subs:?}");
+    }
+}
+
+/// The pods the operator renders (operator/src/render.rs) run these subcommands of the
+/// image's `tandem`.
+#[test]
+fn the_operators_pod_commands_exist() {
+    for sub in ["controller", "worker", "authd"] {
+        help("tandem", &[sub]);
+    }
+}
