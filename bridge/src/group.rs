@@ -1,12 +1,20 @@
 //! Which pods are scheduled together, and how many members a group waits for.
 //!
-//! One group becomes one placeholder job, so a gang is placed all at once: a
+//! One group becomes one placeholder job, so a gang is placed all at once: a pod group of
+//! an in-tree `scheduling.k8s.io/v1alpha1` Workload (`spec.workloadRef`, Kubernetes 1.35), a
 //! scheduler-plugins PodGroup, a **whole JobSet** (all its replicated jobs together, where
 //! slurm-bridge makes each pod its own job), a LeaderWorkerSet group (leader and workers),
 //! an indexed Job's pods, or else a single pod. The most specific marker wins: a JobSet's
-//! pods are also an indexed Job's pods, and a PodGroup label is the user's explicit word.
+//! pods are also an indexed Job's pods, and a `workloadRef` (a spec field, immutable) or a
+//! PodGroup label is the user's explicit word.
+//!
+//! A Workload pod group is keyed by (namespace, Workload, pod group, replica key): each
+//! replica key is a gang of its own, as in kube-scheduler. Its policy is on the Workload:
+//! `gang` waits for `minCount` pods, `basic` means no gang, so once the Workload is read each
+//! of its pods becomes a group of its own ([`single`]).
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::scheduling::v1alpha1::Workload;
 use thiserror::Error;
 
 use crate::labels::{
@@ -17,6 +25,8 @@ use crate::labels::{
 /// What kind of workload a group is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum GroupKind {
+    /// A pod group of an in-tree Workload (`spec.workloadRef`).
+    Workload,
     PodGroup,
     JobSet,
     LeaderWorkerSet,
@@ -29,7 +39,9 @@ pub enum GroupKind {
 pub struct GroupKey {
     pub namespace: String,
     pub kind: GroupKind,
-    /// The PodGroup, JobSet or Job name, the LWS group key, or the pod name.
+    /// The PodGroup, JobSet or Job name, the LWS group key, or the pod name; for a
+    /// Workload `workload/podGroup[/replicaKey]` (none of the three may contain `/`: DNS
+    /// subdomain and labels), read back by [`workload_ref`].
     pub name: String,
 }
 
@@ -53,12 +65,69 @@ pub enum GroupError {
     Unnamed,
     #[error("{key}: {value:?} is not a whole number")]
     BadNumber { key: &'static str, value: String },
+    #[error("spec.workloadRef: {0}")]
+    BadWorkloadRef(&'static str),
+}
+
+/// Why a Workload group cannot be placed yet. The message is what its pods are told
+/// (`PodScheduled=False`, `Unschedulable`), so it says what the user must do.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum WorkloadError {
+    #[error(
+        "Workload {namespace}/{workload} (scheduling.k8s.io/v1alpha1) not found; the pods wait \
+         until it exists"
+    )]
+    Missing { namespace: String, workload: String },
+    #[error(
+        "Workload {namespace}/{workload} has no pod group {pod_group:?}; the pods wait until \
+         the Workload is recreated with it"
+    )]
+    NoPodGroup {
+        namespace: String,
+        workload: String,
+        pod_group: String,
+    },
+    #[error("Workload {namespace}/{workload} cannot be used: {why}")]
+    Invalid {
+        namespace: String,
+        workload: String,
+        why: String,
+    },
+}
+
+/// A Workload pod group's scheduling policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkloadPolicy {
+    /// Standard scheduling: each pod on its own.
+    Basic,
+    /// All or nothing, once `min_count` pods exist.
+    Gang { min_count: u32 },
+}
+
+/// A Workload group as its Workload defines it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkloadGroup {
+    pub policy: WorkloadPolicy,
+    /// The placeholder's key: the Workload's UID, the pod group and the replica key (one
+    /// Workload holds several gangs), at most [`MAX_GROUP_UID`] characters.
+    pub uid: String,
+}
+
+/// The longest group UID the controller accepts.
+pub const MAX_GROUP_UID: usize = 128;
+
+/// The parts of a Workload group's key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkloadRef<'a> {
+    pub workload: &'a str,
+    pub pod_group: &'a str,
+    pub replica_key: Option<&'a str>,
 }
 
 /// The group a pod belongs to.
 pub fn group_of(pod: &Pod) -> Result<GroupInfo, GroupError> {
     let meta = &pod.metadata;
-    let (Some(name), Some(ns)) = (meta.name.as_deref(), meta.namespace.as_deref()) else {
+    let (Some(_), Some(ns)) = (meta.name.as_deref(), meta.namespace.as_deref()) else {
         return Err(GroupError::Unnamed);
     };
     let label = |k: &str| {
@@ -82,6 +151,30 @@ pub fn group_of(pod: &Pod) -> Result<GroupInfo, GroupError> {
         .or_else(|| label(JOB_COMPLETION_INDEX))
         .map(|v| number(JOB_COMPLETION_INDEX, v))
         .transpose()?;
+    if let Some(r) = pod.spec.as_ref().and_then(|s| s.workload_ref.as_ref()) {
+        if r.name.is_empty() || r.pod_group.is_empty() {
+            return Err(GroupError::BadWorkloadRef("name and podGroup are required"));
+        }
+        let replica = r.pod_group_replica_key.as_deref().filter(|k| !k.is_empty());
+        // A slash would make the key ambiguous; the API server refuses them anyway.
+        if [r.name.as_str(), r.pod_group.as_str()]
+            .into_iter()
+            .chain(replica)
+            .any(|p| p.contains('/'))
+        {
+            return Err(GroupError::BadWorkloadRef("names may not contain '/'"));
+        }
+        let name = match replica {
+            Some(k) => format!("{}/{}/{k}", r.name, r.pod_group),
+            None => format!("{}/{}", r.name, r.pod_group),
+        };
+        return Ok(GroupInfo {
+            key: key(GroupKind::Workload, &name),
+            display: format!("{ns}/{}", r.name),
+            size_hint: None,
+            rank: completion_index,
+        });
+    }
     if let Some(g) = label(POD_GROUP) {
         return Ok(GroupInfo {
             key: key(GroupKind::PodGroup, g),
@@ -121,6 +214,16 @@ pub fn group_of(pod: &Pod) -> Result<GroupInfo, GroupError> {
             rank: completion_index,
         });
     }
+    single(pod)
+}
+
+/// The pod as a group of its own, shown by its controller (a Deployment's pod by its
+/// ReplicaSet): what a pod with no gang marker is, and each pod of a `basic` Workload group.
+pub fn single(pod: &Pod) -> Result<GroupInfo, GroupError> {
+    let meta = &pod.metadata;
+    let (Some(name), Some(ns)) = (meta.name.as_deref(), meta.namespace.as_deref()) else {
+        return Err(GroupError::Unnamed);
+    };
     let owner = meta
         .owner_references
         .iter()
@@ -128,7 +231,11 @@ pub fn group_of(pod: &Pod) -> Result<GroupInfo, GroupError> {
         .find(|o| o.controller == Some(true))
         .map_or(name, |o| o.name.as_str());
     Ok(GroupInfo {
-        key: key(GroupKind::Pod, name),
+        key: GroupKey {
+            namespace: ns.to_owned(),
+            kind: GroupKind::Pod,
+            name: name.to_owned(),
+        },
         display: format!("{ns}/{owner}"),
         size_hint: Some(1),
         rank: None,
@@ -142,13 +249,122 @@ fn number(key: &'static str, v: &str) -> Result<u32, GroupError> {
     })
 }
 
-/// Members a group must have before it is submitted: the PodGroup's `minMember`, every
-/// pod of a JobSet (sum over replicated jobs of replicas x parallelism), the indexed Job's
-/// parallelism, the LWS size, or 1. `owner` is the PodGroup, JobSet or Job object as JSON
+/// The Workload, pod group and replica key of a [`GroupKind::Workload`] key; `None` for other
+/// kinds.
+pub fn workload_ref(key: &GroupKey) -> Option<WorkloadRef<'_>> {
+    if key.kind != GroupKind::Workload {
+        return None;
+    }
+    let mut parts = key.name.splitn(3, '/');
+    Some(WorkloadRef {
+        workload: parts.next()?,
+        pod_group: parts.next()?,
+        replica_key: parts.next(),
+    })
+}
+
+/// The policy and placeholder UID of the Workload group `key`, from its Workload as JSON
+/// (`None`: absent or unreadable, so the pods wait; they are never placed one by one).
+pub fn workload_group(
+    key: &GroupKey,
+    workload: Option<&serde_json::Value>,
+) -> Result<WorkloadGroup, WorkloadError> {
+    let namespace = key.namespace.clone();
+    let Some(r) = workload_ref(key) else {
+        return Err(WorkloadError::Invalid {
+            namespace,
+            workload: key.name.clone(),
+            why: "not a Workload group".into(),
+        });
+    };
+    let invalid = |why: String| WorkloadError::Invalid {
+        namespace: key.namespace.clone(),
+        workload: r.workload.to_owned(),
+        why,
+    };
+    let Some(w) = workload else {
+        return Err(WorkloadError::Missing {
+            namespace,
+            workload: r.workload.to_owned(),
+        });
+    };
+    let w: Workload = serde_json::from_value(w.clone()).map_err(|e| invalid(e.to_string()))?;
+    let Some(uid) = w.metadata.uid.as_deref().filter(|u| !u.is_empty()) else {
+        return Err(invalid("it has no metadata.uid".into()));
+    };
+    let Some((index, group)) = w
+        .spec
+        .pod_groups
+        .iter()
+        .enumerate()
+        .find(|(_, g)| g.name == r.pod_group)
+    else {
+        return Err(WorkloadError::NoPodGroup {
+            namespace,
+            workload: r.workload.to_owned(),
+            pod_group: r.pod_group.to_owned(),
+        });
+    };
+    let policy = match (&group.policy.gang, &group.policy.basic) {
+        (Some(g), None) => match u32::try_from(g.min_count) {
+            Ok(n) if n > 0 => WorkloadPolicy::Gang { min_count: n },
+            _ => {
+                return Err(invalid(format!(
+                    "pod group {:?} has gang minCount {}, not a positive number",
+                    r.pod_group, g.min_count
+                )));
+            }
+        },
+        (None, Some(_)) => WorkloadPolicy::Basic,
+        _ => {
+            return Err(invalid(format!(
+                "pod group {:?} must set exactly one of policy.basic and policy.gang",
+                r.pod_group
+            )));
+        }
+    };
+    Ok(WorkloadGroup {
+        policy,
+        uid: workload_uid(uid, r.pod_group, index, r.replica_key),
+    })
+}
+
+/// The UID a group's placeholder is keyed by, from its owner object: a Workload group's
+/// [`WorkloadGroup::uid`], else the owner's `metadata.uid`.
+pub fn owner_uid(key: &GroupKey, owner: Option<&serde_json::Value>) -> Option<String> {
+    match key.kind {
+        GroupKind::Workload => workload_group(key, owner).ok().map(|g| g.uid),
+        _ => Some(owner?.pointer("/metadata/uid")?.as_str()?.to_owned()),
+    }
+}
+
+/// `uid/podGroup[/replicaKey]`, or with the pod group's index (the list is immutable) where
+/// the names would make it longer than the controller accepts.
+fn workload_uid(uid: &str, pod_group: &str, index: usize, replica: Option<&str>) -> String {
+    let with = |g: &str| match replica {
+        Some(k) => format!("{uid}/{g}/{k}"),
+        None => format!("{uid}/{g}"),
+    };
+    let named = with(pod_group);
+    if named.len() <= MAX_GROUP_UID {
+        named
+    } else {
+        with(&format!("#{index}"))
+    }
+}
+
+/// Members a group must have before it is submitted: a Workload gang's `minCount`, the
+/// PodGroup's `minMember`, every pod of a JobSet (sum over replicated jobs of replicas x
+/// parallelism), the indexed Job's parallelism, the LWS size, or 1. `owner` is the Workload, PodGroup, JobSet or Job as JSON
 /// (`None` when it could not be read: the group then waits, it is never guessed).
 pub fn expected_members(info: &GroupInfo, owner: Option<&serde_json::Value>) -> Option<u32> {
     match info.key.kind {
         GroupKind::Pod | GroupKind::LeaderWorkerSet => info.size_hint,
+        // A `basic` group is split into single pods before it is decided (see [`single`]).
+        GroupKind::Workload => match workload_group(&info.key, owner).ok()?.policy {
+            WorkloadPolicy::Gang { min_count } => Some(min_count),
+            WorkloadPolicy::Basic => Some(1),
+        },
         GroupKind::PodGroup => owner?
             .pointer("/spec/minMember")?
             .as_u64()
@@ -283,5 +499,140 @@ mod tests {
             expected_members(&info(GroupKind::PodGroup), Some(&json!({"spec": {}}))),
             None
         );
+    }
+
+    /// A pod of Workload `w`'s pod group `pg` (replica key `replica`).
+    fn workload_pod(name: &str, pg: &str, replica: Option<&str>) -> Pod {
+        let mut r = json!({"name": "w", "podGroup": pg});
+        if let Some(k) = replica {
+            r["podGroupReplicaKey"] = json!(k);
+        }
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ml",
+                         "labels": {POD_GROUP: "other", JOBSET_NAME: "train"}},
+            "spec": {"containers": [], "workloadRef": r},
+        }))
+        .unwrap()
+    }
+
+    fn workload(pod_groups: serde_json::Value) -> serde_json::Value {
+        json!({"apiVersion": "scheduling.k8s.io/v1alpha1", "kind": "Workload",
+               "metadata": {"name": "w", "namespace": "ml", "uid": "u-1"},
+               "spec": {"podGroups": pod_groups}})
+    }
+
+    #[test]
+    fn a_workload_ref_groups_by_workload_pod_group_and_replica_key() {
+        let a = group_of(&workload_pod("a", "workers", None)).unwrap();
+        let b = group_of(&workload_pod("b", "workers", None)).unwrap();
+        // The spec field wins over the PodGroup and JobSet labels the pod also carries.
+        assert_eq!(a.key.kind, GroupKind::Workload);
+        assert_eq!(a.key, b.key);
+        assert_eq!((a.display.as_str(), a.size_hint), ("ml/w", None));
+        let driver = group_of(&workload_pod("d", "driver", None)).unwrap();
+        assert_ne!(driver.key, a.key);
+        let r0 = group_of(&workload_pod("r0", "workers", Some("0"))).unwrap();
+        let r0b = group_of(&workload_pod("r0b", "workers", Some("0"))).unwrap();
+        let r1 = group_of(&workload_pod("r1", "workers", Some("1"))).unwrap();
+        assert_eq!(r0.key, r0b.key);
+        assert_ne!(r0.key, r1.key);
+        assert_ne!(r0.key, a.key);
+        assert_eq!(
+            workload_ref(&r1.key),
+            Some(WorkloadRef {
+                workload: "w",
+                pod_group: "workers",
+                replica_key: Some("1"),
+            })
+        );
+        assert_eq!(workload_ref(&a.key).unwrap().replica_key, None);
+        assert_eq!(
+            workload_ref(&group_of(&pod(json!({}), json!({}))).unwrap().key),
+            None
+        );
+        // A key that would read back wrong is refused rather than merged with another.
+        let bad = workload_pod("x", "a/b", None);
+        assert_eq!(
+            group_of(&bad).unwrap_err().to_string(),
+            "spec.workloadRef: names may not contain '/'"
+        );
+        assert!(group_of(&workload_pod("y", "", None)).is_err());
+    }
+
+    #[test]
+    fn a_workload_pod_group_is_a_gang_of_min_count_or_single_pods() {
+        let key = group_of(&workload_pod("a", "workers", None)).unwrap().key;
+        let rkey = group_of(&workload_pod("a", "workers", Some("3")))
+            .unwrap()
+            .key;
+        let w = workload(json!([
+            {"name": "driver", "policy": {"basic": {}}},
+            {"name": "workers", "policy": {"gang": {"minCount": 4}}},
+        ]));
+        let g = workload_group(&key, Some(&w)).unwrap();
+        assert_eq!(g.policy, WorkloadPolicy::Gang { min_count: 4 });
+        // One Workload holds several gangs: each its own placeholder.
+        assert_eq!(g.uid, "u-1/workers");
+        assert_eq!(
+            workload_group(&rkey, Some(&w)).unwrap().uid,
+            "u-1/workers/3"
+        );
+        assert_eq!(owner_uid(&rkey, Some(&w)).as_deref(), Some("u-1/workers/3"));
+        let info = group_of(&workload_pod("a", "workers", None)).unwrap();
+        assert_eq!(expected_members(&info, Some(&w)), Some(4));
+        assert_eq!(expected_members(&info, None), None);
+
+        let dkey = group_of(&workload_pod("d", "driver", None)).unwrap().key;
+        assert_eq!(
+            workload_group(&dkey, Some(&w)).unwrap().policy,
+            WorkloadPolicy::Basic
+        );
+        // Each pod of a basic group is a group of its own.
+        let d = single(&workload_pod("d", "driver", None)).unwrap();
+        assert_eq!((d.key.kind, d.key.name.as_str()), (GroupKind::Pod, "d"));
+        assert_eq!(d.size_hint, Some(1));
+    }
+
+    #[test]
+    fn a_missing_or_unusable_workload_makes_its_pods_wait_with_why() {
+        let key = group_of(&workload_pod("a", "workers", None)).unwrap().key;
+        assert_eq!(
+            workload_group(&key, None).unwrap_err().to_string(),
+            "Workload ml/w (scheduling.k8s.io/v1alpha1) not found; the pods wait until it \
+             exists"
+        );
+        assert_eq!(owner_uid(&key, None), None);
+        let other = workload(json!([{"name": "driver", "policy": {"basic": {}}}]));
+        assert!(matches!(
+            workload_group(&key, Some(&other)),
+            Err(WorkloadError::NoPodGroup { pod_group, .. }) if pod_group == "workers"
+        ));
+        let zero = workload(json!([{"name": "workers", "policy": {"gang": {"minCount": 0}}}]));
+        let e = workload_group(&key, Some(&zero)).unwrap_err().to_string();
+        assert!(e.contains("minCount 0"), "{e}");
+        let none = workload(json!([{"name": "workers", "policy": {}}]));
+        assert!(matches!(
+            workload_group(&key, Some(&none)),
+            Err(WorkloadError::Invalid { .. })
+        ));
+        let mut no_uid = workload(json!([{"name": "workers", "policy": {"basic": {}}}]));
+        no_uid["metadata"]["uid"] = serde_json::Value::Null;
+        assert!(workload_group(&key, Some(&no_uid)).is_err());
+    }
+
+    #[test]
+    fn a_long_workload_uid_stays_within_the_controllers_limit() {
+        let pg = "p".repeat(63);
+        let replica = "r".repeat(63);
+        let key = group_of(&workload_pod("a", &pg, Some(&replica)))
+            .unwrap()
+            .key;
+        let w = workload(json!([
+            {"name": "x", "policy": {"basic": {}}},
+            {"name": pg, "policy": {"gang": {"minCount": 2}}},
+        ]));
+        let uid = workload_group(&key, Some(&w)).unwrap().uid;
+        assert!(uid.len() <= MAX_GROUP_UID, "{uid}");
+        assert_eq!(uid, format!("u-1/#1/{replica}"));
     }
 }

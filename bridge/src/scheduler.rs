@@ -17,17 +17,19 @@
 //! Node modes ([`crate::nodes`]) are the one read that is not a stream: the controller's
 //! node list is read at most once a tick after a placeholder event or a Node out of step,
 //! and every `MODE_RESYNC` (5 s; a batch job taking a free `kube` node announces nothing to
-//! the bridge); a Node is patched only when its label or taint differs.
+//! the bridge); a Node is patched only when its label or taint differs. The read and the
+//! patches run off the loop too ([`modes`]), one sync at a time.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use futures::future::LocalBoxFuture;
 use futures::stream::FuturesUnordered;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DynamicObject};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
 use tandem_proto::v1;
@@ -36,12 +38,15 @@ use tracing::{debug, info, warn};
 use crate::batch::{BatchAlloc, BatchError};
 use crate::cluster;
 use crate::decide::{Decision, EndReason, JobView, Member, decide, member_state};
-use crate::group::{GroupInfo, GroupKey, GroupKind, expected_members, group_of};
+use crate::group::{
+    self, GroupInfo, GroupKey, GroupKind, WorkloadPolicy, expected_members, group_of,
+};
 use crate::labels::{JOB_NAME, LEGACY_JOB_NAME, SCHEDULER_NAME};
 use crate::nodes::{self, Mode};
 use crate::policy::{self, NamespacePolicy};
 use crate::{annotations, resources};
 
+mod modes;
 mod work;
 use work::{Ctx, Outcome, Tell, Work};
 
@@ -98,6 +103,9 @@ struct Loop<B> {
     keys: HashMap<String, GroupKey>,
     /// Owner-derived group sizes; `None` entries are looked up again.
     expected: HashMap<GroupKey, u32>,
+    /// Workload pod groups whose policy is `basic`: their pods are grouped one by one (the
+    /// pod groups of a Workload are immutable).
+    basic: HashSet<GroupKey>,
     /// The newest placeholder of each group UID.
     jobs: HashMap<String, v1::PlaceholderEvent>,
     /// Submitted, not yet seen on the stream: wait for it rather than submit again.
@@ -111,6 +119,8 @@ struct Loop<B> {
     /// Read the modes again at the next tick.
     modes_dirty: bool,
     modes_at: Option<Instant>,
+    /// A mode sync runs (one at a time).
+    modes_syncing: bool,
     gone: HashMap<String, i64>,
     policies: Vec<NamespacePolicy>,
     /// The last `Unschedulable` message written per pod, so each is written once.
@@ -129,7 +139,7 @@ struct Loop<B> {
 }
 
 /// Runs until `shutdown` resolves.
-pub async fn run<B: BatchAlloc>(
+pub async fn run<B: BatchAlloc + 'static>(
     client: Client,
     batch: B,
     cfg: Config,
@@ -150,6 +160,7 @@ pub async fn run<B: BatchAlloc>(
         uids: HashMap::new(),
         keys: HashMap::new(),
         expected: HashMap::new(),
+        basic: HashSet::new(),
         jobs: HashMap::new(),
         submitted: HashSet::new(),
         nodes: HashSet::new(),
@@ -157,6 +168,7 @@ pub async fn run<B: BatchAlloc>(
         modes: None,
         modes_dirty: true,
         modes_at: None,
+        modes_syncing: false,
         gone: HashMap::new(),
         policies: Vec::new(),
         told: HashMap::new(),
@@ -176,13 +188,7 @@ pub async fn run<B: BatchAlloc>(
     .boxed();
     let mut nodes =
         watcher::watcher(Api::<Node>::all(client.clone()), watcher::Config::default()).boxed();
-    let ar = ApiResource {
-        group: cluster::GROUP.into(),
-        version: cluster::VERSION.into(),
-        api_version: format!("{}/{}", cluster::GROUP, cluster::VERSION),
-        kind: cluster::KIND.into(),
-        plural: cluster::PLURAL.into(),
-    };
+    let ar = cluster::api_resource();
     let tc_api: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &cfg.cluster_namespace, &ar);
     let mut clusters = watcher::watcher(
@@ -198,6 +204,8 @@ pub async fn run<B: BatchAlloc>(
         recorder: l.recorder.clone(),
     };
     let mut inflight = FuturesUnordered::new();
+    let mut mode_sync: FuturesUnordered<LocalBoxFuture<'static, modes::Step>> =
+        FuturesUnordered::new();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -231,9 +239,12 @@ pub async fn run<B: BatchAlloc>(
                 }
             },
             Some(out) = inflight.next(), if !inflight.is_empty() => l.finish(out),
+            Some(step) = mode_sync.next(), if !mode_sync.is_empty() => {
+                mode_sync.extend(l.on_mode_step(step));
+            }
             _ = tick.tick() => {
                 l.on_tick();
-                l.sync_modes().await;
+                mode_sync.extend(l.start_mode_sync());
             }
         }
         for (t, w) in l.process() {
@@ -285,7 +296,14 @@ impl<B: BatchAlloc> Loop<B> {
 
     fn upsert(&mut self, p: Pod) {
         let key = pod_key(&p);
-        match group_of(&p) {
+        let grouped = group_of(&p).and_then(|i| {
+            if self.basic.contains(&i.key) {
+                group::single(&p)
+            } else {
+                Ok(i)
+            }
+        });
+        match grouped {
             Ok(info) => {
                 self.members
                     .entry(info.key.clone())
@@ -410,71 +428,63 @@ impl<B: BatchAlloc> Loop<B> {
         }
     }
 
-    /// Reads the controller's node modes when asked to (or every [`MODE_RESYNC`]) and
-    /// patches the Nodes that are out of step; nothing is written for a node in step.
-    async fn sync_modes(&mut self) {
+    /// Starts a mode sync when one is asked for (or every [`MODE_RESYNC`]) and none runs.
+    fn start_mode_sync(&mut self) -> Option<LocalBoxFuture<'static, modes::Step>>
+    where
+        B: 'static,
+    {
         let due = self.modes_dirty || self.modes_at.is_none_or(|t| t.elapsed() >= MODE_RESYNC);
-        if !due {
-            return;
+        if !due || self.modes_syncing {
+            return None;
         }
         self.modes_dirty = false;
         self.modes_at = Some(Instant::now());
-        match self.batch.modes().await {
-            Ok(m) => self.modes = Some(m),
-            Err(e) => {
+        self.modes_syncing = true;
+        Some(modes::read(self.batch.clone()))
+    }
+
+    /// Folds a step of the mode sync in; the patches that bring Nodes in step, if any
+    /// (nothing is written for a node in step).
+    fn on_mode_step(&mut self, step: modes::Step) -> Option<LocalBoxFuture<'static, modes::Step>> {
+        match step {
+            modes::Step::Read(Err(e)) => {
                 warn!(error = %e, "reading node modes; changing no node");
                 self.modes = None;
-                return;
+                self.modes_syncing = false;
+                None
             }
-        }
-        let api: Api<Node> = Api::all(self.client.clone());
-        let mut names: Vec<String> = self.node_objs.keys().cloned().collect();
-        names.sort();
-        for name in &names {
-            let Some(n) = self.node_objs.get(name) else {
-                continue;
-            };
-            let Some(plan) = nodes::plan(n, self.controller_view(name), &self.cfg.cluster_name)
-            else {
-                continue;
-            };
-            let ops = nodes::json_patch(n, &plan);
-            let node_ref = {
-                use kube::Resource as _;
-                n.object_ref(&())
-            };
-            let patch: json_patch::Patch = match serde_json::from_value(ops) {
-                Ok(p) => p,
-                Err(e) => {
-                    warn!(node = %name, error = %e, "node patch not built");
-                    continue;
+            modes::Step::Read(Ok(m)) => {
+                self.modes = Some(m);
+                let mut names: Vec<&String> = self.node_objs.keys().collect();
+                names.sort();
+                let patches: Vec<modes::NodePatch> = names
+                    .into_iter()
+                    .filter_map(|name| {
+                        let n = self.node_objs.get(name)?;
+                        let plan =
+                            nodes::plan(n, self.controller_view(name), &self.cfg.cluster_name)?;
+                        modes::NodePatch::new(name, n, plan)
+                    })
+                    .collect();
+                if patches.is_empty() {
+                    self.modes_syncing = false;
+                    return None;
                 }
-            };
-            match api
-                .patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
-                .await
-            {
-                Ok(patched) => {
-                    // Plan from what was written until the watch brings it.
-                    self.node_objs.insert(name.clone(), patched);
-                    info!(node = %name, mode = ?plan.label, taint = plan.taints.is_some(), "node in step");
-                    if let Some((from, to)) = plan.flip {
-                        let e = kube::runtime::events::Event {
-                            type_: kube::runtime::events::EventType::Normal,
-                            reason: "ModeChanged".into(),
-                            note: Some(nodes::flip_note(name, from, to)),
-                            action: "Partitioning".into(),
-                            secondary: None,
-                        };
-                        if let Err(err) = self.recorder.publish(&e, &node_ref).await {
-                            debug!(error = %err, "event not recorded");
-                        }
+                Some(modes::write(
+                    self.client.clone(),
+                    self.recorder.clone(),
+                    patches,
+                ))
+            }
+            modes::Step::Patched(done) => {
+                // Plan from what was written until the watch brings it.
+                for (name, node) in done {
+                    if self.node_objs.contains_key(&name) {
+                        self.node_objs.insert(name, node);
                     }
                 }
-                // A concurrent writer (the resourceVersion test failed) or a refusal: the
-                // watch event of that write, or the next resync, plans again from what is
-                // then observed (never a retry per tick: no request storm).
-                Err(e) => warn!(node = %name, error = %e, "node patch refused; planning again"),
+                self.modes_syncing = false;
+                None
             }
         }
     }
@@ -579,11 +589,20 @@ impl<B: BatchAlloc> Loop<B> {
                 let owner = self.owners.remove(k);
                 let needs_owner = matches!(
                     k.kind,
-                    GroupKind::PodGroup | GroupKind::JobSet | GroupKind::IndexedJob
+                    GroupKind::Workload
+                        | GroupKind::PodGroup
+                        | GroupKind::JobSet
+                        | GroupKind::IndexedJob
                 ) && (!self.uids.contains_key(k)
                     || !self.expected.contains_key(k));
                 if needs_owner && owner.is_none() {
                     return Ok(Some(Work::Lookup(k.clone())));
+                }
+                if k.kind == GroupKind::Workload
+                    && let Some(read) = &owner
+                    && let Some(w) = self.workload_gate(k, read.as_ref())
+                {
+                    return Ok(w);
                 }
                 let owner = owner.flatten();
                 (Some(k.clone()), self.uid_of(k, owner.as_ref()), owner)
@@ -700,12 +719,64 @@ impl<B: BatchAlloc> Loop<B> {
         }
     }
 
-    /// The group's UID: on the pods where they carry it, else its owner object's.
+    /// A Workload group just read: `None` to decide it as a gang; else what to do instead.
+    /// A `basic` pod group's pods are regrouped one by one. A missing or unusable Workload
+    /// leaves the pods waiting, told why, and is read again each tick (kube-scheduler too
+    /// keeps them unschedulable until the Workload appears), never placed one by one.
+    fn workload_gate(
+        &mut self,
+        k: &GroupKey,
+        workload: Option<&serde_json::Value>,
+    ) -> Option<Option<Work>> {
+        match group::workload_group(k, workload) {
+            Ok(g) if g.policy == WorkloadPolicy::Basic => {
+                self.basic.insert(k.clone());
+                let pods: Vec<Pod> = self
+                    .members
+                    .get(k)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|n| self.pods.get(&(k.namespace.clone(), n.clone())).cloned())
+                    .collect();
+                self.forget(k);
+                for p in pods {
+                    self.upsert(p);
+                }
+                Some(None)
+            }
+            Ok(_) => None,
+            Err(e) => {
+                self.retry.insert(Target::Group(k.clone()));
+                let waiting: Vec<Pod> = self
+                    .members
+                    .get(k)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|n| self.pods.get(&(k.namespace.clone(), n.clone())))
+                    .filter(|p| {
+                        p.metadata.deletion_timestamp.is_none()
+                            && p.spec.as_ref().is_some_and(|s| s.node_name.is_none())
+                    })
+                    .cloned()
+                    .collect();
+                let names: Vec<String> = waiting.iter().map(|p| pod_key(p).1).collect();
+                let tell = self.tell(&k.namespace, &names, &waiting);
+                let message = e.to_string();
+                let fresh = tell
+                    .pods
+                    .iter()
+                    .any(|p| tell.told.get(&pod_key(p).1) != Some(&message));
+                Some(fresh.then_some(Work::Tell { tell, message }))
+            }
+        }
+    }
+
+    /// The group's UID: on the pods where they carry it, else from its owner object.
     fn uid_of(&mut self, k: &GroupKey, owner: Option<&serde_json::Value>) -> Option<String> {
         if let Some(u) = self.uids.get(k) {
             return Some(u.clone());
         }
-        let uid = owner?.pointer("/metadata/uid")?.as_str()?.to_owned();
+        let uid = group::owner_uid(k, owner)?;
         self.keys.insert(uid.clone(), k.clone());
         self.uids.insert(k.clone(), uid.clone());
         Some(uid)
@@ -806,7 +877,7 @@ fn pod_key(p: &Pod) -> PodKey {
 }
 
 /// A group's UID when its pods carry it: the pod's own, the Job's (`controller-uid`), the
-/// JobSet's, or the LWS group key. PodGroups need their object.
+/// JobSet's, or the LWS group key. PodGroups and Workloads need their object.
 fn direct_uid(info: &GroupInfo, p: &Pod) -> Option<String> {
     let label = |k: &str| p.metadata.labels.as_ref().and_then(|l| l.get(k)).cloned();
     match info.key.kind {
@@ -816,7 +887,7 @@ fn direct_uid(info: &GroupInfo, p: &Pod) -> Option<String> {
             .filter(|_| label(JOB_NAME).or_else(|| label(LEGACY_JOB_NAME)).is_some()),
         GroupKind::JobSet => label("jobset.sigs.k8s.io/jobset-uid"),
         GroupKind::LeaderWorkerSet => Some(format!("lws-{}", info.key.name)),
-        GroupKind::PodGroup => None,
+        GroupKind::PodGroup | GroupKind::Workload => None,
     }
 }
 

@@ -426,6 +426,32 @@ def main() -> int:
             raise AssertionError("HPA and KEDA on one worker set rendered")
         check("tandem-cluster: HPA and KEDA on one worker set are refused", both_autoscalers)
 
+        # A worker set is a list entry, so values.yaml's autoscaler defaults do not reach
+        # it: the template fills what has a safe default and refuses a missing maximum.
+        def hpa_without_max() -> None:
+            ws = {"name": "gpu", "replicas": 1, "partitions": ["gpu"],
+                  "autoscaling": {"hpa": {"enabled": True}}}
+            try:
+                cluster.render({"workerSets": [ws]}, name="research", namespace=NAMESPACE)
+            except helm.HelmRenderError as e:
+                assert "hpa.maxReplicas is required" in str(e), str(e)
+                return
+            raise AssertionError("an HPA without maxReplicas rendered")
+        check("tandem-cluster: an HPA without maxReplicas is refused, naming it", hpa_without_max)
+
+        def hpa_min_defaults() -> None:
+            ws = {"name": "gpu", "replicas": 1, "partitions": ["gpu"],
+                  "autoscaling": {"hpa": {"enabled": True, "maxReplicas": 4}}}
+            objs = parse_manifests(cluster.render({"workerSets": [ws]}, name="research",
+                                                  namespace=NAMESPACE))
+            hpa = by_kind(objs, "HorizontalPodAutoscaler")
+            assert len(hpa) == 1, hpa
+            assert hpa[0]["spec"]["minReplicas"] == 1, hpa[0]["spec"]
+            assert hpa[0]["spec"]["maxReplicas"] == 4, hpa[0]["spec"]
+            for o in objs:
+                validate_object(o, "hpa defaults")
+        check("tandem-cluster: an HPA given only maxReplicas gets minReplicas 1", hpa_min_defaults)
+
     for f in sorted((ROOT / "examples/k8s").glob("*.yaml")):
         rel = str(f.relative_to(ROOT))
         docs = [d for d in yaml.safe_load_all(f.read_text()) if d]

@@ -329,5 +329,162 @@ mod tests {
         cmd::sacct::Args::command().debug_assert();
         cmd::scontrol::Args::command().debug_assert();
         cmd::srun::Args::command().debug_assert();
+        cmd::sacctmgr::Args::command().debug_assert();
+        cmd::sshare::Args::command().debug_assert();
+        cmd::sprio::Args::command().debug_assert();
+    }
+
+    fn getopt<A: clap::Parser>(line: &str) -> A {
+        let args: Vec<OsString> = line.split_whitespace().map(OsString::from).collect();
+        match parse_getopt::<A>(&args) {
+            Ok(a) => a,
+            Err(e) => panic!("{line}: {e}"),
+        }
+    }
+
+    /// Every command takes an option given twice, as Slurm 22.05's getopt loops did (each
+    /// case quotes what the reference Slurm printed): a single value and the lists Slurm
+    /// replaces keep the last one, the lists Slurm adds to (`slurm_addto_char_list`) keep
+    /// all, and a flag given twice is still the flag.
+    #[test]
+    fn every_command_takes_an_option_given_twice_as_slurm_does() {
+        // `sinfo -p debug -p batch` showed batch only, `-t idle -t mix` mixed nodes only,
+        // `-n n1 -n n5` n5 only, `-o '%P' -o '%D %t'` the NODES STATE columns, `-h -h`
+        // and `-N -N` once.
+        let a: cmd::sinfo::Args = getopt(
+            "sinfo -p debug -p batch -t idle -t mix -n n1 -n n5 -o %P -o %D -h -h -N -N -l -l \
+             --json --json",
+        );
+        assert_eq!(a.partitions, ["batch"]);
+        assert_eq!(a.states, ["mix"]);
+        assert_eq!(a.nodes.as_deref(), Some("n5"));
+        assert_eq!(a.format.as_deref(), Some("%D"));
+        assert!(a.noheader && a.node_oriented && a.long && a.json);
+
+        // `squeue -n na1 -n na2` listed na2, `-A a1 -A a3` a3's jobs, `-j11 -j12` 12, `-S i
+        // -S -i` descending ids, `-o %i -o %j` names, `-O name -O jobid` ids; -h -r -l -a
+        // --me twice were taken.
+        let a: cmd::squeue::Args = getopt(
+            "squeue -n na1 -n na2 -A a1 -A a3 -j11 -j12 -S i -S -i -o %i -o %j -u nobody -u root \
+             -t R -t PD -p debug -p batch -h -h -r -r -l -l -a -a --me --me",
+        );
+        assert_eq!(a.names, ["na2"]);
+        assert_eq!(a.accounts, ["a3"]);
+        assert_eq!(a.jobs, ["12"]);
+        assert_eq!(a.sort.as_deref(), Some("-i"));
+        assert_eq!(a.format.as_deref(), Some("%j"));
+        assert_eq!(
+            (a.users, a.states, a.partitions),
+            (
+                vec!["root".to_string()],
+                vec!["PD".to_string()],
+                vec!["batch".to_string()]
+            )
+        );
+        assert!(a.noheader && a.array && a.long && a.all && a.me);
+        let a: cmd::squeue::Args = getopt("squeue -O name -O jobid");
+        assert_eq!(a.named.as_deref(), Some("jobid"));
+        // `squeue -o %i -O jobid,name`: "-O (--Format) is incompatible with -o (--format)".
+        let both = ["squeue", "-o", "%i", "-O", "jobid"].map(OsString::from);
+        assert!(parse_getopt::<cmd::squeue::Args>(&both).is_err());
+
+        // `sacct` added up `-A a1 -A a3`, `-s CD -s F`, `--name pend1 --name pend3`, `-r
+        // batch -r debug`, `-u nobody -u root`, `-o JobID -o State` and `-j 10 -j 11`;
+        // `-S 2020-01-01 -S now` and `-E 2020-01-02 -E now` took the last time.
+        let a: cmd::sacct::Args = getopt(
+            "sacct -A a1 -A a3 -s CD -s F --name p1 --name p3 -r batch -r debug -u nobody -u root \
+             -o JobID -o State -j 10 -j 11 -S 2020-01-01 -S now -E 2020-01-02 -E now -X -X -n -n \
+             -P -P -b -b -D -D --json --json",
+        );
+        assert_eq!(a.accounts, ["a1", "a3"]);
+        assert_eq!(a.states, ["CD", "F"]);
+        assert_eq!(a.names, ["p1", "p3"]);
+        assert_eq!(a.partitions, ["batch", "debug"]);
+        assert_eq!(a.users, ["nobody", "root"]);
+        assert_eq!(a.format, ["JobID", "State"]);
+        assert_eq!(a.jobs, ["10", "11"]);
+        assert_eq!(
+            (a.start.as_deref(), a.end.as_deref()),
+            (Some("now"), Some("now"))
+        );
+        assert!(a.allocations && a.noheader && a.parsable2 && a.brief && a.duplicates && a.json);
+
+        // `scancel -A a3 -A a1 -n na3 -n na1` cancelled a1's na1 only, `-t R -t PD` the
+        // pending one, `-p debug -p batch` in batch, `-u root -u nobody` nothing.
+        let a: cmd::scancel::Args = getopt(
+            "scancel -A a3 -A a1 -n na3 -n na1 -t R -t PD -p debug -p batch -u root -u nobody -s \
+             TERM -s USR1 -b -b --me --me",
+        );
+        assert_eq!(a.account.as_deref(), Some("a1"));
+        assert_eq!(a.name.as_deref(), Some("na1"));
+        assert_eq!(a.states, ["PD"]);
+        assert_eq!(a.partition.as_deref(), Some("batch"));
+        assert_eq!(a.user.as_deref(), Some("nobody"));
+        assert_eq!(a.signal.as_deref(), Some("USR1"));
+        assert!(a.batch && a.me);
+
+        // `sshare -A a1 -A a3` showed a1 and a3, `-A a1,a2 -A a3` all three, `-u nobody -u
+        // root` and `-u root -u nobody` root's lines; `-a -a -n -n -P -P -l -l` were taken.
+        let a: cmd::sshare::Args = getopt(
+            "sshare -A a1,a2 -A a3 -u root -u nobody -a -a -n -n -P -P -l -l -p -p --json --json",
+        );
+        assert_eq!(a.accounts, ["a1,a2", "a3"]);
+        assert_eq!(a.users, ["root", "nobody"]);
+        assert!(a.all && a.noheader && a.parsable2 && a.long && a.parsable && a.json);
+
+        // `sprio -j15 -j16` showed 16, `--jobs=15,14 --jobs=16` 16, `-u nobody -u root`
+        // root's jobs and `-u root -u nobody` none; `-h -h -l -l -n -n -w -w` were taken.
+        let a: cmd::sprio::Args =
+            getopt("sprio -j15 -j16 -u root -u nobody -h -h -l -l -n -n -w -w --json --json");
+        assert_eq!(a.jobs, ["16"]);
+        assert_eq!(a.users, ["nobody"]);
+        assert!(a.noheader && a.long && a.norm && a.weights && a.json);
+
+        // `sacctmgr -n -n -P -P show account name=a1 name=a3` printed both (the words are
+        // checked in sacctmgr's own tests).
+        let a: cmd::sacctmgr::Args = getopt("sacctmgr -n -n -P -P -i -i -Q -Q -p -p show account");
+        assert!(a.noheader && a.parsable2 && a.immediate && a.quiet && a.parsable);
+        assert_eq!(a.words, ["show", "account"]);
+
+        let a: cmd::scontrol::Args = getopt("scontrol --json --json show job 5");
+        assert!(a.json);
+        assert_eq!(a.words, ["show", "job", "5"]);
+
+        // `srun -N2 -N1 -n 3 -n 1` ran one task on one node; `-c 2 -c 4` gave
+        // SLURM_CPUS_PER_TASK=4; `-p debug -p batch -t 5 -t 1` ran in batch with 1:00.
+        let a: cmd::srun::Args = getopt(
+            "srun -N2 -N1 -n 3 -n 1 -c 2 -c 4 -p debug -p batch -t 5 -t 1 -J a -J b -l -l true",
+        );
+        assert_eq!(a.opts.nodes.map(|n| n.min), Some(1));
+        assert_eq!((a.opts.ntasks, a.opts.cpus_per_task), (Some(1), Some(4)));
+        assert_eq!(a.opts.partition.as_deref(), Some("batch"));
+        assert_eq!(a.opts.time.map(|t| t.0), Some(Some(60)));
+        assert_eq!(a.opts.job_name.as_deref(), Some("b"));
+        assert!(a.label);
+        assert_eq!(a.command, ["true"]);
+
+        // `sbatch -H --gres=gpu:1 --gres=gpu:2 -w n1 -w n2 -x n3 -x n4 --comment=x
+        // --comment=y -N1 -N2 -n2 -n4 -c1 -c2 --mem=10 --mem=20 -d singleton -d afterany:1`:
+        // scontrol showed ReqNodeList=n2 ExcNodeList=n4 NumNodes=2-2 NumTasks=4 CPUs/Task=2
+        // MinMemoryNode=20M gres/gpu=4 (2 a node) Comment=y Dependency=afterany:1.
+        let a: cmd::sbatch::Args = getopt(
+            "sbatch -H -H --gres=gpu:1 --gres=gpu:2 -w n1 -w n2 -x n3 -x n4 --comment=x \
+             --comment=y -N1 -N2 -n2 -n4 -c1 -c2 --mem=10 --mem=20 -d singleton -d afterany:1 \
+             --wrap true",
+        );
+        let o = a.opts;
+        assert_eq!(o.gres.map(|g| g.count), Some(2));
+        assert_eq!(
+            (o.nodelist.as_deref(), o.exclude.as_deref()),
+            (Some("n2"), Some("n4"))
+        );
+        assert_eq!(o.comment.as_deref(), Some("y"));
+        assert_eq!(o.nodes.map(|n| (n.min, n.max)), Some((2, 2)));
+        assert_eq!(
+            (o.ntasks, o.cpus_per_task, o.mem),
+            (Some(4), Some(2), Some(20))
+        );
+        assert_eq!(o.dependency.as_deref(), Some("afterany:1"));
+        assert!(o.hold);
     }
 }

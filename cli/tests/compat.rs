@@ -467,3 +467,481 @@ fn repeated_options_are_taken_as_slurms_getopt_takes_them() {
     c.wait_state(held, "CANCELLED", T);
     assert_eq!(c.squeue_job(second, "%t").trim(), "PD");
 }
+
+/// The task variables of the batch script and of an `srun` step in it, for the task options
+/// a researcher uses. Slurm 22.05 (`sbatch [opts] probe.sh`, the probe printing each variable
+/// or `-` when unset, then `srun` printing them in every task):
+///
+/// ```text
+/// (none)     batch: NTASKS=- NPROCS=- NTASKS_PER_NODE=- TASKS_PER_NODE=1 CPUS_ON_NODE=1
+///                   JOB_CPUS_PER_NODE=1 CPUS_PER_TASK=-
+///            step (1 task): NTASKS=1 NPROCS=1 NTASKS_PER_NODE=- TASKS_PER_NODE=1
+///                   CPUS_ON_NODE=1 JOB_CPUS_PER_NODE=1 CPUS_PER_TASK=-
+/// -N2        batch: - - - 1(x2) 1 1(x2) -      steps (2 tasks): 2 2 - 1(x2) 1 1(x2) -
+/// -n3        batch: 3 3 - 3 3 3 -              steps (3 tasks): 3 3 - 3 3 3 -
+/// -N2 --ntasks-per-node=2
+///            batch: 4 4 2 2(x2) 2 2(x2) -      steps (4 tasks): 4 4 2 2(x2) 2 2(x2) -
+/// -c4        batch: - - - 1 4 4 4              step (1 task):   1 1 - 1 4 4 4
+/// ```
+///
+/// (Slurm also sets SLURM_STEP_NUM_TASKS in the step, = SLURM_NTASKS there, and
+/// SLURM_STEP_TASKS_PER_NODE, = SLURM_TASKS_PER_NODE in these cases.)
+#[test]
+fn task_variables_of_the_batch_script_and_its_steps_match_slurms() {
+    let c = Cluster::start(3);
+    let vars = "SLURM_NTASKS SLURM_NPROCS SLURM_NTASKS_PER_NODE SLURM_TASKS_PER_NODE \
+                SLURM_CPUS_ON_NODE SLURM_JOB_CPUS_PER_NODE SLURM_CPUS_PER_TASK";
+    let line = format!("for v in {vars}; do eval \"printf '%s ' \\${{$v--}}\"; done; echo");
+    let tandem = util::TANDEM;
+    let probe = c.script(
+        "probe.sh",
+        &format!(
+            "#!/bin/sh\nprintf 'batch: '; {line}\n\
+             {tandem} srun sh -c 'printf \"step: \"; {}' | sort\necho end\n",
+            line.replace('\'', "'\\''")
+        ),
+    );
+    let cases: [(&[&str], &str, &str, usize); 5] = [
+        (&[], "- - - 1 1 1 -", "1 1 - 1 1 1 -", 1),
+        (
+            &["-N2"],
+            "- - - 1(x2) 1 1(x2) -",
+            "2 2 - 1(x2) 1 1(x2) -",
+            2,
+        ),
+        (&["-n3"], "3 3 - 3 3 3 -", "3 3 - 3 3 3 -", 3),
+        (
+            &["-N2", "--ntasks-per-node=2"],
+            "4 4 2 2(x2) 2 2(x2) -",
+            "4 4 2 2(x2) 2 2(x2) -",
+            4,
+        ),
+        (&["-c4"], "- - - 1 4 4 4", "1 1 - 1 4 4 4", 1),
+    ];
+    for (i, (opts, batch, step, tasks)) in cases.iter().enumerate() {
+        let out = format!("probe-{i}.out");
+        let mut args = vec!["-o", out.as_str()];
+        args.extend_from_slice(opts);
+        args.push(&probe);
+        c.sbatch(&args);
+        let text = c.wait_file(&c.work.join(&out), "end", T);
+        let mut want = vec![format!("batch: {batch}")];
+        want.extend(std::iter::repeat_n(format!("step: {step}"), *tasks));
+        want.push("end".into());
+        let got: Vec<String> = text.lines().map(|l| l.trim_end().to_string()).collect();
+        assert_eq!(got, want, "sbatch {opts:?}");
+    }
+}
+
+/// The allocation and `.batch` lines of each way a job ends, with and without `-X`, and the
+/// exit codes of `--json`. Slurm 22.05, `sacct -P -o JobID,State,ExitCode,DerivedExitCode`:
+///
+/// ```text
+/// 6|COMPLETED|0:0|0:0            `true`
+/// 6.batch|COMPLETED|0:0|
+/// 7|FAILED|3:0|0:0               `exit 3`
+/// 7.batch|FAILED|3:0|
+/// 8|CANCELLED by 0|0:0|0:0       scancel of a running `sleep 300`
+/// 8.batch|CANCELLED|0:15|
+/// 9|TIMEOUT|0:0|0:0              -t 1, `sleep 300`
+/// 9.batch|CANCELLED|0:15|
+/// 10|CANCELLED by 0|0:0|0:0      scancel while pending (--begin=now+1hour): no steps
+/// ```
+///
+/// With `-X`, the first line of each alone. `--json` gave `"exit_code": {"status": "SUCCESS",
+/// "return_code": 0}` on the allocation of 6, 8, 9 and 10, and on the batch steps of 6:
+/// SUCCESS 0, of 8 and 9: `{"status": "SIGNALED", "return_code": null, "signal":
+/// {"signal_id": 15, "name": "Terminated"}}`; 10 had `"steps": []`. (For 7 it printed SUCCESS
+/// 0 too, against its own ExitCode 3:0; Tandem keeps `{"status": "FAILED", "return_code":
+/// 3}`, what the text says.) Tandem records no canceller: `CANCELLED`, not `CANCELLED by 0`.
+#[test]
+fn sacct_exit_codes_of_every_ending_match_slurms() {
+    let c = Cluster::start(2);
+    let completed = c.sbatch(&["-o", "/dev/null", "--wrap", "true"]);
+    let failed = c.sbatch(&["-o", "/dev/null", "--wrap", "exit 3"]);
+    let cancelled = c.sbatch(&["-o", "/dev/null", "--wrap", "sleep 300"]);
+    let timeout = c.sbatch(&["-t", "0:02", "-o", "/dev/null", "--wrap", "sleep 300"]);
+    let pending = c.sbatch(&["--begin=now+1hour", "-o", "/dev/null", "--wrap", "true"]);
+    c.wait_state(cancelled, "RUNNING", T);
+    c.ok(&["scancel", &cancelled.to_string(), &pending.to_string()]);
+    let want: [(u64, &str, &str); 5] = [
+        (
+            completed,
+            "COMPLETED",
+            "J|COMPLETED|0:0|0:0\nJ.batch|COMPLETED|0:0|\n",
+        ),
+        (failed, "FAILED", "J|FAILED|3:0|0:0\nJ.batch|FAILED|3:0|\n"),
+        (
+            cancelled,
+            "CANCELLED",
+            "J|CANCELLED|0:0|0:0\nJ.batch|CANCELLED|0:15|\n",
+        ),
+        (
+            timeout,
+            "TIMEOUT",
+            "J|TIMEOUT|0:0|0:0\nJ.batch|CANCELLED|0:15|\n",
+        ),
+        (pending, "CANCELLED", "J|CANCELLED|0:0|0:0\n"),
+    ];
+    let rows = |id: u64, extra: &[&str]| -> String {
+        let ids = id.to_string();
+        let mut args = vec![
+            "sacct",
+            "-P",
+            "-n",
+            "-o",
+            "JobID,State,ExitCode,DerivedExitCode",
+        ];
+        args.extend_from_slice(extra);
+        args.extend(["-j", ids.as_str()]);
+        c.ok(&args)
+            .lines()
+            .map(|l| format!("{}\n", l.replacen(&ids, "J", 1)))
+            .collect()
+    };
+    for (id, state, lines) in want {
+        c.wait_state(id, state, T);
+        // The record may reach accounting a moment after the state changes.
+        let deadline = Instant::now() + T;
+        let mut got = rows(id, &[]);
+        while got != lines && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(200));
+            got = rows(id, &[]);
+        }
+        assert_eq!(got, lines, "sacct of the {state} job {id}");
+        let first = lines.lines().next().unwrap_or_default();
+        assert_eq!(
+            rows(id, &["-X"]),
+            format!("{first}\n"),
+            "-X, {state} job {id}"
+        );
+    }
+
+    let ids = [completed, failed, cancelled, timeout, pending].map(|i| i.to_string());
+    let doc: serde_json::Value =
+        serde_json::from_str(&c.ok(&["sacct", "--json", "-j", &ids.join(",")])).unwrap();
+    let job = |id: u64| -> &serde_json::Value {
+        doc["jobs"]
+            .as_array()
+            .and_then(|js| js.iter().find(|j| j["job_id"] == id))
+            .unwrap_or_else(|| panic!("job {id} in {doc}"))
+    };
+    let success = serde_json::json!({"status": "SUCCESS", "return_code": 0});
+    let term = serde_json::json!({"status": "SIGNALED", "return_code": null,
+        "signal": {"signal_id": 15, "name": "Terminated"}});
+    for (id, batch) in [
+        (completed, Some(&success)),
+        (cancelled, Some(&term)),
+        (timeout, Some(&term)),
+        (pending, None),
+    ] {
+        let j = job(id);
+        assert_eq!(j["exit_code"], success, "allocation of {id}: {j}");
+        match batch {
+            Some(b) => {
+                assert_eq!(j["steps"][0]["step"]["id"], "batch", "{j}");
+                assert_eq!(&j["steps"][0]["exit_code"], b, "batch of {id}: {j}");
+            }
+            None => assert_eq!(j["steps"], serde_json::json!([]), "{j}"),
+        }
+    }
+    let j = job(failed);
+    let code = serde_json::json!({"status": "FAILED", "return_code": 3});
+    assert_eq!(j["exit_code"], code, "{j}");
+    assert_eq!(j["steps"][0]["exit_code"], code, "{j}");
+}
+
+/// An option given twice to the commands the test above does not reach, end to end (the
+/// parsing of every command is in `lib.rs`'s tests). What Slurm 22.05 did, with partitions
+/// batch (default) and debug, accounts a1, a2, a3:
+///
+/// - `sinfo -p batch -p debug` listed debug only, `-n n1 -n n5` n5 only, `-o '%P' -o '%D
+///   %t'` printed NODES STATE.
+/// - `sshare -A a1 -A a3` showed a1 and a3 with their users (the lists add up).
+/// - `sprio -j15 -j16` showed 16 only; `-u root -u nobody` nobody's jobs (none).
+/// - `sacctmgr -n -P show account name=a1 name=a3 format=account` printed a1 and a3; `show
+///   assoc where user=root account=a2 format=account format=user` printed `a2|root`;
+///   `modify account a1 set fairshare=10 fairshare=20` left Share 20.
+/// - `scontrol update JobId=15 JobId=16 TimeLimit=7` changed only 16; `TimeLimit=5
+///   TimeLimit=10` gave 10:00.
+/// - `scancel -A a3 -A a1 -n na3 -n na1` cancelled a1's na1 only; `-t R -t PD` the pending
+///   job; `-u root -u nobody` nothing, `-u nobody -u root` root's.
+/// - `srun -N2 -N1 -n 3 -n 1 sh -c 'echo $SLURM_NNODES $SLURM_NTASKS'` printed `1 1`.
+#[test]
+fn every_other_command_takes_an_option_given_twice() {
+    let me = tandem_cli::client::user_name();
+    let mut config = String::from(
+        "[[partition]]\nname = \"batch\"\ndefault = true\n[[partition]]\nname = \"debug\"\n",
+    );
+    for (account, shares) in [("a1", 50), ("a2", 30), ("a3", 20)] {
+        config.push_str(&format!(
+            "[[account]]\nname = \"{account}\"\nshares = {shares}\n\
+             [[user]]\nuser = \"{me}\"\naccount = \"{account}\"\n"
+        ));
+    }
+    let c = Cluster::start_with_config(2, &config);
+    // sinfo: the last -p, -n and -o.
+    assert_eq!(
+        c.ok(&[
+            "sinfo", "-h", "-p", "batch", "-p", "debug", "-o", "%D", "-o", "%P"
+        ]),
+        "debug\n"
+    );
+    let nodes = c.ok(&["sinfo", "-h", "-N", "-p", "batch", "-o", "%N"]);
+    let nodes: Vec<&str> = nodes.lines().collect();
+    assert_eq!(nodes.len(), 2, "{nodes:?}");
+    assert_eq!(
+        c.ok(&[
+            "sinfo", "-h", "-N", "-p", "batch", "-n", nodes[0], "-n", nodes[1], "-o", "%N"
+        ]),
+        format!("{}\n", nodes[1])
+    );
+
+    // sshare: -A adds up.
+    let accounts: Vec<String> = c
+        .ok(&["sshare", "-n", "-P", "-A", "a1", "-A", "a3"])
+        .lines()
+        .map(|l| l.split('|').next().unwrap_or_default().trim().to_string())
+        .collect();
+    assert!(
+        accounts.iter().any(|a| a == "a1")
+            && accounts.iter().any(|a| a == "a3")
+            && !accounts.iter().any(|a| a == "a2"),
+        "{accounts:?}"
+    );
+
+    // sacctmgr: names, conditions and format fields add up; a setting keeps the last value.
+    assert_eq!(
+        c.ok(&[
+            "sacctmgr",
+            "-n",
+            "-n",
+            "-P",
+            "-P",
+            "show",
+            "account",
+            "name=a1",
+            "name=a3",
+            "format=account"
+        ]),
+        "a1\na3\n"
+    );
+    assert_eq!(
+        c.ok(&[
+            "sacctmgr",
+            "-n",
+            "-P",
+            "show",
+            "assoc",
+            "where",
+            &format!("user={me}"),
+            "account=a2",
+            "format=account",
+            "format=user"
+        ]),
+        format!("a2|{me}\n")
+    );
+    c.ok(&[
+        "sacctmgr",
+        "-i",
+        "modify",
+        "account",
+        "a1",
+        "set",
+        "fairshare=10",
+        "fairshare=20",
+    ]);
+    let shares = c.ok(&["sshare", "-n", "-P", "-A", "a1"]);
+    let line = shares.lines().next().unwrap_or_default();
+    assert_eq!(line.split('|').nth(2), Some("20"), "{shares}");
+
+    // Pending jobs behind one that fills both nodes.
+    let blocker = c.sbatch(&[
+        "-N2",
+        "--exclusive",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        "sleep 300",
+    ]);
+    c.wait_state(blocker, "RUNNING", T);
+    let pend = |account: &str, name: &str| {
+        c.sbatch(&[
+            "-A",
+            account,
+            "-J",
+            name,
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "true",
+        ])
+    };
+    let (j1, j2, j3) = (pend("a1", "na1"), pend("a2", "na2"), pend("a3", "na3"));
+
+    // sprio: the last -j and -u.
+    let ids = |out: String| -> Vec<String> {
+        out.lines()
+            .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+            .collect()
+    };
+    assert_eq!(
+        ids(c.ok(&["sprio", "-h", &format!("-j{j1}"), &format!("-j{j2}")])),
+        [j2.to_string()]
+    );
+    assert_eq!(
+        ids(c.ok(&["sprio", "-h", "-u", &me, "-u", "nobody"])),
+        Vec::<String>::new()
+    );
+
+    // scontrol update: the last JobId and the last TimeLimit.
+    c.ok(&[
+        "scontrol",
+        "update",
+        &format!("JobId={j1}"),
+        &format!("JobId={j2}"),
+        "TimeLimit=5",
+        "TimeLimit=10",
+    ]);
+    assert_eq!(c.squeue_job(j2, "%l").trim(), "10:00");
+    assert_ne!(c.squeue_job(j1, "%l").trim(), "10:00");
+
+    // scancel: the last -A and -n, -t, -u.
+    c.ok(&["scancel", "-A", "a3", "-A", "a1", "-n", "na3", "-n", "na1"]);
+    c.wait_state(j1, "CANCELLED", T);
+    c.ok(&["scancel", "-u", &me, "-u", "nobody", "-n", "na2"]);
+    c.ok(&["scancel", "-t", "PD", "-t", "R", "-n", "na3"]);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(c.squeue_job(j2, "%t").trim(), "PD");
+    assert_eq!(c.squeue_job(j3, "%t").trim(), "PD");
+    c.ok(&["scancel", "-t", "R", "-t", "PD", "-n", "na3"]);
+    c.wait_state(j3, "CANCELLED", T);
+    c.ok(&["scancel", &blocker.to_string(), &j2.to_string()]);
+    c.wait_state(blocker, "CANCELLED", T);
+
+    // srun: the last -N and -n: one task on one node.
+    let out = c.ok(&[
+        "srun",
+        "-N2",
+        "-N1",
+        "-n",
+        "3",
+        "-n",
+        "1",
+        "sh",
+        "-c",
+        "echo $SLURM_NTASKS $SLURM_STEP_NODELIST $SLURM_NNODES",
+    ]);
+    let words: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(words.len(), 3, "one task: {out}");
+    assert_eq!(words[0], "1", "{out}");
+    assert!(nodes.contains(&words[1]), "one node: {out}");
+    assert_eq!(words[2], "1", "{out}");
+}
+
+/// The layout variables of `srun` steps. Slurm 22.05 (8 nodes of 64 CPUs), in a `sbatch -N2
+/// --ntasks-per-node=2` job (2 CPUs on each node; the batch script has `SLURM_NTASKS=4
+/// SLURM_NNODES=2 SLURM_TASKS_PER_NODE=2(x2) SLURM_NODELIST=n[1-2]`), task 0 of each step:
+///
+/// ```text
+/// srun -n1   SLURM_NNODES=1 SLURM_NTASKS=1 SLURM_NPROCS=1 SLURM_TASKS_PER_NODE=1
+///            SLURM_STEP_NUM_NODES=1 SLURM_STEP_NUM_TASKS=1 SLURM_STEP_TASKS_PER_NODE=1
+///            SLURM_STEP_NODELIST=n1 SLURM_NODELIST=n[1-2] SLURM_JOB_CPUS_PER_NODE=2(x2)
+/// srun -n3   SLURM_NNODES=2 SLURM_NTASKS=3 SLURM_NPROCS=3 SLURM_TASKS_PER_NODE=2,1
+///            SLURM_STEP_NUM_NODES=2 SLURM_STEP_NUM_TASKS=3 SLURM_STEP_TASKS_PER_NODE=2,1
+///            SLURM_STEP_NODELIST=n[1-2] SLURM_NODELIST=n[1-2] SLURM_JOB_CPUS_PER_NODE=2(x2)
+/// srun -N1   (4 tasks, from SLURM_NTASKS, on a node where the job has 2 CPUs) exit 1:
+///            srun: error: Unable to create step for job 1: More processors requested than permitted
+/// ```
+///
+/// (`srun -n5` and `srun -N1 -n3` are refused the same way; in a plain `-N2` job, with no
+/// SLURM_NTASKS, `srun -N1` runs one task.) Outside any job, `srun -N2 --ntasks-per-node=2`
+/// makes its own: `SLURM_NNODES=2 SLURM_NTASKS=4 SLURM_NPROCS=4 SLURM_TASKS_PER_NODE=2(x2)
+/// SLURM_STEP_NUM_NODES=2 SLURM_STEP_NUM_TASKS=4 SLURM_STEP_TASKS_PER_NODE=2(x2)
+/// SLURM_STEP_NODELIST=n[1-2] SLURM_NODELIST=n[1-2] SLURM_JOB_CPUS_PER_NODE=2(x2)` (and
+/// SLURM_JOB_NODELIST=n[1-2], SLURM_JOB_NUM_NODES=2, SLURM_NTASKS_PER_NODE=2). (`srun -N2
+/// -n3` there gives `SLURM_JOB_CPUS_PER_NODE=2,1`, where Tandem's scheduler allocates 2 CPUs
+/// on both nodes: an allocation difference, not the step's.)
+#[test]
+fn step_layout_variables_match_slurms() {
+    let c = Cluster::start(3);
+    let vars = "SLURM_NNODES SLURM_NTASKS SLURM_NPROCS SLURM_TASKS_PER_NODE \
+                SLURM_STEP_NUM_NODES SLURM_STEP_NUM_TASKS SLURM_STEP_TASKS_PER_NODE \
+                SLURM_STEP_NODELIST SLURM_NODELIST SLURM_JOB_CPUS_PER_NODE";
+    let line = format!(
+        "if [ $SLURM_PROCID = 0 ]; then for v in {vars}; do \
+         eval \"printf '%s=%s ' $v \\${{$v--}}\"; done; echo; fi"
+    );
+    let quoted = line.replace('\'', "'\\''");
+    let tandem = util::TANDEM;
+    let probe = c.script(
+        "layout.sh",
+        &format!(
+            "#!/bin/sh\necho \"batch: $SLURM_NODELIST\"\n\
+             for o in -n1 -n3; do printf '%s: ' $o; {tandem} srun $o sh -c '{quoted}'; done\n\
+             {tandem} srun -N1 true 2>refused.err; echo \"-N1: exit $?\"\necho end\n"
+        ),
+    );
+    let id = c.sbatch(&["-N2", "--ntasks-per-node=2", "-o", "layout.out", &probe]);
+    let text = c.wait_file(&c.work.join("layout.out"), "end", T);
+    let lines: Vec<&str> = text.lines().map(str::trim_end).collect();
+    let nodes = lines[0].strip_prefix("batch: ").expect("batch line");
+    let first = tandem_sched::hostlist::expand(nodes).unwrap()[0].clone();
+    assert_eq!(
+        lines[1..],
+        [
+            format!(
+                "-n1: SLURM_NNODES=1 SLURM_NTASKS=1 SLURM_NPROCS=1 SLURM_TASKS_PER_NODE=1 \
+                 SLURM_STEP_NUM_NODES=1 SLURM_STEP_NUM_TASKS=1 SLURM_STEP_TASKS_PER_NODE=1 \
+                 SLURM_STEP_NODELIST={first} SLURM_NODELIST={nodes} SLURM_JOB_CPUS_PER_NODE=2(x2)"
+            ),
+            format!(
+                "-n3: SLURM_NNODES=2 SLURM_NTASKS=3 SLURM_NPROCS=3 SLURM_TASKS_PER_NODE=2,1 \
+                 SLURM_STEP_NUM_NODES=2 SLURM_STEP_NUM_TASKS=3 SLURM_STEP_TASKS_PER_NODE=2,1 \
+                 SLURM_STEP_NODELIST={nodes} SLURM_NODELIST={nodes} SLURM_JOB_CPUS_PER_NODE=2(x2)"
+            ),
+            "-N1: exit 1".to_owned(),
+            "end".to_owned(),
+        ],
+        "{text}"
+    );
+    let refused = std::fs::read_to_string(c.work.join("refused.err")).unwrap();
+    assert!(
+        refused.trim_end()
+            == format!(
+                "srun: error: Unable to create step for job {id}: \
+                 More processors requested than permitted"
+            ),
+        "{refused}"
+    );
+
+    // Outside a job srun makes its own, and sets the job's variables as well.
+    let out = c.ok(&["srun", "-N2", "--ntasks-per-node=2", "sh", "-c", &line]);
+    let got = out.trim_end();
+    let words: Vec<&str> = got.split(' ').collect();
+    let nodes = words
+        .iter()
+        .find_map(|w| w.strip_prefix("SLURM_STEP_NODELIST="))
+        .unwrap_or_else(|| panic!("{got}"));
+    assert_eq!(
+        got,
+        format!(
+            "SLURM_NNODES=2 SLURM_NTASKS=4 SLURM_NPROCS=4 SLURM_TASKS_PER_NODE=2(x2) \
+             SLURM_STEP_NUM_NODES=2 SLURM_STEP_NUM_TASKS=4 SLURM_STEP_TASKS_PER_NODE=2(x2) \
+             SLURM_STEP_NODELIST={nodes} SLURM_NODELIST={nodes} SLURM_JOB_CPUS_PER_NODE=2(x2)"
+        )
+    );
+    assert_eq!(tandem_sched::hostlist::expand(nodes).unwrap().len(), 2);
+    let out = c.ok(&[
+        "srun",
+        "-N2",
+        "--ntasks-per-node=2",
+        "sh",
+        "-c",
+        "[ $SLURM_PROCID = 0 ] && echo $SLURM_JOB_NODELIST $SLURM_JOB_NUM_NODES \
+         $SLURM_NTASKS_PER_NODE $SLURM_STEP_NODELIST || true",
+    ]);
+    let words: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(words.len(), 4, "{out}");
+    assert_eq!(words[..3], [words[3], "2", "2"], "{out}");
+}

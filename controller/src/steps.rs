@@ -66,6 +66,9 @@ pub struct Placed {
     pub gpus: Vec<u32>,
 }
 
+/// Slurm's refusal of a step that needs more CPUs than its job holds on a node.
+pub const TOO_MANY_PROCESSORS: &str = "More processors requested than permitted";
+
 /// Places a step on the job's nodes: `-w` picks nodes by name, `-N` takes the first N,
 /// tasks go out in blocks (`-n` spread evenly, or `--ntasks-per-node`), and each node's GPUs
 /// go to its tasks (`--gpus-per-task` takes that many per task, else all the job's GPUs on
@@ -164,6 +167,16 @@ pub fn place(
             k += 1;
         }
     }
+    // A step never holds more CPUs on a node than its job does there. Slurm 22.05 refuses
+    // such a step outright (`srun -N1` or `-n5` in a `-N2 --ntasks-per-node=2` job), with
+    // this exact message.
+    let cpt = u64::from(req.cpus_per_task.max(1));
+    if out
+        .iter()
+        .any(|p| p.task_ids.len() as u64 * cpt > u64::from(alloc[p.node].cpus))
+    {
+        return Err(TOO_MANY_PROCESSORS.into());
+    }
     Ok(out)
 }
 
@@ -253,5 +266,52 @@ mod tests {
             let e = place(&alloc(), &r, 1, 1).unwrap_err();
             assert!(e.contains(want), "{want}: {e}");
         }
+    }
+
+    /// Slurm 22.05, in a `-N2 --ntasks-per-node=2` job (2 CPUs on each node): `srun -N1`
+    /// (4 tasks from SLURM_NTASKS), `srun -n5` and `srun -N1 -n3` all end with `srun: error:
+    /// Unable to create step for job N: More processors requested than permitted`, exit 1;
+    /// `srun -n3` runs as `2,1` and `srun -N1 -n2` as `2`.
+    #[test]
+    fn a_step_needing_more_cpus_than_the_job_holds_is_refused() {
+        let job: Vec<AllocNode> = alloc()
+            .into_iter()
+            .take(2)
+            .map(|n| AllocNode { cpus: 2, ..n })
+            .collect();
+        for r in [
+            req(|r| {
+                r.nodes = 1;
+                r.ntasks = 4;
+            }),
+            req(|r| r.ntasks = 5),
+            req(|r| {
+                r.nodes = 1;
+                r.ntasks = 3;
+            }),
+            req(|r| {
+                r.ntasks = 2;
+                r.cpus_per_task = 3;
+            }),
+        ] {
+            assert_eq!(
+                place(&job, &r, 4, 2).unwrap_err(),
+                TOO_MANY_PROCESSORS,
+                "{r:?}"
+            );
+        }
+        let p = place(&job, &req(|r| r.ntasks = 3), 4, 2).unwrap();
+        assert_eq!(ids(&p), vec![(0, vec![0, 1]), (1, vec![2])]);
+        let p = place(
+            &job,
+            &req(|r| {
+                r.nodes = 1;
+                r.ntasks = 2;
+            }),
+            4,
+            2,
+        )
+        .unwrap();
+        assert_eq!(ids(&p), vec![(0, vec![0, 1])]);
     }
 }

@@ -1,6 +1,6 @@
 //! One policy for pods and batch jobs, end to end through the bridge:
 //! - a high-QOS batch job preempts a low-QOS serving pod's placeholder; the bridge evicts the
-//!   pod (Eviction API), and the Deployment's replacement waits `PodScheduled=False`,
+//!   pod (Eviction API: the API server marks it `DisruptionTarget`, a delete would not), and the Deployment's replacement waits `PodScheduled=False`,
 //!   `Unschedulable`, with the controller's reason in the message and a `FailedScheduling`
 //!   Event, until the batch job ends;
 //! - fair share across kinds: an account that used more (inference pods plus a training job)
@@ -8,16 +8,50 @@
 //!
 //! Both also run the partition watcher: no node runs a batch job and a pod at once.
 
+use futures::StreamExt as _;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event as KubeEvent;
 use kube::api::{Api, ListParams, PostParams};
+use kube::runtime::WatchStreamExt as _;
+use kube::runtime::watcher;
 use serde_json::{Value, json};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 use tandem_e2e::bridgekit::{
     BridgeEnv, Setup, deployment, describe, held, job_id, node_of, running, unschedulable,
 };
 use tandem_e2e::testkit::TestCluster;
+
+/// Names of the pods seen with `DisruptionTarget=True` (reason `EvictionByEvictionAPI`),
+/// collected by a watch from now on.
+fn evictions_seen(pods: Api<Pod>) -> Arc<Mutex<BTreeSet<String>>> {
+    let seen = Arc::new(Mutex::new(BTreeSet::new()));
+    let out = seen.clone();
+    tokio::spawn(async move {
+        let mut events = watcher(pods, watcher::Config::default())
+            .applied_objects()
+            .boxed();
+        while let Some(ev) = events.next().await {
+            let Ok(p) = ev else { continue };
+            let marked = p
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .into_iter()
+                .flatten()
+                .any(|c| {
+                    c.type_ == "DisruptionTarget"
+                        && c.status == "True"
+                        && c.reason.as_deref() == Some("EvictionByEvictionAPI")
+                });
+            if marked && let Some(name) = p.metadata.name {
+                out.lock().unwrap().insert(name);
+            }
+        }
+    });
+    seen
+}
 
 fn config(dir: &std::path::Path, text: &str) -> String {
     let path = dir.join("cluster.toml");
@@ -85,6 +119,10 @@ async fn a_high_qos_batch_job_preempts_a_low_qos_serving_pod_which_then_waits_un
         "the namespace's QOS applies to its placeholders: {q}"
     );
 
+    // Pods the API server marks as evicted (`DisruptionTarget`, reason
+    // `EvictionByEvictionAPI`): a plain delete would not mark them.
+    let evicted = evictions_seen(pods.clone());
+
     // A high-QOS batch job needing a whole node preempts one placeholder.
     let release = env.dir().join("release");
     let high = env.sbatch(
@@ -142,12 +180,13 @@ async fn a_high_qos_batch_job_preempts_a_low_qos_serving_pod_which_then_waits_un
     let victim_job = job_id(victim[0]).unwrap();
     let st = env.cli(&["sacct", "-n", "-X", "-j", victim_job, "-o", "State"]);
     assert_eq!(st.trim(), "PREEMPTED", "the victim's placeholder: {st}");
-    let log = std::fs::read_to_string(env.dir().join("bridge-1.log")).unwrap_or_default();
+    let seen = evicted.lock().unwrap().clone();
     assert!(
-        log.lines()
-            .any(|l| l.contains("evicted") && l.contains(&victim_name)),
-        "the bridge evicted the pod (Eviction API):\n{log}"
+        seen.contains(&victim_name),
+        "the victim was evicted through the Eviction API (DisruptionTarget), not deleted; \
+         pods seen evicted: {seen:?}"
     );
+    assert_eq!(seen.len(), 1, "only the victim was evicted: {seen:?}");
     // The FailedScheduling Event, as kube-scheduler writes it.
     let events: Api<KubeEvent> = Api::namespaced(client.clone(), &ns);
     let rep_name = replacement.metadata.name.clone().unwrap();

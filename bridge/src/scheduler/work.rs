@@ -20,7 +20,7 @@ use super::{PodKey, Target};
 use crate::apply;
 use crate::batch::{BatchAlloc, BatchError};
 use crate::decide::EndReason;
-use crate::group::{GroupInfo, GroupKey, GroupKind};
+use crate::group::{GroupInfo, GroupKey, GroupKind, workload_ref};
 use crate::policy::Resolved;
 use crate::request;
 use crate::resources::PodResources;
@@ -51,7 +51,7 @@ pub(super) struct Tell {
 
 /// One operation, decided by the loop.
 pub(super) enum Work {
-    /// Read the group's owner object (PodGroup, JobSet, Job): its UID and its size.
+    /// Read the group's owner object (Workload, PodGroup, JobSet, Job): its UID and size.
     Lookup(GroupKey),
     /// Submit the group's placeholder (the partition's capacity is read first, cached).
     Submit(Box<Submit>),
@@ -281,9 +281,11 @@ async fn bind<B>(
     }
 }
 
-/// The PodGroup, JobSet or Job behind a group, as JSON; `None` when absent or unreadable.
+/// The Workload, PodGroup, JobSet or Job behind a group, as JSON; `None` when absent or
+/// unreadable (a cluster without the Workload API answers 404: its pods wait, told why).
 async fn owner(client: &Client, k: &GroupKey) -> Option<serde_json::Value> {
     let (group, version, kind, plural) = match k.kind {
+        GroupKind::Workload => ("scheduling.k8s.io", "v1alpha1", "Workload", "workloads"),
         GroupKind::PodGroup => ("scheduling.x-k8s.io", "v1alpha1", "PodGroup", "podgroups"),
         GroupKind::JobSet => ("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets"),
         GroupKind::IndexedJob => ("batch", "v1", "Job", "jobs"),
@@ -296,8 +298,9 @@ async fn owner(client: &Client, k: &GroupKey) -> Option<serde_json::Value> {
         kind: kind.into(),
         plural: plural.into(),
     };
+    let name = workload_ref(k).map_or(k.name.as_str(), |r| r.workload);
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &k.namespace, &ar);
-    match api.get_opt(&k.name).await {
+    match api.get_opt(name).await {
         Ok(Some(o)) => serde_json::to_value(o).ok(),
         Ok(None) => None,
         Err(e) => {

@@ -14,6 +14,9 @@
 //! - `spec.resourceClaims` is used: the bridge does not schedule dynamic resources yet;
 //! - `spec.schedulerName` names another scheduler (two schedulers must not race for a pod).
 //!
+//! A `spec.workloadRef` (the in-tree Workload API) is allowed: the bridge places its pod group
+//! as a gang, or pod by pod for a `basic` group.
+//!
 //! A pod in a mapped namespace opts out with `tandem.dev/managed: "false"` (a small CPU
 //! sidecar Deployment that should not wait for the pool). Everything else is allowed
 //! unchanged. Until the namespace map has been read, nothing can be judged and every pod is
@@ -490,5 +493,28 @@ mod tests {
             view,
         ));
         assert!(m.contains("TandemCluster default/pool not read yet"), "{m}");
+    }
+
+    #[test]
+    fn a_pod_of_a_workload_is_admitted() {
+        let p = pod(
+            json!({"spec": {"workloadRef": {"name": "train", "podGroup": "workers",
+                                                     "podGroupReplicaKey": "0"}}}),
+        );
+        // The field is read (the k8s-openapi version in use has it), and it refuses nothing.
+        assert_eq!(
+            p.spec
+                .as_ref()
+                .and_then(|s| s.workload_ref.as_ref())
+                .map(|r| r.pod_group.as_str()),
+            Some("workers")
+        );
+        let Verdict::Patch(ops) = decide(Mode::Mutate, "serving", &p) else {
+            panic!("a Workload's pod is mutated like any other")
+        };
+        assert_eq!(ops[0]["path"], "/spec/schedulerName");
+        let p = pod(json!({"spec": {"schedulerName": "tandem",
+            "workloadRef": {"name": "train", "podGroup": "workers"}}}));
+        assert_eq!(decide(Mode::Validate, "serving", &p), Verdict::Allow);
     }
 }

@@ -20,7 +20,7 @@ use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
@@ -91,7 +91,8 @@ pub async fn start(cfg: Config, policies: Arc<Policies>) -> Result<Running, Erro
         .with_no_client_auth()
         .with_cert_resolver(certs.clone());
     tls.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let tcp = TcpListener::bind(cfg.listen)
+    // Accepted through Tandem's one socket factory: `TCP_NODELAY` on every connection.
+    let tcp = tandem_proto::net::bind(cfg.listen)
         .await
         .map_err(|source| Error::Listen {
             addr: cfg.listen,
@@ -159,7 +160,7 @@ async fn readyz(State(p): State<Arc<Policies>>) -> (StatusCode, &'static str) {
 }
 
 async fn accept_loop(
-    tcp: TcpListener,
+    tcp: tandem_proto::net::Listener,
     tls: TlsAcceptor,
     tx: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
 ) {

@@ -197,6 +197,12 @@ pub fn accounting_rows<'a>(
     if matches!(job.state, "CANCELLED" | "TIMEOUT") {
         job.exit_code = ExitCode { code: 0, signal: 0 };
     }
+    // Slurm's accounting keeps the reason a job waited for, not why it ended: its sacct
+    // printed Reason `None` for jobs that ran, FAILED (squeue: NonZeroExitCode) and TIMEOUT
+    // (TimeLimit) ones too.
+    if job.start_time.is_some() {
+        job.reason = "None";
+    }
     if allocations_only {
         return vec![job];
     }
@@ -374,6 +380,15 @@ mod tests {
             rows(&failed, false),
             ["1 FAILED 3:0 0:0", "1.batch FAILED 3:0"]
         );
+        // Slurm's sacct: Reason None for a job that ran, whatever squeue said it ended for.
+        for (state, reason) in [(Failed, "NonZeroExitCode"), (Timeout, "TimeLimit")] {
+            let ended = JobInfo {
+                reason: reason.into(),
+                ..job(state, 0, 0, Vec::new())
+            };
+            let view = JobView::from_job(&ended, 30);
+            assert_eq!(accounting_rows(view, Vec::new(), true)[0].reason, "None");
+        }
         let srun_killed = job(
             Completed,
             0,

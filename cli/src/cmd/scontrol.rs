@@ -145,11 +145,16 @@ fn parse_update(words: &[String]) -> anyhow::Result<Request> {
     let Some((first_key, target)) = pairs.first().cloned() else {
         bail!("update needs JobId=ID or NodeName=LIST");
     };
+    // Slurm takes every word in turn, so a key given twice keeps its last value; the target
+    // key too (`update NodeName=n7 NodeName=n8 State=DRAIN` drained only n8 on Slurm 22.05,
+    // `update JobId=15 JobId=16 TimeLimit=7` changed only 16).
     if first_key == "nodename" || first_key == "node" {
+        let mut target = target;
         let mut state = String::new();
         let mut reason = String::new();
         for (k, v) in &pairs[1..] {
             match k.as_str() {
+                "nodename" | "node" => target = v.clone(),
                 "state" => state = v.to_ascii_uppercase(),
                 "reason" => reason = v.clone(),
                 _ => bail!("update of nodes does not know {k:?}"),
@@ -168,10 +173,11 @@ fn parse_update(words: &[String]) -> anyhow::Result<Request> {
     if first_key != "jobid" && first_key != "job" {
         bail!("update needs JobId=ID or NodeName=LIST first");
     }
-    crate::jobref::parse(&target).map_err(anyhow::Error::msg)?;
+    let mut target = target;
     let mut update = JobUpdate::default();
     for (k, v) in &pairs[1..] {
         match k.as_str() {
+            "jobid" | "job" => target = v.clone(),
             "timelimit" => {
                 let t = tandem_sched::time::parse_duration(v)
                     .with_context(|| format!("invalid TimeLimit={v}"))?;
@@ -195,6 +201,7 @@ fn parse_update(words: &[String]) -> anyhow::Result<Request> {
             _ => bail!("update of jobs does not know {k:?}"),
         }
     }
+    crate::jobref::parse(&target).map_err(anyhow::Error::msg)?;
     Ok(Request::UpdateJob {
         job: target,
         update,
@@ -416,6 +423,40 @@ mod tests {
                 reason: "maint".into()
             }
         );
+    }
+
+    /// Slurm 22.05: `scontrol update JobId=15 TimeLimit=5 TimeLimit=10` set 00:10:00,
+    /// `JobName=x JobName=y` named it y, `JobId=15 JobId=16 TimeLimit=7` changed only 16;
+    /// `update NodeName=n7 NodeName=n8 State=DRAIN Reason=x Reason=why` drained n8 for
+    /// "why", and `State=DRAIN State=RESUME` resumed.
+    #[test]
+    fn a_key_given_twice_keeps_its_last_value() {
+        match parse(
+            &w("update JobId=15 JobId=16 TimeLimit=5 TimeLimit=10 JobName=x JobName=y"),
+            None,
+        )
+        .unwrap()
+        {
+            Request::UpdateJob { job, update } => {
+                assert_eq!(job, "16");
+                assert_eq!(update.time_limit_s, Some(600));
+                assert_eq!(update.name.as_deref(), Some("y"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            parse(
+                &w("update NodeName=n7 NodeName=n8 State=DRAIN State=RESUME Reason=x Reason=why"),
+                None
+            )
+            .unwrap(),
+            Request::UpdateNode {
+                nodes: "n8".into(),
+                state: "RESUME".into(),
+                reason: "why".into()
+            }
+        );
+        assert!(parse(&w("update JobId=5 JobId=x TimeLimit=1"), None).is_err());
     }
 
     #[test]

@@ -149,7 +149,23 @@ pub fn group(
             nodes,
         }));
     }
+    if node_oriented {
+        // Slurm 22.05's `sinfo -N` lists nodes by name across partitions (n1 batch, ...,
+        // n5 batch, n5 debug), numbers in numeric order; the controller's order is not
+        // that. The sort is stable: a node's partitions stay in partition order.
+        fn first_name(r: &SinfoRow) -> Option<(&str, u64, &str)> {
+            r.nodes.first().map(|n| name_key(&n.name))
+        }
+        rows.sort_by(|a, b| first_name(a).cmp(&first_name(b)));
+    }
     rows
+}
+
+/// `node-10` after `node-9`: the name without its trailing digits, then their value.
+fn name_key(name: &str) -> (&str, u64, &str) {
+    let stem = name.trim_end_matches(|c: char| c.is_ascii_digit());
+    let number = name[stem.len()..].parse().unwrap_or(0);
+    (stem, number, name)
 }
 
 #[cfg(test)]
@@ -213,6 +229,39 @@ mod tests {
             false,
         );
         assert_eq!(idle_only.len(), 2);
+    }
+
+    #[test]
+    fn node_oriented_rows_go_by_node_name_across_partitions() {
+        let part = |name: &str, nodes: &[&str]| {
+            PartitionView::from_partition(&PartitionInfo {
+                name: name.into(),
+                state: "UP".into(),
+                nodes: nodes.iter().map(|n| n.to_string()).collect(),
+                ..PartitionInfo::default()
+            })
+        };
+        let parts = [
+            part("batch", &["node-10", "node-9", "node-2"]),
+            part("debug", &["node-9"]),
+        ];
+        let nodes = vec![
+            node("node-10", "IDLE"),
+            node("node-9", "IDLE"),
+            node("node-2", "IDLE"),
+        ];
+        let rows = group(&parts, &nodes, &[], &[], true, false);
+        let got: Vec<(String, String)> = rows
+            .iter()
+            .map(|r| (r.nodes[0].name.clone(), r.partition.name.clone()))
+            .collect();
+        let want = [
+            ("node-2", "batch"),
+            ("node-9", "batch"),
+            ("node-9", "debug"),
+            ("node-10", "batch"),
+        ];
+        assert_eq!(got, want.map(|(n, p)| (n.to_string(), p.to_string())));
     }
 
     #[test]

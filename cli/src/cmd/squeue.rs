@@ -46,7 +46,13 @@ pub struct Args {
     #[arg(short = 'o', long = "format", value_name = "FORMAT")]
     pub format: Option<String>,
     /// Columns by name, e.g. "jobid:10,name:20,state".
-    #[arg(short = 'O', long = "Format", value_name = "FIELDS")]
+    // Slurm 22.05 refuses the pair ("-O (--Format) is incompatible with -o (--format)").
+    #[arg(
+        short = 'O',
+        long = "Format",
+        value_name = "FIELDS",
+        conflicts_with = "format"
+    )]
     pub named: Option<String>,
     /// Long format (full state and time limit).
     #[arg(short = 'l', long)]

@@ -6,7 +6,7 @@
 //! allocation it submits a job for the command, waits for it to start, and then runs the
 //! step inside it, as Slurm's srun does.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
@@ -15,9 +15,11 @@ use std::io::Write as _;
 use tandem_proto::v1::step_launcher_client::StepLauncherClient;
 use tandem_proto::v1::task_output::Event;
 use tandem_proto::v1::{
-    CancelRequest, CompleteStepRequest, CreateStepRequest, JobRef, JobState, LaunchTasksRequest,
-    ListJobsRequest, StepTarget, SubmitRequest,
+    CancelRequest, CompleteStepRequest, CreateStepRequest, CreateStepResponse, JobRef, JobState,
+    LaunchTasksRequest, ListJobsRequest, StepTarget, SubmitRequest,
 };
+
+use tandem_controller::launch::compress_counts;
 
 use crate::Exit;
 use crate::client::{Client, RpcResult as _};
@@ -44,7 +46,7 @@ pub async fn run(args: Args) -> Exit {
         .ok()
         .and_then(|s| s.parse::<u64>().ok());
     match inside {
-        Some(job_id) => run_step(&mut client, job_id, &args).await,
+        Some(job_id) => run_step(&mut client, job_id, &args, Allocation::Inherited).await,
         None => run_with_allocation(&mut client, &args).await,
     }
 }
@@ -95,7 +97,7 @@ async fn run_with_allocation(client: &mut Client, args: &Args) -> Exit {
         if wait_running(client, job_id).await? {
             eprintln!("srun: job {job_id} has been allocated resources");
         }
-        run_step(client, job_id, args).await
+        run_step(client, job_id, args, Allocation::MadeHere).await
     }
     .await;
     release_allocation(client, job_id, matches!(result, Ok(0))).await;
@@ -189,15 +191,49 @@ async fn wait_running(client: &mut Client, job_id: u64) -> anyhow::Result<bool> 
     }
 }
 
-async fn run_step(client: &mut Client, job_id: u64, args: &Args) -> Exit {
+/// Where the step's allocation came from, which decides who sets the job-wide variables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Allocation {
+    /// srun runs inside a job (a batch script, salloc): the job's variables are inherited.
+    Inherited,
+    /// srun made the job itself: nobody else sets them, so srun does, as Slurm's does.
+    MadeHere,
+}
+
+/// The step's task count when `-n` is not given: inside an allocation Slurm's srun takes
+/// `SLURM_NTASKS` (or `SLURM_NPROCS`) from its environment as its `-n`, so `srun -N1` in a
+/// `-N2 --ntasks-per-node=2` job asks for 4 tasks on one node (and is refused there).
+/// `--ntasks-per-node` or `-w` on the command line is left to decide alone: Slurm's srun
+/// also takes `SLURM_NNODES` as its `-N` and widens a `-w` list to that many nodes (`srun -w
+/// n1` runs 4 tasks on `n[1-2]`), which Tandem's steps do not do, and 4 tasks on `n1` alone
+/// would be refused.
+fn step_ntasks(opts: &JobOpts, env: &[(String, String)], alloc: Allocation) -> u32 {
+    if let Some(n) = opts.ntasks {
+        return n;
+    }
+    if alloc == Allocation::MadeHere || opts.ntasks_per_node.is_some() || opts.nodelist.is_some() {
+        return 0;
+    }
+    ["SLURM_NTASKS", "SLURM_NPROCS"]
+        .iter()
+        .find_map(|var| {
+            env.iter()
+                .find(|(k, _)| k == var)
+                .and_then(|(_, v)| v.trim().parse::<u32>().ok())
+        })
+        .unwrap_or(0)
+}
+
+async fn run_step(client: &mut Client, job_id: u64, args: &Args, alloc: Allocation) -> Exit {
     let opts = &args.opts;
+    let ctx = crate::cmd::sbatch::submit_context()?;
     let step = client
         .jobs
         .create_step(CreateStepRequest {
             job_id,
             name: args.command.first().cloned().unwrap_or_default(),
             nodes: opts.nodes.map_or(0, |n| n.min),
-            ntasks: opts.ntasks.unwrap_or(0),
+            ntasks: step_ntasks(opts, &ctx.env, alloc),
             ntasks_per_node: opts.ntasks_per_node.unwrap_or(0),
             cpus_per_task: opts.cpus_per_task.unwrap_or(0),
             gpus_per_task: opts.gpus_per_task.as_ref().map_or(0, |g| g.count),
@@ -206,9 +242,10 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args) -> Exit {
         })
         .await
         .rpc()
-        .context("cannot create the step")?;
+        // Slurm's words: `srun: error: Unable to create step for job 7: More processors
+        // requested than permitted`.
+        .with_context(|| format!("Unable to create step for job {job_id}"))?;
     crate::timing::mark("step-created");
-    let ctx = crate::cmd::sbatch::submit_context()?;
     let export = opts
         .export
         .clone()
@@ -216,12 +253,7 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args) -> Exit {
     let mut env: HashMap<String, String> = crate::opts::build_environment(&export, &ctx.env)
         .into_iter()
         .collect();
-    env.insert("SLURM_STEP_ID".into(), step.step_id.to_string());
-    env.insert("SLURM_STEPID".into(), step.step_id.to_string());
-    env.insert("SLURM_STEP_NODELIST".into(), step.nodelist.clone());
-    env.insert("SLURM_STEP_NUM_TASKS".into(), step.ntasks.to_string());
-    env.insert("SLURM_NTASKS".into(), step.ntasks.to_string());
-    env.insert("SLURM_NPROCS".into(), step.ntasks.to_string());
+    step_environment(&mut env, &step, alloc, opts.ntasks_per_node);
     let workdir = ctx.cwd.to_string_lossy().into_owned();
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(u32, Event)>(256);
     let mut launches = Vec::new();
@@ -279,7 +311,13 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args) -> Exit {
     let mut stderr = std::io::stderr().lock();
     let mut worst: (i32, i32) = (0, 0);
     let mut partial: HashMap<(u32, bool), Vec<u8>> = HashMap::new();
-    while let Some((task, ev)) = rx.recv().await {
+    let mut running = Running::new(&step.targets);
+    // Until every task has reported its exit (a worker sends a task's exit after all of its
+    // output), or until every stream has ended (a node failed, or a task never reported).
+    while !running.all_exited() {
+        let Some((task, ev)) = rx.recv().await else {
+            break;
+        };
         match ev {
             Event::Stdout(bytes) => {
                 write_labelled(&mut stdout, &mut partial, task, false, &bytes, args.label)?
@@ -292,6 +330,7 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args) -> Exit {
                     worst.1 = e.signal;
                 }
                 worst.0 = worst.0.max(e.exit_code);
+                running.exited(task);
             }
         }
     }
@@ -310,27 +349,48 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args) -> Exit {
     stderr.flush()?;
     drop((stdout, stderr));
     crate::timing::mark("tasks-ended");
-    let mut launch_error = None;
-    for l in launches {
-        if let Err(e) = l.await.map_err(anyhow::Error::from).and_then(|r| r) {
-            launch_error = Some(e);
-        }
-    }
-    // A node that could not run its tasks fails the step even if every task that ran
-    // succeeded.
-    if launch_error.is_some() && worst == (0, 0) {
-        worst.0 = 1;
-    }
-    let _ = client
-        .jobs
-        .complete_step(CompleteStepRequest {
+    let complete = |worst: (i32, i32)| {
+        let mut jobs = client.jobs.clone();
+        let req = CompleteStepRequest {
             job_id,
             step_id: step.step_id,
             exit_code: worst.0,
             signal: worst.1,
-        })
-        .await;
-    crate::timing::mark("step-completed");
+        };
+        async move {
+            let _ = jobs.complete_step(req).await;
+        }
+    };
+    let drain = async {
+        // Nothing but stream ends is left to come; draining keeps the streams' senders from
+        // blocking until the workers close them.
+        while rx.recv().await.is_some() {}
+        let mut launch_error = None;
+        for l in launches {
+            if let Err(e) = l.await.map_err(anyhow::Error::from).and_then(|r| r) {
+                launch_error = Some(e);
+            }
+        }
+        launch_error
+    };
+    let launch_error = if running.all_exited() {
+        // Every task's result is in: the step is over. The controller records its end (a
+        // commit) while the workers clean up the step and close their streams, instead of
+        // after them. A stream that fails now cannot change any task's result.
+        let ((), _late_stream_error) = tokio::join!(complete(worst), drain);
+        crate::timing::mark("step-completed");
+        None
+    } else {
+        let launch_error = drain.await;
+        // A node that could not run its tasks fails the step even if every task that ran
+        // succeeded.
+        if launch_error.is_some() && worst == (0, 0) {
+            worst.0 = 1;
+        }
+        complete(worst).await;
+        crate::timing::mark("step-completed");
+        launch_error
+    };
     if let Some(e) = launch_error {
         return Err(e);
     }
@@ -339,6 +399,80 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args) -> Exit {
         (code, _) if code > 0 => u8::try_from(code.min(255)).unwrap_or(1),
         (_, sig) => u8::try_from((128 + sig).min(255)).unwrap_or(1),
     })
+}
+
+/// The step's layout variables over the inherited environment, as Slurm 22.05 sets them in
+/// every task (see `cli/tests/compat.rs`): the step's own node and task counts replace the
+/// job's `SLURM_NNODES`, `SLURM_NTASKS` and `SLURM_TASKS_PER_NODE`. When srun made the job
+/// itself, it also sets the job-wide variables a batch script would have had.
+fn step_environment(
+    env: &mut HashMap<String, String>,
+    step: &CreateStepResponse,
+    alloc: Allocation,
+    ntasks_per_node: Option<u32>,
+) {
+    let mut targets: Vec<&StepTarget> = step.targets.iter().collect();
+    targets.sort_by_key(|t| t.node_index);
+    let nnodes = targets.len().to_string();
+    let counts: Vec<u32> = targets
+        .iter()
+        .map(|t| u32::try_from(t.task_ids.len()).unwrap_or(u32::MAX))
+        .collect();
+    let tasks_per_node = compress_counts(&counts);
+    let mut set = |k: &str, v: String| {
+        env.insert(k.to_owned(), v);
+    };
+    set("SLURM_STEP_ID", step.step_id.to_string());
+    set("SLURM_STEPID", step.step_id.to_string());
+    set("SLURM_STEP_NODELIST", step.nodelist.clone());
+    set("SLURM_STEP_NUM_NODES", nnodes.clone());
+    set("SLURM_STEP_NUM_TASKS", step.ntasks.to_string());
+    set("SLURM_STEP_TASKS_PER_NODE", tasks_per_node.clone());
+    set("SLURM_NNODES", nnodes.clone());
+    set("SLURM_NTASKS", step.ntasks.to_string());
+    set("SLURM_NPROCS", step.ntasks.to_string());
+    set("SLURM_TASKS_PER_NODE", tasks_per_node);
+    if alloc == Allocation::MadeHere {
+        // The job srun made holds exactly the step's nodes.
+        set("SLURM_JOB_NODELIST", step.nodelist.clone());
+        set("SLURM_NODELIST", step.nodelist.clone());
+        set("SLURM_JOB_NUM_NODES", nnodes);
+        let cpus: Vec<u32> = targets.iter().map(|t| t.cpus).collect();
+        // A controller that does not report CPUs leaves the variable unset, not wrong.
+        if !cpus.is_empty() && cpus.iter().all(|c| *c > 0) {
+            set("SLURM_JOB_CPUS_PER_NODE", compress_counts(&cpus));
+        }
+        if let Some(n) = ntasks_per_node {
+            set("SLURM_NTASKS_PER_NODE", n.to_string());
+        }
+    }
+}
+
+/// The tasks of a step that have not reported their exit yet.
+#[derive(Debug)]
+struct Running {
+    tasks: HashSet<u32>,
+}
+
+impl Running {
+    /// Every task the step's targets launch.
+    fn new(targets: &[StepTarget]) -> Self {
+        Self {
+            tasks: targets
+                .iter()
+                .flat_map(|t| t.task_ids.iter().copied())
+                .collect(),
+        }
+    }
+
+    fn exited(&mut self, task: u32) {
+        self.tasks.remove(&task);
+    }
+
+    /// True once every task has exited.
+    fn all_exited(&self) -> bool {
+        self.tasks.is_empty()
+    }
 }
 
 /// The step environment for one node: `SLURM_CPUS_ON_NODE` is the job's CPUs there, not the
@@ -398,6 +532,28 @@ mod tests {
     }
 
     #[test]
+    fn the_step_is_over_when_the_last_task_of_every_node_exits() {
+        let target = |node: &str, ids: &[u32]| StepTarget {
+            node: node.into(),
+            task_ids: ids.to_vec(),
+            ..StepTarget::default()
+        };
+        let mut running = Running::new(&[target("n1", &[0, 1]), target("n2", &[2])]);
+        assert!(!running.all_exited());
+        running.exited(2);
+        running.exited(2);
+        running.exited(7);
+        assert!(!running.all_exited(), "tasks 0 and 1 on n1 still run");
+        running.exited(0);
+        assert!(!running.all_exited(), "task 1 still runs");
+        running.exited(1);
+        assert!(
+            running.all_exited(),
+            "no need to wait for the streams to end"
+        );
+    }
+
+    #[test]
     fn each_node_gets_its_own_cpu_count() {
         let env: HashMap<String, String> = [
             ("SLURM_CPUS_ON_NODE".to_owned(), "8".to_owned()),
@@ -414,5 +570,163 @@ mod tests {
         assert_eq!(got["PATH"], "/bin");
         // A controller that does not say keeps the inherited value.
         assert_eq!(target_env(&env, &target(0))["SLURM_CPUS_ON_NODE"], "8");
+    }
+
+    fn step(targets: &[(u32, &[u32], u32)], nodelist: &str) -> CreateStepResponse {
+        CreateStepResponse {
+            job_id: 1,
+            step_id: 2,
+            nodelist: nodelist.into(),
+            ntasks: targets.iter().map(|t| t.1.len() as u32).sum(),
+            targets: targets
+                .iter()
+                .map(|(index, ids, cpus)| StepTarget {
+                    node: format!("n{}", index + 1),
+                    node_index: *index,
+                    task_ids: ids.to_vec(),
+                    cpus: *cpus,
+                    ..StepTarget::default()
+                })
+                .collect(),
+            ..CreateStepResponse::default()
+        }
+    }
+
+    fn job_env() -> HashMap<String, String> {
+        // What a `sbatch -N2 --ntasks-per-node=2` batch script holds.
+        [
+            ("SLURM_NNODES", "2"),
+            ("SLURM_NODELIST", "n[1-2]"),
+            ("SLURM_JOB_NODELIST", "n[1-2]"),
+            ("SLURM_NTASKS", "4"),
+            ("SLURM_NPROCS", "4"),
+            ("SLURM_NTASKS_PER_NODE", "2"),
+            ("SLURM_TASKS_PER_NODE", "2(x2)"),
+            ("SLURM_JOB_CPUS_PER_NODE", "2(x2)"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+    }
+
+    /// Slurm 22.05 in a `-N2 --ntasks-per-node=2` job: `srun -n1` gives `SLURM_NNODES=1
+    /// SLURM_NTASKS=1 SLURM_TASKS_PER_NODE=1 SLURM_STEP_NUM_NODES=1
+    /// SLURM_STEP_TASKS_PER_NODE=1 SLURM_STEP_NODELIST=n1`, the job's `SLURM_NODELIST=n[1-2]`
+    /// and `SLURM_JOB_CPUS_PER_NODE=2(x2)` kept; `srun -n3`: `2,1` on both nodes.
+    #[test]
+    fn a_step_inside_a_job_sets_its_own_layout() {
+        let mut env = job_env();
+        step_environment(
+            &mut env,
+            &step(&[(0, &[0], 2)], "n1"),
+            Allocation::Inherited,
+            None,
+        );
+        for (k, v) in [
+            ("SLURM_NNODES", "1"),
+            ("SLURM_NTASKS", "1"),
+            ("SLURM_NPROCS", "1"),
+            ("SLURM_TASKS_PER_NODE", "1"),
+            ("SLURM_STEP_NUM_NODES", "1"),
+            ("SLURM_STEP_NUM_TASKS", "1"),
+            ("SLURM_STEP_TASKS_PER_NODE", "1"),
+            ("SLURM_STEP_NODELIST", "n1"),
+            ("SLURM_STEP_ID", "2"),
+            ("SLURM_NODELIST", "n[1-2]"),
+            ("SLURM_JOB_NODELIST", "n[1-2]"),
+            ("SLURM_JOB_CPUS_PER_NODE", "2(x2)"),
+            ("SLURM_NTASKS_PER_NODE", "2"),
+        ] {
+            assert_eq!(env.get(k).map(String::as_str), Some(v), "{k}");
+        }
+        let mut env = job_env();
+        // Targets out of node order still list the counts in node order.
+        let three = step(&[(1, &[2], 2), (0, &[0, 1], 2)], "n[1-2]");
+        step_environment(&mut env, &three, Allocation::Inherited, None);
+        assert_eq!(env["SLURM_TASKS_PER_NODE"], "2,1");
+        assert_eq!(env["SLURM_STEP_TASKS_PER_NODE"], "2,1");
+        assert_eq!(env["SLURM_STEP_NUM_NODES"], "2");
+        assert_eq!(env["SLURM_NNODES"], "2");
+        assert_eq!(env["SLURM_NTASKS"], "3");
+    }
+
+    /// Slurm 22.05, `srun -N2 -n3` outside a job: `SLURM_NNODES=2 SLURM_NODELIST=n[1-2]
+    /// SLURM_JOB_NODELIST=n[1-2] SLURM_JOB_NUM_NODES=2 SLURM_JOB_CPUS_PER_NODE=2,1
+    /// SLURM_TASKS_PER_NODE=2,1 SLURM_STEP_NUM_NODES=2 SLURM_STEP_TASKS_PER_NODE=2,1`, and
+    /// `-N2 --ntasks-per-node=2` adds `SLURM_NTASKS_PER_NODE=2`.
+    #[test]
+    fn a_step_in_its_own_job_sets_the_job_variables_too() {
+        let mut env = HashMap::new();
+        let s = step(&[(0, &[0, 1], 2), (1, &[2], 1)], "n[1-2]");
+        step_environment(&mut env, &s, Allocation::MadeHere, None);
+        for (k, v) in [
+            ("SLURM_NNODES", "2"),
+            ("SLURM_NODELIST", "n[1-2]"),
+            ("SLURM_JOB_NODELIST", "n[1-2]"),
+            ("SLURM_JOB_NUM_NODES", "2"),
+            ("SLURM_JOB_CPUS_PER_NODE", "2,1"),
+            ("SLURM_TASKS_PER_NODE", "2,1"),
+            ("SLURM_STEP_NUM_NODES", "2"),
+            ("SLURM_STEP_TASKS_PER_NODE", "2,1"),
+            ("SLURM_NTASKS", "3"),
+        ] {
+            assert_eq!(env.get(k).map(String::as_str), Some(v), "{k}");
+        }
+        assert!(!env.contains_key("SLURM_NTASKS_PER_NODE"));
+        let mut env = HashMap::new();
+        let s = step(&[(0, &[0, 1], 2), (1, &[2, 3], 2)], "n[1-2]");
+        step_environment(&mut env, &s, Allocation::MadeHere, Some(2));
+        assert_eq!(env["SLURM_NTASKS_PER_NODE"], "2");
+        assert_eq!(env["SLURM_JOB_CPUS_PER_NODE"], "2(x2)");
+        assert_eq!(env["SLURM_TASKS_PER_NODE"], "2(x2)");
+    }
+
+    /// Slurm's srun takes `SLURM_NTASKS` as its `-n` inside a job: `srun -N1` in a `-N2
+    /// --ntasks-per-node=2` job asks for 4 tasks (refused), in a plain `-N2` job for 1.
+    #[test]
+    fn inside_a_job_the_task_count_defaults_to_slurm_ntasks() {
+        let env = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        let opts = |argv: &[&str]| {
+            let mut full = vec!["srun"];
+            full.extend_from_slice(argv);
+            full.push("true");
+            Args::try_parse_from(full).unwrap().opts
+        };
+        let four = env(&[("SLURM_NTASKS", "4"), ("SLURM_NPROCS", "4")]);
+        assert_eq!(
+            step_ntasks(&opts(&["-N1"]), &four, Allocation::Inherited),
+            4
+        );
+        assert_eq!(
+            step_ntasks(&opts(&["-n1"]), &four, Allocation::Inherited),
+            1
+        );
+        assert_eq!(step_ntasks(&opts(&["-N1"]), &[], Allocation::Inherited), 0);
+        assert_eq!(
+            step_ntasks(
+                &opts(&[]),
+                &env(&[("SLURM_NPROCS", "3")]),
+                Allocation::Inherited
+            ),
+            3
+        );
+        assert_eq!(step_ntasks(&opts(&["-N1"]), &four, Allocation::MadeHere), 0);
+        assert_eq!(
+            step_ntasks(
+                &opts(&["--ntasks-per-node=1"]),
+                &four,
+                Allocation::Inherited
+            ),
+            0
+        );
+        assert_eq!(
+            step_ntasks(&opts(&["-w", "n1"]), &four, Allocation::Inherited),
+            0
+        );
     }
 }

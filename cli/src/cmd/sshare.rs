@@ -117,12 +117,15 @@ pub fn table(rows: &[&v1::ShareRow], long: bool, layout: Layout, header: bool) -
     if long {
         cols.push(col("LevelFS", 10, Align::Right));
     }
+    // Indented from the shallowest row shown: Slurm 22.05's `sshare -n -P -A a1 -A a3`
+    // printed `a1||50|...` and ` a1|root|...`, one level less than in the whole tree.
+    let base = rows.iter().map(|r| r.depth).min().unwrap_or(0);
     let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
             let root = r.depth == 0;
             let mut c = vec![
-                format!("{}{}", " ".repeat(r.depth as usize), r.account),
+                format!("{}{}", " ".repeat((r.depth - base) as usize), r.account),
                 r.user.clone(),
                 if root {
                     String::new()
@@ -234,6 +237,18 @@ mod tests {
         assert_eq!(lines[1], "root|||1.000000|0|0.000000|");
         assert_eq!(lines[2], " physics||60|0.600000|0|0.000000|");
         assert_eq!(lines[3], "  physics|alice|1|0.500000|0|0.000000|1.000000");
+        // `-A physics`: indented from physics, as Slurm's `sshare -A a1` printed `a1||50|...`
+        // then ` a1|root|...`.
+        let some = select(&t, &["physics".into()], &[], true, "bob");
+        let out = table(&some, false, Layout::Parsable2, false);
+        assert_eq!(
+            out.lines().collect::<Vec<_>>(),
+            [
+                "physics||60|0.600000|0|0.000000|",
+                " physics|alice|1|0.500000|0|0.000000|1.000000",
+                " physics|bob|1|0.500000|0|0.000000|1.000000"
+            ]
+        );
         let long = table(&rows, true, Layout::Fixed, true);
         assert!(long.lines().next().unwrap().contains("LevelFS"));
         assert!(long.lines().nth(3).unwrap().ends_with("inf"));

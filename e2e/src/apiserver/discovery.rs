@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::resource::ResourceType;
 
-pub const KUBE_VERSION: (&str, &str) = ("1", "34");
+pub const KUBE_VERSION: (&str, &str) = ("1", "35");
 
 pub fn version() -> Value {
     json!({

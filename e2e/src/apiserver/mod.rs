@@ -65,6 +65,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt as _;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::watch as tokio_watch;
@@ -225,6 +226,15 @@ async fn serve_ctx(
         .then(|| tokio::spawn(workloads::run(ctx.clone())));
     let app = http::router(ctx.clone());
     let mut stop = ctx.shutdown.clone();
+    // Go's net package sets TCP_NODELAY on every connection, so kube-apiserver's watch
+    // streams (one small chunk per event) leave at once; without it here, each event
+    // written while the previous one is unacknowledged waits for the client's delayed ACK
+    // (40 ms), which no real cluster charges.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY not set");
+        }
+    });
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             tokio::select! {

@@ -66,7 +66,7 @@ pub fn group_version(types: &[Arc<ResourceType>], group: &str, version: &str) ->
     }
     Some(json!({
         "openapi": "3.0.0",
-        "info": {"title": "Kubernetes (tandem kube-sim)", "version": "v1.34.0"},
+        "info": {"title": "Kubernetes (tandem kube-sim)", "version": "v1.35.0"},
         "paths": paths,
         "components": {"schemas": {}},
     }))

@@ -300,6 +300,17 @@ const BUILTINS: &[Builtin] = &[
         false,
         false,
     ),
+    // The in-tree Workload API (Kubernetes 1.35, alpha): pods name one in `spec.workloadRef`.
+    b(
+        "scheduling.k8s.io",
+        "v1alpha1",
+        "Workload",
+        "workloads",
+        &[],
+        true,
+        false,
+        false,
+    ),
     b(
         "admissionregistration.k8s.io",
         "v1",

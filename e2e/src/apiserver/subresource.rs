@@ -261,7 +261,8 @@ pub async fn bind(ctx: &Ctx, t: &Target, body: &Value) -> ApiResult<Value> {
     )
 }
 
-/// POST pods/{name}/eviction: deletes the pod with the eviction's delete options, unless a
+/// POST pods/{name}/eviction: marks the pod `DisruptionTarget` and deletes it with the
+/// eviction's delete options, unless a
 /// PodDisruptionBudget of its namespace selects it and allows no disruption now (429, as
 /// the real server answers). The budget is computed on the spot from the pods' Ready
 /// conditions (a real server reads the disruption controller's `status.disruptionsAllowed`);
@@ -280,6 +281,23 @@ pub async fn evict(ctx: &Ctx, t: &Target, body: &Value) -> ApiResult<Value> {
             ));
         }
     }
+    // As kube-apiserver does since 1.26 (PodDisruptionConditions, GA in 1.31): the pod is
+    // marked `DisruptionTarget` before it is deleted, which is how a client tells an
+    // eviction from a plain delete.
+    ctx.store.with(|st| {
+        let pod = st.get(&t.rt, &t.ns, &t.name)?;
+        if meta::is_deleting(&pod) {
+            return Ok(pod);
+        }
+        let rv = meta::resource_version(&pod).unwrap_or_default().to_owned();
+        let mut new = pod.clone();
+        let conds = new["status"]["conditions"].as_array().cloned().unwrap_or_default();
+        let mut conds: Vec<Value> = conds.into_iter().filter(|c| c["type"] != "DisruptionTarget").collect();
+        conds.push(json!({"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+            "message": "Eviction API: evicting", "lastProbeTime": null, "lastTransitionTime": meta::now_rfc3339()}));
+        new["status"]["conditions"] = json!(conds);
+        st.update(&t.rt, new, &rv)
+    })?;
     let mut opts = DeleteOpts::default();
     opts.merge_body(&body["deleteOptions"]);
     let main = Target {

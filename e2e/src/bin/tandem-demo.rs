@@ -1,8 +1,9 @@
 //! `tandem-demo`: the README's one command for the whole story. On the in-repo Kubernetes
-//! API server with a process kubelet, it installs Tandem (CRDs, operator, a cluster, the
-//! bridge), runs a researcher's batch jobs and a serving team's inference Deployment on one
-//! pool, prints `kubectl get pods -o wide`, `squeue`, `sinfo` with node modes and `sshare`
-//! as it goes, and exits non-zero if any of it failed.
+//! API server with a process kubelet, it installs Tandem (the four Helm charts: CRDs,
+//! operator, a cluster, the bridge), runs a researcher's batch jobs and a serving team's
+//! inference Deployment on one pool (its worker set scaled up on the pending demand),
+//! prints `kubectl get pods -o wide`, `squeue`, `sinfo` with node modes and `sshare` as it
+//! goes, and exits non-zero if any of it failed.
 //!
 //! `cargo run --release -p tandem-e2e --bin tandem-demo`; it builds the `tandem`,
 //! `tandem-operator` and `tandem-bridge` binaries it runs if they are missing.
@@ -69,11 +70,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .context("starting the in-repo API server and the process kubelet")?;
     let outcome = story::run(&cluster, &bins).await?;
     println!(
-        "\n== done in {:.0}s: inference on {}; all-reduce across {}; {} array tasks; {} back to batch; usage {:?}",
+        "\n== done in {:.0}s: inference on {}; all-reduce across {}; {} array tasks; workers {} -> {} on pending demand; {} back to batch; usage {:?}",
         outcome.elapsed.as_secs_f64(),
         outcome.inference_nodes.join(","),
         outcome.allreduce_nodes.join(","),
         outcome.array_tasks,
+        outcome.scaled.0,
+        outcome.scaled.1,
         outcome.flipped.join(","),
         outcome.usage,
     );

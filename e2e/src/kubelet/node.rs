@@ -16,7 +16,7 @@ pub const LEASE_NAMESPACE: &str = "kube-node-lease";
 /// How long a lease holds without renewal (the kubelet's default).
 pub const LEASE_DURATION_SECONDS: i32 = 40;
 /// The version the kubelet reports for itself; says plainly what it is.
-pub const KUBELET_VERSION: &str = "v1.34.0-tandem-e2e-process-kubelet";
+pub const KUBELET_VERSION: &str = "v1.35.0-tandem-e2e-process-kubelet";
 
 /// A node the test declares, and that the process kubelet serves.
 #[derive(Debug, Clone, PartialEq)]

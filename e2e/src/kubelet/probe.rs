@@ -135,7 +135,7 @@ async fn http_ok(host: &str, port: u16, path: &str) -> bool {
         return false;
     };
     let request = format!(
-        "GET {path} HTTP/1.0\r\nHost: {host}:{port}\r\nUser-Agent: kube-probe/1.34\r\n\r\n"
+        "GET {path} HTTP/1.0\r\nHost: {host}:{port}\r\nUser-Agent: kube-probe/1.35\r\n\r\n"
     );
     if stream.write_all(request.as_bytes()).await.is_err() {
         return false;

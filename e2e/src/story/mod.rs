@@ -6,41 +6,54 @@
 //!
 //! # Steps
 //! 1. Nodes: `sys-0` for the controller and login pods, `gpu-0..` the GPU pool.
-//! 2. Install: `tandem-crds`, `tandem-operator` and `tandem-bridge` rendered by real Helm
-//!    ([`helm`]) and every object created on the harness; the `tandem-cluster` objects from
-//!    [`manifests`]. The harness serves plain HTTP and mounts no service-account token, so
-//!    the operator and bridge Deployments are installed at 0 replicas and their containers'
-//!    command lines (from the rendered charts) run here as processes with a kubeconfig.
+//! 2. Install: the four charts `tandem-crds`, `tandem-operator`, `tandem-cluster` (with
+//!    [`values::cluster`]: two teams, the worker set `gpu` at 2 of the 4 pool nodes with an
+//!    HPA, a login set) and `tandem-bridge`, rendered by real Helm ([`helm`]) and every
+//!    object created on the harness. The harness serves plain HTTP and mounts no
+//!    service-account token, so the operator and bridge Deployments are installed at 0
+//!    replicas and their containers' command lines (from the rendered charts) run here as
+//!    processes with a kubeconfig.
 //! 3. Serving: an inference Deployment with `schedulerName: tandem`; the bridge binds its
 //!    pods to pool nodes that turn to `kube` mode.
 //! 4. Research: from the login pod (`kubectl exec` equivalent), the 2-node all-reduce
-//!    example and the sweep array; `squeue`, `sinfo` with modes while they run.
+//!    example and the sweep array. They wait (the pool has 2 workers, one at least serving);
+//!    the story plays the chart's HPA ([`autoscale`]): the controller's pending-nodes gauge
+//!    scales the worker set to the whole pool through its scale subresource, and the jobs
+//!    run; `squeue`, `sinfo` with modes while they do.
 //! 5. The pool flips: the Deployment scales to zero and a 4-node job takes every node,
 //!    so the `kube` nodes turn `batch`.
-//! 6. `sshare`: both teams' usage moved. Cleanup: the objects deleted, nothing left; then
-//!    `helm uninstall`: every object the releases made deleted last first, none left.
+//! 6. `sshare`: both teams' usage moved. Cleanup: the Deployment deleted, then `helm
+//!    uninstall` of each release, last installed first (every object it made deleted, last
+//!    first): nothing is left, no pod either.
+//!
+//! Against a real cluster (`KUBECONFIG`), [`run_real`] does what needs no process kubelet:
+//! the four installs, the check that their objects exist, the uninstalls and the check that
+//! nothing is left; it prints `SKIP <step>: <why>` for every other step.
 //!
 //! Every wait has a deadline and fails with the last thing it saw and the components' logs.
 
+pub mod autoscale;
 pub mod helm;
 pub mod manifests;
 pub mod procs;
 pub mod table;
+pub mod values;
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::json;
 
 use crate::kubelet::NodeSpec;
-use crate::testkit::{TestCluster, TestkitError, create_all, objects_from_yaml};
+use crate::testkit::{TestCluster, TestkitError, create_all, objects_from_yaml, skip};
 use manifests::{CLUSTER, Pool, RESEARCH, SERVING};
 pub use procs::Bins;
 use procs::Proc;
+use values::{LOGIN_SET, WORKER_SET};
 
 /// How long any one condition may take (real processes on a loaded 2-core machine).
 const LONG: Duration = Duration::from_secs(90);
@@ -52,6 +65,9 @@ const POOL: Pool = Pool {
     mem_gib: 16,
     gpus: 2,
 };
+
+/// Workers the set starts with: fewer than the research jobs need once inference runs.
+const START_WORKERS: usize = 2;
 
 /// Why the story stopped. The Kubernetes errors are boxed: `kube::Error` is large, and every
 /// step returns this.
@@ -116,6 +132,8 @@ pub struct Outcome {
     pub allreduce_nodes: Vec<String>,
     /// Array tasks COMPLETED.
     pub array_tasks: usize,
+    /// The worker set's replicas before and after the autoscaler saw the pending jobs.
+    pub scaled: (i64, i64),
     /// Nodes seen in `kube` mode, then `batch` again once the 4-node job ran.
     pub flipped: Vec<String>,
     /// RawUsage per account from `sshare` at the end.
@@ -126,7 +144,7 @@ pub struct Outcome {
 /// Runs the story on `cluster` (the harness, with the process kubelet) with `bins`.
 pub async fn run(cluster: &TestCluster, bins: &Bins) -> Result<Outcome, StoryError> {
     let began = Instant::now();
-    let mut s = Story::new(cluster, bins)?;
+    let mut s = Story::new(cluster, Some(bins))?;
     let result = s.play(began).await;
     if result.is_err() {
         s.dump().await;
@@ -135,10 +153,65 @@ pub async fn run(cluster: &TestCluster, bins: &Bins) -> Result<Outcome, StoryErr
     result
 }
 
+/// The steps after the install, each of which needs the process kubelet, and why.
+const KUBELET_STEPS: [(&str, &str); 5] = [
+    (
+        "serving",
+        "the bridge runs here as a process and must reach the controller's cluster IP from this machine",
+    ),
+    (
+        "research",
+        "`kubectl exec` into the login pod runs the pod's command here (the process kubelet)",
+    ),
+    (
+        "autoscale",
+        "the story reads the controller's metrics at its cluster IP from this machine",
+    ),
+    ("flip", "it needs the serving and research steps"),
+    ("sshare", "`kubectl exec` into the login pod"),
+];
+
+/// On a real cluster (`KUBECONFIG`): the four charts installed (rendered and applied, the
+/// operator and bridge at 0 replicas, so nothing runs), every object they made checked to
+/// exist, then uninstalled and checked gone, and the story's namespaces deleted. Prints
+/// `SKIP <step>: <why>` for the steps that need the process kubelet. The number of objects
+/// the releases made.
+pub async fn run_real(cluster: &TestCluster) -> Result<usize, StoryError> {
+    let mut s = Story::new(cluster, None)?;
+    let result = s.install_charts().await;
+    let result = match result {
+        Ok(()) => s.check_installed().await,
+        Err(e) => Err(e),
+    };
+    if result.is_ok() {
+        for (step, why) in KUBELET_STEPS {
+            skip(step, why);
+        }
+    }
+    let made = s.releases.iter().map(|r| r.made.len()).sum();
+    let uninstalled = s
+        .uninstall(
+            &[
+                "tandem-bridge",
+                "tandem-cluster",
+                "tandem-operator",
+                "tandem-crds",
+            ],
+            result.is_ok(),
+        )
+        .await;
+    let deleted = s.delete_namespaces().await;
+    result?;
+    uninstalled?;
+    deleted?;
+    Ok(made)
+}
+
 struct Story<'a> {
     cluster: &'a TestCluster,
     client: kube::Client,
-    bins: &'a Bins,
+    /// The binaries the harness runs; none on a real cluster.
+    bins: Option<&'a Bins>,
     /// Logs, kubeconfig, key files and the jobs' working directory.
     dir: tempfile::TempDir,
     /// The namespace Tandem is installed in, and the serving team's.
@@ -148,7 +221,13 @@ struct Story<'a> {
     bridge: Option<Proc>,
     /// The chart venv's python, once made.
     python: Option<PathBuf>,
-    /// What the Helm releases made, in creation order (uninstall deletes it in reverse).
+    /// The Helm releases, in install order.
+    releases: Vec<Release>,
+}
+
+/// One `helm install`: what it made, in creation order (uninstall deletes it in reverse).
+struct Release {
+    name: String,
     made: Vec<helm::Made>,
 }
 
@@ -166,7 +245,7 @@ fn show(text: &str) {
 }
 
 impl<'a> Story<'a> {
-    fn new(cluster: &'a TestCluster, bins: &'a Bins) -> Result<Self, StoryError> {
+    fn new(cluster: &'a TestCluster, bins: Option<&'a Bins>) -> Result<Self, StoryError> {
         let dir = tempfile::Builder::new()
             .prefix("tandem-story-")
             .tempdir()
@@ -181,7 +260,7 @@ impl<'a> Story<'a> {
             operator: None,
             bridge: None,
             python: None,
-            made: Vec::new(),
+            releases: Vec::new(),
         })
     }
 
@@ -189,13 +268,14 @@ impl<'a> Story<'a> {
         self.nodes().await?;
         self.install().await?;
         let inference_nodes = self.serve().await?;
-        let (allreduce_nodes, array_tasks) = self.research().await?;
+        let (allreduce_nodes, array_tasks, scaled) = self.research().await?;
         let flipped = self.flip(&inference_nodes).await?;
         let usage = self.sshare().await?;
         Ok(Outcome {
             inference_nodes,
             allreduce_nodes,
             array_tasks,
+            scaled,
             flipped,
             usage,
             elapsed: began.elapsed(),
@@ -257,7 +337,45 @@ impl<'a> Story<'a> {
             ),
         )
         .map_err(io_err("writing the kubeconfig"))?;
+        self.namespaces().await?;
+        let rendered = self.install_crds_and_operator().await?;
+        // The harness serves plain HTTP and mounts no service-account token, so an
+        // in-cluster client cannot reach it: the Deployment is installed at 0 replicas and
+        // its container runs here as a process, with the chart's own command line.
+        let argv = deployment_argv(&rendered, "tandem-operator")?;
+        println!("running the chart's container here: {}", argv.join(" "));
+        let kubeconfig = self.kubeconfig();
+        let args: Vec<&str> = argv.iter().skip(1).map(String::as_str).collect();
+        let bins = self.bins.ok_or_else(|| failed("install", "no binaries"))?;
+        self.operator = Some(
+            Proc::spawn(
+                &bins.operator,
+                &args,
+                &[("KUBECONFIG", &kubeconfig)],
+                self.dir.path().join("operator.log"),
+            )
+            .map_err(io_err("starting tandem-operator"))?,
+        );
 
+        self.install_cluster().await?;
+        self.wait_ready("WorkerSet", "workersets", WORKER_SET, START_WORKERS)
+            .await?;
+        self.wait_ready("LoginSet", "loginsets", LOGIN_SET, 1)
+            .await?;
+        say(&format!("kubectl -n {} get pods -o wide", self.ns));
+        show(&self.pods_table(&self.ns).await?);
+
+        self.start_bridge().await?;
+        self.check_installed().await?;
+        say(&format!(
+            "kubectl exec {LOGIN_SET}-0 -- sinfo -N -o '%N %P %t %k'"
+        ));
+        show(&self.login(&["sinfo", "-N", "-o", "%N %P %t %k"]).await?);
+        Ok(())
+    }
+
+    /// The namespace Tandem goes in and the serving team's, new ones each run.
+    async fn namespaces(&mut self) -> Result<(), StoryError> {
         self.ns = self
             .cluster
             .namespace("tandem")
@@ -272,7 +390,12 @@ impl<'a> Story<'a> {
             "namespaces: {} (Tandem), {} (the serving team)",
             self.ns, self.serving
         );
+        Ok(())
+    }
 
+    /// `helm install` of `tandem-crds` and `tandem-operator`; what the operator chart
+    /// rendered.
+    async fn install_crds_and_operator(&mut self) -> Result<helm::Rendered, StoryError> {
         self.python = Some(helm::python().map_err(|e| failed("helm", format!("{e:#}")))?);
         say("helm install tandem-crds charts/tandem-crds");
         self.helm_install("tandem-crds", "tandem-crds", json!({}))
@@ -281,53 +404,75 @@ impl<'a> Story<'a> {
             "helm install tandem-operator charts/tandem-operator -n {} (watchNamespace {0})",
             self.ns
         ));
-        let rendered = self
-            .helm_install(
-                "tandem-operator",
-                "tandem-operator",
-                json!({"image": image_values(), "replicas": 0, "watchNamespace": self.ns}),
-            )
-            .await?;
-        // The harness serves plain HTTP and mounts no service-account token, so an
-        // in-cluster client cannot reach it: the Deployment is installed at 0 replicas and
-        // its container runs here as a process, with the chart's own command line.
-        let argv = deployment_argv(&rendered, "tandem-operator")?;
-        println!("running the chart's container here: {}", argv.join(" "));
-        let kubeconfig = self.kubeconfig();
-        let args: Vec<&str> = argv.iter().skip(1).map(String::as_str).collect();
-        self.operator = Some(
-            Proc::spawn(
-                &self.bins.operator,
-                &args,
-                &[("KUBECONFIG", &kubeconfig)],
-                self.dir.path().join("operator.log"),
-            )
-            .map_err(io_err("starting tandem-operator"))?,
-        );
+        let image = values::image(&crate::testkit::tandem_image());
+        self.helm_install(
+            "tandem-operator",
+            "tandem-operator",
+            values::operator(&image, &self.ns),
+        )
+        .await
+    }
 
+    /// `helm install tandem-cluster` with the story's values.
+    async fn install_cluster(&mut self) -> Result<(), StoryError> {
         say(&format!(
-            "install tandem-cluster: TandemCluster {CLUSTER} (accounts {RESEARCH} 60, {SERVING} 40; \
-             namespace {} -> {SERVING}), WorkerSet gpu x{}, LoginSet login",
-            self.serving, POOL.nodes
+            "helm install tandem-cluster charts/tandem-cluster -n {}: TandemCluster {CLUSTER} \
+             (accounts {RESEARCH} 60, {SERVING} 40; namespace {} -> {SERVING}), WorkerSet \
+             {WORKER_SET} x{START_WORKERS} of {} with an HPA up to {2}, LoginSet {LOGIN_SET}",
+            self.ns, self.serving, POOL.nodes
         ));
-        let researcher = crate_user();
-        let objs = objects_from_yaml(&manifests::tandem_cluster(POOL, &self.serving, &researcher))
-            .map_err(kit_err("the tandem-cluster objects"))?;
-        create_all(&self.client, &self.ns, &objs)
-            .await
-            .map_err(kit_err("creating the tandem-cluster objects"))?;
-        self.wait_ready("WorkerSet", "workersets", "gpu", POOL.nodes)
+        let v = values::cluster(POOL, START_WORKERS, &self.serving, &crate_user());
+        let rendered = self
+            .helm_install("tandem-cluster", "tandem-cluster", v)
             .await?;
-        self.wait_ready("LoginSet", "loginsets", "login", 1).await?;
-        say(&format!("kubectl -n {} get pods -o wide", self.ns));
-        show(&self.pods_table(&self.ns).await?);
-
-        self.start_bridge().await?;
-        say("kubectl exec login-0 -- sinfo -N -o '%N %P %t %k'");
-        show(&self.login(&["sinfo", "-N", "-o", "%N %P %t %k"]).await?);
+        show(&rendered.notes);
         Ok(())
     }
 
+    /// `helm install tandem-bridge` for the cluster `CLUSTER`.
+    async fn install_bridge(&mut self) -> Result<helm::Rendered, StoryError> {
+        say(&format!(
+            "helm install tandem-bridge charts/tandem-bridge -n {} (cluster.name {CLUSTER})",
+            self.ns
+        ));
+        let image = values::image(&crate::testkit::tandem_image());
+        self.helm_install("tandem-bridge", "tandem-bridge", values::bridge(&image))
+            .await
+    }
+
+    /// The four installs alone, no process started (a real cluster).
+    async fn install_charts(&mut self) -> Result<(), StoryError> {
+        self.namespaces().await?;
+        self.install_crds_and_operator().await?;
+        self.install_cluster().await?;
+        self.install_bridge().await?;
+        Ok(())
+    }
+
+    /// Fails unless every object the releases made exists.
+    async fn check_installed(&self) -> Result<(), StoryError> {
+        let mut missing = Vec::new();
+        let mut n = 0;
+        for m in self.releases.iter().flat_map(|r| &r.made) {
+            n += 1;
+            if m.api(&self.client)
+                .get_opt(&m.name)
+                .await
+                .map_err(kube_err("read a release's object"))?
+                .is_none()
+            {
+                missing.push(m.describe());
+            }
+        }
+        if !missing.is_empty() {
+            return Err(failed("helm install", format!("missing: {missing:?}")));
+        }
+        say(&format!(
+            "helm status: all {n} objects of {} releases exist",
+            self.releases.len()
+        ));
+        Ok(())
+    }
     fn api(&self, kind: &str, plural: &str) -> Api<DynamicObject> {
         Api::namespaced_with(
             self.client.clone(),
@@ -407,18 +552,7 @@ impl<'a> Story<'a> {
         let ca_file = self.dir.path().join("ca.crt");
         write_private(&key_file, &key)?;
         write_private(&ca_file, &ca)?;
-        say(&format!(
-            "helm install tandem-bridge charts/tandem-bridge -n {} (cluster.name {CLUSTER})",
-            self.ns
-        ));
-        let rendered = self
-            .helm_install(
-                "tandem-bridge",
-                "tandem-bridge",
-                json!({"image": image_values(), "replicas": 0, "cluster": {"name": CLUSTER},
-                       "webhook": {"enabled": false}, "leaderElection": {"enabled": false}}),
-            )
-            .await?;
+        let rendered = self.install_bridge().await?;
         // As for the operator: the chart's command line, run here. The Secrets' files are
         // written where the mounts would put them, and the controller's Service name
         // becomes the endpoint the cluster's status gives (no cluster DNS here).
@@ -440,9 +574,10 @@ impl<'a> Story<'a> {
         println!("running the chart's container here: {}", argv.join(" "));
         let args: Vec<&str> = argv.iter().skip(1).map(String::as_str).collect();
         let kubeconfig = self.kubeconfig();
+        let bins = self.bins.ok_or_else(|| failed("install", "no binaries"))?;
         self.bridge = Some(
             Proc::spawn(
-                &self.bins.bridge,
+                &bins.bridge,
                 &args,
                 &[("KUBECONFIG", &kubeconfig)],
                 self.dir.path().join("bridge.log"),
@@ -467,17 +602,66 @@ impl<'a> Story<'a> {
         let rendered = helm::render(&python, chart, release, &self.ns, &values)
             .map_err(|e| failed(format!("helm install {release}"), format!("{e:#}")))?;
         let step = format!("helm install {release}");
+        self.releases.push(Release {
+            name: release.to_owned(),
+            made: Vec::new(),
+        });
+        let mut crds = Vec::new();
         for obj in rendered.objects.iter().chain(&rendered.hooks) {
-            let made = helm::create(&self.client, &self.ns, obj)
-                .await
-                .map_err(kube_err(&step))?;
+            let is_crd = obj
+                .types
+                .as_ref()
+                .is_some_and(|t| t.kind == "CustomResourceDefinition");
+            let made = match helm::create(&self.client, &self.ns, obj).await {
+                Ok(made) => made,
+                // Helm installs crds/ only when they are missing (a real cluster may have
+                // them from an earlier install).
+                Err(kube::Error::Api(e)) if is_crd && e.code == 409 => {
+                    println!(
+                        "CustomResourceDefinition/{} exists already",
+                        obj.metadata.name.as_deref().unwrap_or_default()
+                    );
+                    crds.push(obj);
+                    continue;
+                }
+                Err(e) => return Err(kube_err(&step)(e)),
+            };
             println!("{} created", made.describe());
-            // CRDs in a chart's crds/ folder stay after `helm uninstall` (Helm's rule).
-            if made.resource.kind != "CustomResourceDefinition" {
-                self.made.push(made);
+            if is_crd {
+                // CRDs in a chart's crds/ folder stay after `helm uninstall` (Helm's rule).
+                crds.push(obj);
+            } else if let Some(r) = self.releases.last_mut() {
+                r.made.push(made);
             }
         }
+        for crd in crds {
+            self.wait_served(crd).await?;
+        }
         Ok(rendered)
+    }
+
+    /// Waits until discovery serves the kind `crd` defines (a real API server takes a
+    /// moment to establish a new CRD).
+    async fn wait_served(&self, crd: &DynamicObject) -> Result<(), StoryError> {
+        let spec = &crd.data["spec"];
+        let version = spec["versions"]
+            .as_array()
+            .and_then(|vs| vs.iter().find(|v| v["served"] == true))
+            .and_then(|v| v["name"].as_str())
+            .unwrap_or_default();
+        let gvk = kube::api::GroupVersionKind::gvk(
+            spec["group"].as_str().unwrap_or_default(),
+            version,
+            spec["names"]["kind"].as_str().unwrap_or_default(),
+        );
+        let what = format!("{}/{} to be served", gvk.group, gvk.kind);
+        self.poll(&what, || async {
+            Ok(kube::discovery::pinned_kind(&self.client, &gvk)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()))
+        })
+        .await
     }
 
     // === 3. serving ===
@@ -528,7 +712,7 @@ impl<'a> Story<'a> {
 
     // === 4. research ===
 
-    async fn research(&mut self) -> Result<(Vec<String>, usize), StoryError> {
+    async fn research(&mut self) -> Result<(Vec<String>, usize, (i64, i64)), StoryError> {
         let examples = examples_dir();
         let work = self.dir.path().join("work");
         std::fs::create_dir_all(&work).map_err(io_err("the jobs' directory"))?;
@@ -545,6 +729,7 @@ impl<'a> Story<'a> {
             .sbatch(&["-A", RESEARCH, "--chdir", &w, &sweep.to_string_lossy()])
             .await?;
         println!("Submitted batch job {a}\nSubmitted batch job {b}");
+        let scaled = self.autoscale(&b).await?;
 
         // Show the queue and the nodes as they change, until both jobs are done.
         let began = Instant::now();
@@ -632,7 +817,7 @@ impl<'a> Story<'a> {
                 format!("ranks not on two nodes:\n{text}"),
             ));
         }
-        Ok((nodes, array_tasks))
+        Ok((nodes, array_tasks, scaled))
     }
 
     async fn sbatch(&self, args: &[&str]) -> Result<String, StoryError> {
@@ -643,6 +828,141 @@ impl<'a> Story<'a> {
             return Err(failed("sbatch", format!("printed {id:?}, not a job id")));
         }
         Ok(id)
+    }
+
+    // === 4b. the worker set scales on pending demand ===
+
+    /// The story as the HPA controller (and prometheus-adapter) for the HPA the chart made:
+    /// once the array `array` waits, the HPA's External metric, read from the controller's
+    /// `/metrics`, sets the worker set's replicas through its scale subresource; then the
+    /// new workers come up. The replicas before and after.
+    async fn autoscale(&self, array: &str) -> Result<(i64, i64), StoryError> {
+        let hpas: Api<DynamicObject> = Api::namespaced_with(
+            self.client.clone(),
+            &self.ns,
+            &ApiResource::from_gvk_with_plural(
+                &kube::api::GroupVersionKind::gvk("autoscaling", "v2", "HorizontalPodAutoscaler"),
+                "horizontalpodautoscalers",
+            ),
+        );
+        let obj = hpas
+            .get(WORKER_SET)
+            .await
+            .map_err(kube_err("read the HorizontalPodAutoscaler"))?;
+        let hpa = autoscale::Hpa::from_object(&obj).map_err(|e| failed("the HPA", e))?;
+        if hpa.target_kind != "WorkerSet" {
+            return Err(failed(
+                "the HPA",
+                format!("scales a {}, not a WorkerSet", hpa.target_kind),
+            ));
+        }
+        say(&format!(
+            "the worker set scales on pending demand: the story plays the HPA {WORKER_SET} (and \
+             prometheus-adapter): {} from the controller's /metrics, target averageValue {}, \
+             WorkerSet {} within [{}, {}]",
+            hpa.series(),
+            hpa.average_value,
+            hpa.target_name,
+            hpa.min,
+            hpa.max
+        ));
+        let addr = self.metrics_addr().await?;
+        let sets = self.api("WorkerSet", "workersets");
+        let queue = [
+            "squeue",
+            "-t",
+            "PD",
+            "-o",
+            "%.10i %.20j %.9P %.8u %.2t %.6D %R",
+        ];
+        let (pending, value, current, desired) = self
+            .poll(
+                "the array to wait and the HPA to want more workers",
+                || async {
+                    self.alive()?;
+                    let pending = self.login(&queue).await?;
+                    let waits = pending.lines().any(|l| {
+                        l.split_whitespace()
+                            .next()
+                            .is_some_and(|id| id == array || id.starts_with(&format!("{array}_")))
+                    });
+                    let text = match autoscale::scrape(addr).await {
+                        Ok(t) => t,
+                        Err(e) => return Ok(Err(e)),
+                    };
+                    let Some(value) = autoscale::sample(&text, &hpa.metric, &hpa.labels) else {
+                        return Ok(Err(format!("no {} in /metrics", hpa.series())));
+                    };
+                    let current = i64::from(
+                        sets.get_scale(&hpa.target_name)
+                            .await
+                            .map_err(kube_err("read the WorkerSet's scale"))?
+                            .spec
+                            .and_then(|s| s.replicas)
+                            .unwrap_or(0),
+                    );
+                    let desired = hpa.desired(value, current);
+                    Ok(if waits && desired > current {
+                        Ok((pending, value, current, desired))
+                    } else {
+                        Err(format!(
+                            "{} = {value}: {current} -> {desired} replicas; pending:\n{pending}",
+                            hpa.series()
+                        ))
+                    })
+                },
+            )
+            .await?;
+        say(&format!("squeue -t PD (the array {array} waits)"));
+        show(&pending);
+        println!(
+            "{} = {value}; the HPA: ceil({value} / {}) within [{}, {}] = {desired} replicas (now {current})",
+            hpa.series(),
+            hpa.average_value,
+            hpa.min,
+            hpa.max
+        );
+        say(&format!(
+            "kubectl -n {} scale workerset {} --replicas={desired}   (the scale subresource, as the HPA does)",
+            self.ns, hpa.target_name
+        ));
+        sets.patch_scale(
+            &hpa.target_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": desired}})),
+        )
+        .await
+        .map_err(kube_err("scale the WorkerSet"))?;
+        let n = usize::try_from(desired).map_err(|_| failed("the HPA", "negative replicas"))?;
+        self.wait_ready("WorkerSet", "workersets", &hpa.target_name, n)
+            .await?;
+        say(&format!("kubectl -n {} get pods -o wide", self.ns));
+        show(&self.pods_table(&self.ns).await?);
+        Ok((current, desired))
+    }
+
+    /// The controller Service's `metrics` port at its cluster IP (reached from here as a
+    /// pod would, through the harness's service proxy).
+    async fn metrics_addr(&self) -> Result<std::net::SocketAddr, StoryError> {
+        let services: Api<Service> = Api::namespaced(self.client.clone(), &self.ns);
+        let name = format!("{CLUSTER}-controller");
+        let svc = services
+            .get(&name)
+            .await
+            .map_err(kube_err("read the controller Service"))?;
+        let spec = svc.spec.unwrap_or_default();
+        let ip = spec
+            .cluster_ip
+            .and_then(|ip| ip.parse::<std::net::IpAddr>().ok())
+            .ok_or_else(|| failed(format!("Service {name}"), "no cluster IP"))?;
+        let port = spec
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| p.name.as_deref() == Some("metrics"))
+            .and_then(|p| u16::try_from(p.port).ok())
+            .ok_or_else(|| failed(format!("Service {name}"), "no port named metrics"))?;
+        Ok(std::net::SocketAddr::new(ip, port))
     }
 
     // === 5. the pool flips ===
@@ -731,22 +1051,23 @@ impl<'a> Story<'a> {
 
     // === helpers ===
 
-    /// Runs `argv` in the login pod, as `kubectl exec login-0 -- argv`.
+    /// Runs `argv` in the login pod, as `kubectl exec pool-login-0 -- argv`.
     async fn login(&self, argv: &[&str]) -> Result<String, StoryError> {
+        let pod = format!("{LOGIN_SET}-0");
         let out = self
             .cluster
-            .exec(&self.ns, "login-0", None, argv)
+            .exec(&self.ns, &pod, None, argv)
             .await
             .map_err(|e| {
                 failed(
-                    format!("kubectl exec login-0 -- {}", argv.join(" ")),
+                    format!("kubectl exec {pod} -- {}", argv.join(" ")),
                     format!("{e:#}"),
                 )
             })?;
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         if !out.status.success() {
             return Err(failed(
-                format!("kubectl exec login-0 -- {}", argv.join(" ")),
+                format!("kubectl exec {pod} -- {}", argv.join(" ")),
                 format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)),
             ));
         }
@@ -833,28 +1154,23 @@ impl<'a> Story<'a> {
         }
     }
 
-    /// `helm uninstall`, in reverse: the Deployment, the cluster's objects (the operator
-    /// drains and removes its pods), then the operator and the bridge. `check`: fail unless
-    /// nothing is left in the namespaces.
+    /// The end: the serving team deletes its Deployment, then `helm uninstall
+    /// tandem-cluster` (the operator, still running, drains and removes its pods), then the
+    /// operator and the bridge stop and `helm uninstall tandem-bridge tandem-operator
+    /// tandem-crds`. `check`: fail unless nothing is left, no pod either.
     async fn cleanup(&mut self, check: bool) -> Result<(), StoryError> {
         if self.ns.is_empty() {
             return Ok(());
         }
-        say(
-            "cleanup: kubectl delete the Deployment, the LoginSet, the WorkerSet and the TandemCluster",
-        );
-        let dp = DeleteParams::default();
+        say(&format!(
+            "the serving team: kubectl -n {} delete deployment infer",
+            self.serving
+        ));
         let deploys: Api<k8s_openapi::api::apps::v1::Deployment> =
             Api::namespaced(self.client.clone(), &self.serving);
-        let _ = deploys.delete("infer", &dp).await;
-        for (kind, plural, name) in [
-            ("LoginSet", "loginsets", "login"),
-            ("WorkerSet", "workersets", "gpu"),
-            ("TandemCluster", "tandemclusters", CLUSTER),
-        ] {
-            let _ = self.api(kind, plural).delete(name, &dp).await;
-        }
-        let result = if check {
+        let _ = deploys.delete("infer", &DeleteParams::default()).await;
+        let cluster = self.uninstall(&["tandem-cluster"], check).await;
+        let pods = if check && cluster.is_ok() {
             let (ns, serving) = (self.ns.clone(), self.serving.clone());
             self.poll("every pod to go", || async {
                 let mut left = Vec::new();
@@ -869,69 +1185,97 @@ impl<'a> Story<'a> {
                             .filter_map(|p| p.metadata.name),
                     );
                 }
-                let tcs = self.api("TandemCluster", "tandemclusters");
-                if tcs
-                    .get_opt(CLUSTER)
-                    .await
-                    .map_err(kube_err("read TandemCluster"))?
-                    .is_some()
-                {
-                    left.push(format!("TandemCluster {CLUSTER}"));
-                }
                 Ok(left
                     .is_empty()
                     .then_some(())
                     .ok_or(format!("left: {left:?}")))
             })
             .await
-            .map(|()| println!("nothing left in {ns} or {serving}"))
+            .map(|()| println!("no pod left in {ns} or {serving}"))
         } else {
             Ok(())
         };
         self.bridge = None;
         self.operator = None;
-        result?;
-        say(
-            "helm uninstall tandem-bridge tandem-operator tandem-crds: every object they made, last first",
-        );
-        let failures = helm::delete_all(&self.client, &self.made).await;
-        if check {
-            if !failures.is_empty() {
-                return Err(failed("helm uninstall", failures.join("; ")));
-            }
-            let made = self.made.clone();
-            self.poll("every object the releases made to go", || async {
-                let mut left = Vec::new();
-                for m in &made {
-                    if m.api(&self.client)
-                        .get_opt(&m.name)
-                        .await
-                        .map_err(kube_err("read a release's object"))?
-                        .is_some()
-                    {
-                        left.push(m.describe());
-                    }
+        let rest = self
+            .uninstall(&["tandem-bridge", "tandem-operator", "tandem-crds"], check)
+            .await;
+        cluster?;
+        pods?;
+        rest
+    }
+
+    /// `helm uninstall` of the releases `names` (those installed), in that order: each
+    /// release's objects deleted last first. `check`: fail unless none of them is left.
+    async fn uninstall(&mut self, names: &[&str], check: bool) -> Result<(), StoryError> {
+        let releases: Vec<&Release> = names
+            .iter()
+            .filter_map(|n| self.releases.iter().find(|r| r.name == *n))
+            .collect();
+        if releases.is_empty() {
+            return Ok(());
+        }
+        let listed: Vec<&str> = releases.iter().map(|r| r.name.as_str()).collect();
+        let listed = listed.join(" ");
+        say(&format!(
+            "helm uninstall {listed}: every object each made, last first"
+        ));
+        let mut failures = Vec::new();
+        for r in &releases {
+            failures.extend(helm::delete_all(&self.client, &r.made).await);
+        }
+        if !check {
+            return Ok(());
+        }
+        if !failures.is_empty() {
+            return Err(failed("helm uninstall", failures.join("; ")));
+        }
+        let made: Vec<helm::Made> = releases.iter().flat_map(|r| r.made.clone()).collect();
+        self.poll(&format!("every object {listed} made to go"), || async {
+            let mut left = Vec::new();
+            for m in &made {
+                if m.api(&self.client)
+                    .get_opt(&m.name)
+                    .await
+                    .map_err(kube_err("read a release's object"))?
+                    .is_some()
+                {
+                    left.push(m.describe());
                 }
-                Ok(left
-                    .is_empty()
-                    .then_some(())
-                    .ok_or(format!("left: {left:?}")))
-            })
-            .await?;
-            println!(
-                "nothing the releases made is left ({} objects; the CRDs stay, as Helm keeps crds/)",
-                made.len()
-            );
+            }
+            Ok(left
+                .is_empty()
+                .then_some(())
+                .ok_or(format!("left: {left:?}")))
+        })
+        .await?;
+        let crds = if listed.contains("tandem-crds") {
+            " (the CRDs stay, as Helm keeps crds/)"
+        } else {
+            ""
+        };
+        println!(
+            "nothing {listed} made is left ({} objects){crds}",
+            made.len()
+        );
+        Ok(())
+    }
+
+    /// Deletes the story's namespaces (a real cluster keeps them otherwise).
+    async fn delete_namespaces(&self) -> Result<(), StoryError> {
+        let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.client.clone());
+        for ns in [&self.ns, &self.serving] {
+            if ns.is_empty() {
+                continue;
+            }
+            match api.delete(ns, &DeleteParams::default()).await {
+                Ok(_) => println!("namespace {ns} deleted"),
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(kube_err("delete a namespace")(e)),
+            }
         }
         Ok(())
     }
-}
-
-/// The charts' `image` values: the harness's Tandem image.
-fn image_values() -> serde_json::Value {
-    let image = crate::testkit::tandem_image();
-    let (repository, tag) = image.rsplit_once(':').unwrap_or((image.as_str(), "latest"));
-    json!({"repository": repository, "tag": tag})
 }
 
 /// The command line of the Deployment `name` in a rendered chart.

@@ -336,7 +336,7 @@ async fn dry_run_stores_nothing() {
 async fn discovery_lists_builtin_groups_and_version() {
     let (_s, client) = start().await;
     let info = client.apiserver_version().await.unwrap();
-    assert_eq!((info.major.as_str(), info.minor.as_str()), ("1", "34"));
+    assert_eq!((info.major.as_str(), info.minor.as_str()), ("1", "35"));
     let d = kube::discovery::Discovery::new(client.clone())
         .run()
         .await
