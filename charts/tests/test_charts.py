@@ -252,6 +252,7 @@ def check_references(chart: str, objs: list[dict[str, Any]], values: dict[str, A
                 ("", "pods/status", "patch"), ("", "nodes", "patch"), ("events.k8s.io", "events", "create"),
                 ("tandem.dev", "tandemclusters", "watch"), ("scheduling.x-k8s.io", "podgroups", "get"),
                 ("jobset.x-k8s.io", "jobsets", "get"), ("batch", "jobs", "get"),
+                ("scheduling.k8s.io", "workloads", "get"),
             ]:
                 assert granted(group, resource, verb), f"bridge ClusterRole lacks {verb} {group}/{resource}"
         hooks = [o for o in by_kind(objs, "Job") if "webhook-certs" in o["metadata"]["name"]]
