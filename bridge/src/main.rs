@@ -125,7 +125,7 @@ async fn main() -> anyhow::Result<()> {
 async fn run(a: RunArgs) -> anyhow::Result<()> {
     let key = ClusterKey::load(&a.key_file)
         .with_context(|| format!("reading the cluster key {}", a.key_file.display()))?;
-    let client = tandem_kubeclient::infer()
+    let client = tandem_operator::kubeclient::infer()
         .await
         .context("connecting to the Kubernetes API")?;
     // Before the controller connection and any leader election: every replica answers
@@ -191,7 +191,7 @@ async fn start_webhook(
 }
 
 async fn webhook(a: WebhookServeArgs) -> anyhow::Result<()> {
-    let client = tandem_kubeclient::infer()
+    let client = tandem_operator::kubeclient::infer()
         .await
         .context("connecting to the Kubernetes API")?;
     let args = WebhookArgs {
@@ -205,7 +205,7 @@ async fn webhook(a: WebhookServeArgs) -> anyhow::Result<()> {
 }
 
 async fn webhook_certs(a: WebhookCertsArgs) -> anyhow::Result<()> {
-    let client = tandem_kubeclient::infer()
+    let client = tandem_operator::kubeclient::infer()
         .await
         .context("connecting to the Kubernetes API")?;
     let target = tandem_bridge::webhook::provision::Target {

@@ -34,6 +34,7 @@ pub mod accounting;
 pub mod batch;
 pub mod crd;
 pub mod defaults;
+pub mod kubeclient;
 pub mod labels;
 pub mod partitions;
 pub mod plan;

@@ -87,7 +87,7 @@ pub async fn run(
     args: Args,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let client = tandem_kubeclient::infer().await?;
+    let client = crate::kubeclient::infer().await?;
     run_with_client(client, args, shutdown).await
 }
 

@@ -6,7 +6,7 @@
 //! delayed ACK (up to 40 ms) before its tail leaves; Go clients (client-go, kube-scheduler)
 //! never pay this, since Go sets `TCP_NODELAY` on every connection. Tandem's rule is that
 //! every socket it opens has the option (see `tandem_proto::net`), so the operator and the
-//! bridge build their clients here: kube-rs's own layers (base URI, retries of
+//! bridge (which depends on this crate for it) build their clients here: kube-rs's own layers (base URI, retries of
 //! server-side errors, authentication, extra headers, the configured timeouts) over a
 //! connector with `TCP_NODELAY` set. A configuration with a proxy gets kube-rs's default
 //! stack unchanged (the proxy tunnel is kube-rs's to build).
@@ -142,9 +142,9 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn kube_rs_default_connector_lacks_nodelay_which_is_why_this_crate_exists() {
+    async fn kube_rs_default_connector_lacks_nodelay_which_is_why_this_module_exists() {
         // The same check against kube-rs's own stack: if a kube-rs release starts setting
-        // the option, this fails and the crate can go.
+        // the option, this fails and the module can go.
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let uri = format!("http://{addr}").parse().unwrap();
