@@ -878,7 +878,7 @@ fn step_layout_variables_match_slurms() {
         "layout.sh",
         &format!(
             "#!/bin/sh\necho \"batch: $SLURM_NODELIST\"\n\
-             for o in -n1 -n3; do printf '%s: ' $o; {tandem} srun $o sh -c '{quoted}'; done\n\
+             for o in -n1 -n3; do printf '%s: ' $o; {tandem} srun $o sh -c '{quoted}' 2>>warn.err; done\n\
              {tandem} srun -N1 true 2>refused.err; echo \"-N1: exit $?\"\necho end\n"
         ),
     );
@@ -905,11 +905,25 @@ fn step_layout_variables_match_slurms() {
         ],
         "{text}"
     );
+    // Slurm 22.05 warns for both, as srun takes SLURM_NNODES=2 and SLURM_NTASKS_PER_NODE=2
+    // from the job.
+    let warned = std::fs::read_to_string(c.work.join("warn.err")).unwrap();
+    assert_eq!(
+        warned,
+        "srun: Warning: can't run 1 processes on 2 nodes, setting nnodes to 1\n\
+         srun: Warning: can't honor --ntasks-per-node set to 2 which doesn't match the \
+         requested tasks 3 with the number of requested nodes 2. Ignoring --ntasks-per-node.\n"
+    );
     let refused = std::fs::read_to_string(c.work.join("refused.err")).unwrap();
+    // Slurm 22.05 warns first: `srun -N1` takes SLURM_NTASKS=4 and SLURM_NTASKS_PER_NODE=2
+    // from the job, and 4 tasks on 1 node do not match 2 per node.
     assert!(
         refused.trim_end()
             == format!(
-                "srun: error: Unable to create step for job {id}: \
+                "srun: Warning: can't honor --ntasks-per-node set to 2 which doesn't match \
+                 the requested tasks 4 with the number of requested nodes 1. Ignoring \
+                 --ntasks-per-node.\n\
+                 srun: error: Unable to create step for job {id}: \
                  More processors requested than permitted"
             ),
         "{refused}"

@@ -18,7 +18,9 @@
 //! events, `total_us`); the last line gives the ratios squeue_load / baseline (target:
 //! within 20 %). The squeue clients stand for users on other machines: they run on a runtime
 //! of their own at nice 19, so on a small machine their decoding yields to the controller
-//! as it would if they ran elsewhere. The submitter shares the controller's priority.
+//! as it would if they ran elsewhere. The submitter shares the controller's priority. The
+//! controller runs with its default listing CPU share (`--listing-cpu-share`; the crowd line
+//! shows what it costs the crowd: listings per second and each listing's latency).
 //!
 //! Run: `cargo bench -p tandem-controller --bench squeue_load`.
 

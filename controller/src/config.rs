@@ -87,6 +87,11 @@ pub struct Args {
     /// AdminLevel): they control every job and node and run `sacctmgr` changes.
     #[arg(long, value_delimiter = ',')]
     pub admins: Vec<String>,
+    /// Share of the machine's CPU that listings (`squeue`, `sacct`, `sinfo` ...) may average
+    /// while a crowd keeps them busy, from 0.01 to 1; each may first spend 2 CPU-seconds at
+    /// once, so occasional listings never wait.
+    #[arg(long, default_value_t = crate::api::reads::DEFAULT_CPU_SHARE)]
+    pub listing_cpu_share: f64,
     #[command(flatten)]
     pub tls: TlsArgs,
 }
@@ -163,6 +168,8 @@ pub struct Config {
     pub admins: tandem_proto::auth::Admins,
     /// How the gRPC listeners (Tandem's services and the KEDA scaler) are secured.
     pub tls: tandem_proto::net::ServerSecurity,
+    /// `--listing-cpu-share`.
+    pub listing_cpu_share: f64,
 }
 
 impl Config {
@@ -185,6 +192,7 @@ impl Config {
             // Library callers (tests) choose; `tandem controller` insists on TLS or an
             // explicit --insecure-plaintext on loopback (`Args::into_config`).
             tls: tandem_proto::net::ServerSecurity::Plaintext,
+            listing_cpu_share: crate::api::reads::DEFAULT_CPU_SHARE,
         }
     }
 }
@@ -215,6 +223,12 @@ impl Args {
         if self.sched_interval.is_zero() {
             return Err(invalid("--sched-interval", "must be above zero"));
         }
+        if !(0.01..=1.0).contains(&self.listing_cpu_share) {
+            return Err(invalid(
+                "--listing-cpu-share",
+                format!("{} is not between 0.01 and 1", self.listing_cpu_share),
+            ));
+        }
         let listeners: Vec<SocketAddr> = std::iter::once(self.listen)
             .chain(self.scaler_listen)
             .collect();
@@ -234,6 +248,7 @@ impl Args {
             durability: self.durability,
             admins: tandem_proto::auth::Admins::parse(&self.admins),
             tls,
+            listing_cpu_share: self.listing_cpu_share,
         })
     }
 }
@@ -729,6 +744,25 @@ mod tests {
         assert!(e.contains("--node-timeout"), "{e}");
         let e = args(&["--cluster-name", "bad name"]).unwrap_err();
         assert!(e.contains("cluster name"), "{e}");
+    }
+
+    #[test]
+    fn the_listing_cpu_share_is_a_fraction_of_the_machine() {
+        assert_eq!(
+            args(&[]).unwrap().listing_cpu_share,
+            crate::api::reads::DEFAULT_CPU_SHARE
+        );
+        assert_eq!(
+            args(&["--listing-cpu-share", "0.5"])
+                .unwrap()
+                .listing_cpu_share,
+            0.5
+        );
+        for bad in ["0", "1.5", "-0.1", "NaN"] {
+            let e = args(&[&format!("--listing-cpu-share={bad}")]).unwrap_err();
+            assert!(e.contains("--listing-cpu-share"), "{bad}: {e}");
+        }
+        assert!(args(&["--listing-cpu-share", "lots"]).is_err());
     }
 
     #[test]

@@ -38,6 +38,7 @@
 
 pub mod api;
 pub mod config;
+pub mod idle;
 pub mod launch;
 pub mod metrics;
 mod server;

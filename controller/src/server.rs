@@ -114,6 +114,7 @@ pub async fn run(
         "controller ready"
     );
 
+    crate::api::reads::limit_cpu(config.listing_cpu_share);
     let auth = ServerAuth::with_admins(key, config.admins.clone());
     let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
     let stop_handle = handle.clone();

@@ -69,16 +69,17 @@ pub struct Placed {
 /// Slurm's refusal of a step that needs more CPUs than its job holds on a node.
 pub const TOO_MANY_PROCESSORS: &str = "More processors requested than permitted";
 
-/// Places a step on the job's nodes: `-w` picks nodes by name, `-N` takes the first N,
-/// tasks go out in blocks (`-n` spread evenly, or `--ntasks-per-node`), and each node's GPUs
-/// go to its tasks (`--gpus-per-task` takes that many per task, else all the job's GPUs on
-/// that node). Without `-N`/`-n` a step gets the job's task layout, as srun in a batch
-/// script does.
+/// Places a step on the job's nodes: `-w` picks nodes by name (widened with the job's other
+/// nodes, in order, up to `-N`, as Slurm's srun does with the `SLURM_NNODES` it inherits),
+/// `-N` takes the first N, and each node's GPUs go to its tasks (`--gpus-per-task` takes
+/// that many per task, else all the job's GPUs on that node). Task counts follow Slurm's
+/// block layout ([`block_counts`]); `--ntasks-per-node` decides the task count only when
+/// `-n` is not given or matches it (srun ignores it otherwise). Without `-N`/`-n` a step
+/// gets the job's task count, as srun in a batch script does.
 pub fn place(
     alloc: &[AllocNode],
     req: &v1::CreateStepRequest,
     job_ntasks: u32,
-    job_tasks_per_node: u32,
 ) -> Result<Vec<Placed>, String> {
     let mut nodes: Vec<usize> = (0..alloc.len()).collect();
     if !req.nodelist.trim().is_empty() {
@@ -93,6 +94,17 @@ pub fn place(
         }
         picked.sort_unstable();
         picked.dedup();
+        // Slurm 22.05 in a `-N2` job: `srun -w n2` runs on `n[1-2]`, task 0 on n1; the
+        // named nodes are a minimum, the rest come from the allocation in its order.
+        let want = req.nodes as usize;
+        if want > picked.len() {
+            let more: Vec<usize> = (0..alloc.len())
+                .filter(|i| !picked.contains(i))
+                .take(want - picked.len())
+                .collect();
+            picked.extend(more);
+            picked.sort_unstable();
+        }
         nodes = picked;
     }
     if req.nodes > 0 {
@@ -109,30 +121,24 @@ pub fn place(
     if n == 0 {
         return Err("allocation has no nodes".into());
     }
-    let (ntasks, per_node) = match (req.ntasks, req.ntasks_per_node) {
-        (0, 0) if req.nodes == 0 && req.nodelist.is_empty() => {
-            (job_ntasks.max(n), job_tasks_per_node.max(1))
-        }
-        (0, 0) => (n, 1),
-        (0, tpn) => (tpn.saturating_mul(n), tpn),
-        (t, 0) => (t, t.div_ceil(n)),
-        (t, tpn) => {
-            if u64::from(t) > u64::from(tpn) * u64::from(n) {
-                return Err(format!("{t} tasks do not fit {n} nodes at {tpn} per node"));
-            }
-            (t, tpn)
-        }
+    let ntasks = match (req.ntasks, req.ntasks_per_node) {
+        (0, 0) if req.nodes == 0 && req.nodelist.is_empty() => job_ntasks.max(n),
+        (0, 0) => n,
+        (0, tpn) => tpn.saturating_mul(n),
+        (t, _) => t,
     };
     if ntasks > 1_000_000 {
         return Err("more than 1000000 tasks".into());
     }
+    let cpt = req.cpus_per_task.max(1);
+    let caps: Vec<u32> = nodes.iter().map(|&i| alloc[i].cpus / cpt).collect();
+    let counts = block_counts(ntasks, &caps);
     let mut out = Vec::new();
     let mut next = 0u32;
-    for &i in &nodes {
-        if next >= ntasks {
-            break;
+    for (&i, &here) in nodes.iter().zip(&counts) {
+        if here == 0 {
+            continue;
         }
-        let here = per_node.min(ntasks - next);
         let task_ids: Vec<u32> = (next..next + here).collect();
         next += here;
         let node_gpus = &alloc[i].gpus;
@@ -157,20 +163,10 @@ pub fn place(
             gpus,
         });
     }
-    if next < ntasks {
-        // Only reachable when ntasks_per_node was derived: spread the rest round robin.
-        let mut k = 0;
-        while next < ntasks {
-            let slot = k % out.len();
-            out[slot].task_ids.push(next);
-            next += 1;
-            k += 1;
-        }
-    }
     // A step never holds more CPUs on a node than its job does there. Slurm 22.05 refuses
     // such a step outright (`srun -N1` or `-n5` in a `-N2 --ntasks-per-node=2` job), with
     // this exact message.
-    let cpt = u64::from(req.cpus_per_task.max(1));
+    let cpt = u64::from(cpt);
     if out
         .iter()
         .any(|p| p.task_ids.len() as u64 * cpt > u64::from(alloc[p.node].cpus))
@@ -178,6 +174,41 @@ pub fn place(
         return Err(TOO_MANY_PROCESSORS.into());
     }
     Ok(out)
+}
+
+/// Tasks per node of a step, as Slurm 22.05's block layout counts them
+/// (`_task_layout_block`): one task per node per round, each node up to `caps` (the tasks
+/// its CPUs hold), the last round's extras on the first nodes; once no node has room left,
+/// rounds go on past the caps (the step is then refused for its CPUs). Slurm in a `-N3 -c8`
+/// job: `srun -n7` runs `3,2(x2)`; in a `4,1`-CPU job `srun -n5` runs `4,1`.
+pub fn block_counts(ntasks: u32, caps: &[u32]) -> Vec<u32> {
+    let mut counts = vec![0u32; caps.len()];
+    if caps.is_empty() {
+        return counts;
+    }
+    let mut placed = 0u32;
+    let mut over = false;
+    let mut round = 0u32;
+    while placed < ntasks {
+        let mut room_left = false;
+        for (count, &cap) in counts.iter_mut().zip(caps) {
+            if placed == ntasks {
+                break;
+            }
+            if round < cap || over {
+                *count += 1;
+                placed += 1;
+                if round + 1 < cap {
+                    room_left = true;
+                }
+            }
+        }
+        if !room_left {
+            over = true;
+        }
+        round += 1;
+    }
+    counts
 }
 
 #[cfg(test)]
@@ -209,7 +240,7 @@ mod tests {
 
     #[test]
     fn default_step_takes_the_job_layout() {
-        let p = place(&alloc(), &req(|_| {}), 6, 2).unwrap();
+        let p = place(&alloc(), &req(|_| {}), 6).unwrap();
         assert_eq!(
             ids(&p),
             vec![(0, vec![0, 1]), (1, vec![2, 3]), (2, vec![4, 5])]
@@ -219,14 +250,14 @@ mod tests {
 
     #[test]
     fn ntasks_spread_in_blocks_and_nodes_truncate() {
-        let p = place(&alloc(), &req(|r| r.ntasks = 5), 3, 1).unwrap();
+        let p = place(&alloc(), &req(|r| r.ntasks = 5), 3).unwrap();
         assert_eq!(
             ids(&p),
             vec![(0, vec![0, 1]), (1, vec![2, 3]), (2, vec![4])]
         );
-        let p = place(&alloc(), &req(|r| r.nodes = 2), 3, 1).unwrap();
+        let p = place(&alloc(), &req(|r| r.nodes = 2), 3).unwrap();
         assert_eq!(ids(&p), vec![(0, vec![0]), (1, vec![1])]);
-        let p = place(&alloc(), &req(|r| r.nodelist = "n3".into()), 3, 1).unwrap();
+        let p = place(&alloc(), &req(|r| r.nodelist = "n3".into()), 3).unwrap();
         assert_eq!(ids(&p), vec![(2, vec![0])]);
     }
 
@@ -240,20 +271,12 @@ mod tests {
                 r.gpus_per_task = 2;
             }),
             1,
-            1,
         )
         .unwrap();
         assert_eq!(p[0].gpus, vec![0, 1, 2, 3]);
         for (r, want) in [
             (req(|r| r.nodes = 4), "allocation has 3"),
             (req(|r| r.nodelist = "n9".into()), "not part"),
-            (
-                req(|r| {
-                    r.ntasks = 10;
-                    r.ntasks_per_node = 2;
-                }),
-                "do not fit",
-            ),
             (
                 req(|r| {
                     r.nodes = 1;
@@ -263,7 +286,7 @@ mod tests {
                 "GPUs",
             ),
         ] {
-            let e = place(&alloc(), &r, 1, 1).unwrap_err();
+            let e = place(&alloc(), &r, 1).unwrap_err();
             assert!(e.contains(want), "{want}: {e}");
         }
     }
@@ -295,12 +318,12 @@ mod tests {
             }),
         ] {
             assert_eq!(
-                place(&job, &r, 4, 2).unwrap_err(),
+                place(&job, &r, 4).unwrap_err(),
                 TOO_MANY_PROCESSORS,
                 "{r:?}"
             );
         }
-        let p = place(&job, &req(|r| r.ntasks = 3), 4, 2).unwrap();
+        let p = place(&job, &req(|r| r.ntasks = 3), 4).unwrap();
         assert_eq!(ids(&p), vec![(0, vec![0, 1]), (1, vec![2])]);
         let p = place(
             &job,
@@ -309,9 +332,120 @@ mod tests {
                 r.ntasks = 2;
             }),
             4,
+        )
+        .unwrap();
+        assert_eq!(ids(&p), vec![(0, vec![0, 1])]);
+    }
+
+    fn job(cpus: &[u32]) -> Vec<AllocNode> {
+        cpus.iter()
+            .enumerate()
+            .map(|(i, &cpus)| AllocNode {
+                name: format!("n{}", i + 1),
+                cpus,
+                gpus: Vec::new(),
+            })
+            .collect()
+    }
+
+    fn counts(p: &[Placed]) -> Vec<(usize, usize)> {
+        p.iter().map(|x| (x.node, x.task_ids.len())).collect()
+    }
+
+    /// Slurm 22.05's `SLURM_STEP_TASKS_PER_NODE`: in a `-N3 -c8` job `srun -n5` gives
+    /// `2(x2),1` and `srun -n7` `3,2(x2)`; in a `-N2 -n5` job (CPUs `4,1`) `srun -n5` gives
+    /// `4,1` and `srun -n3` `2,1`; in a `-N3 -n5` job (`3,1(x2)`) `srun -n5` gives `3,1(x2)`;
+    /// in a `--exclusive -N2` job `srun -n6` gives `3(x2)`.
+    #[test]
+    fn block_counts_follow_slurms_step_layout() {
+        assert_eq!(block_counts(5, &[8, 8, 8]), [2, 2, 1]);
+        assert_eq!(block_counts(7, &[8, 8, 8]), [3, 2, 2]);
+        assert_eq!(block_counts(5, &[4, 1]), [4, 1]);
+        assert_eq!(block_counts(3, &[4, 1]), [2, 1]);
+        assert_eq!(block_counts(5, &[3, 1, 1]), [3, 1, 1]);
+        assert_eq!(block_counts(6, &[64, 64]), [3, 3]);
+        assert_eq!(block_counts(1, &[2, 2]), [1, 0]);
+        // Past every node's room the rounds go on (and the step is refused for its CPUs).
+        assert_eq!(block_counts(5, &[2, 2]), [3, 2]);
+        assert_eq!(block_counts(2, &[0, 0]), [1, 1]);
+        assert_eq!(block_counts(3, &[]), Vec::<u32>::new());
+    }
+
+    /// Slurm 22.05 in a `-N2` job: `srun -w n1` and `srun -w n2` (`SLURM_NNODES=2` taken as
+    /// `-N2`) both run on `n[1-2]`, task 0 on n1; `srun -N1 -w n2` on n2 alone.
+    #[test]
+    fn a_named_node_is_widened_to_the_step_node_count() {
+        let two = job(&[4, 4]);
+        for name in ["n1", "n2"] {
+            let p = place(
+                &two,
+                &req(|r| {
+                    r.nodes = 2;
+                    r.ntasks = 2;
+                    r.nodelist = name.into();
+                }),
+                2,
+            )
+            .unwrap();
+            assert_eq!(ids(&p), vec![(0, vec![0]), (1, vec![1])], "-w {name}");
+        }
+        let p = place(
+            &two,
+            &req(|r| {
+                r.nodes = 1;
+                r.ntasks = 1;
+                r.nodelist = "n2".into();
+            }),
+            2,
+        )
+        .unwrap();
+        assert_eq!(ids(&p), vec![(1, vec![0])]);
+        // Three nodes, `-N2 -w n3`: n3 and the first other node, in allocation order.
+        let p = place(
+            &job(&[4, 4, 4]),
+            &req(|r| {
+                r.nodes = 2;
+                r.nodelist = "n3".into();
+            }),
+            3,
+        )
+        .unwrap();
+        assert_eq!(ids(&p), vec![(0, vec![0]), (2, vec![1])]);
+    }
+
+    /// Slurm 22.05, `srun --ntasks-per-node=K` in a job that set no task count: K tasks on
+    /// every node (`-N2 -c4`: `--ntasks-per-node=3` runs `3(x2)`, tasks 0-2 on the first
+    /// node), `-N1 --ntasks-per-node=2` runs 2 on the first node; in a `-N2` job (1 CPU a
+    /// node) `--ntasks-per-node=2` is refused for its CPUs. With a `-n` that does not match,
+    /// `-n` decides (`-n3 --ntasks-per-node=2`: `2,1`).
+    #[test]
+    fn ntasks_per_node_gives_every_node_that_many_tasks() {
+        let four = job(&[4, 4]);
+        let p = place(&four, &req(|r| r.ntasks_per_node = 3), 2).unwrap();
+        assert_eq!(ids(&p), vec![(0, vec![0, 1, 2]), (1, vec![3, 4, 5])]);
+        let p = place(
+            &four,
+            &req(|r| {
+                r.nodes = 1;
+                r.ntasks_per_node = 2;
+            }),
             2,
         )
         .unwrap();
         assert_eq!(ids(&p), vec![(0, vec![0, 1])]);
+        let p = place(
+            &four,
+            &req(|r| {
+                r.ntasks = 3;
+                r.ntasks_per_node = 2;
+            }),
+            2,
+        )
+        .unwrap();
+        assert_eq!(counts(&p), vec![(0, 2), (1, 1)]);
+        assert_eq!(
+            place(&job(&[1, 1]), &req(|r| r.ntasks_per_node = 2), 2).unwrap_err(),
+            TOO_MANY_PROCESSORS
+        );
     }
 }

@@ -51,6 +51,86 @@ pub async fn run(args: Args) -> Exit {
     }
 }
 
+/// The step's `-N`, `-n` and `--ntasks-per-node` as Slurm's srun settles them; 0 = not
+/// given (the controller's defaults apply).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Layout {
+    nodes: u32,
+    ntasks: u32,
+    /// `--ntasks-per-node` when honoured: srun drops it when `-n` does not match it.
+    ntasks_per_node: u32,
+}
+
+/// Settles the step's layout options as Slurm 22.05's srun does, returning its warnings
+/// (printed as `srun: Warning: ...`). Inside an allocation srun takes `SLURM_NNODES`,
+/// `SLURM_NTASKS` (or `SLURM_NPROCS`) and `SLURM_NTASKS_PER_NODE` from its environment as
+/// `-N`, `-n` and `--ntasks-per-node` when they are not on the command line. Then:
+/// fewer tasks than nodes lowers the node count to the task count (`can't run 1 processes
+/// on 2 nodes`); `--ntasks-per-node` without a task count gives that many tasks per node,
+/// and with one that does not match it is ignored (with a warning only when there are more
+/// tasks than nodes). Observed in a `-N2 --ntasks-per-node=2` job: `srun -n3` warns and runs
+/// `2,1`; `srun -N1` warns (4 tasks, 1 node) and is refused; `srun -n2` runs `1(x2)`
+/// silently; in a `-N2` job `srun -w n1` runs on both nodes.
+fn resolve_layout(
+    opts: &JobOpts,
+    env: &[(String, String)],
+    alloc: Allocation,
+) -> (Layout, Vec<String>) {
+    let inherited = |var: &str| {
+        if alloc != Allocation::Inherited {
+            return None;
+        }
+        env.iter()
+            .find(|(k, _)| k == var)
+            .and_then(|(_, v)| v.trim().parse::<u32>().ok())
+            .filter(|n| *n > 0)
+    };
+    let mut nodes = opts
+        .nodes
+        .map(|n| n.min)
+        .or_else(|| inherited("SLURM_NNODES"))
+        .unwrap_or(0);
+    let mut ntasks = opts
+        .ntasks
+        .or_else(|| inherited("SLURM_NTASKS"))
+        .or_else(|| inherited("SLURM_NPROCS"))
+        .unwrap_or(0);
+    let mut per_node = opts
+        .ntasks_per_node
+        .or_else(|| inherited("SLURM_NTASKS_PER_NODE"))
+        .unwrap_or(0);
+    let mut warnings = Vec::new();
+    if ntasks > 0 && nodes > ntasks {
+        warnings.push(format!(
+            "can't run {ntasks} processes on {nodes} nodes, setting nnodes to {ntasks}"
+        ));
+        nodes = ntasks;
+    }
+    if per_node > 0 && nodes > 0 {
+        let fit = u64::from(per_node) * u64::from(nodes);
+        if ntasks == 0 {
+            ntasks = u32::try_from(fit).unwrap_or(u32::MAX);
+        } else if u64::from(ntasks) != fit {
+            if ntasks > nodes {
+                warnings.push(format!(
+                    "can't honor --ntasks-per-node set to {per_node} which doesn't match the \
+                     requested tasks {ntasks} with the number of requested nodes {nodes}. \
+                     Ignoring --ntasks-per-node."
+                ));
+            }
+            per_node = 0;
+        }
+    }
+    (
+        Layout {
+            nodes,
+            ntasks,
+            ntasks_per_node: per_node,
+        },
+        warnings,
+    )
+}
+
 /// Options srun shares with sbatch through [`JobOpts`] but does not carry out for a step
 /// (Slurm's srun gives `-i`, `--signal` and `--open-mode` per-task meanings Tandem's steps do
 /// not have yet): refused before any RPC rather than silently ignored.
@@ -84,9 +164,21 @@ async fn run_with_allocation(client: &mut Client, args: &Args) -> Exit {
         .first()
         .map(|c| c.rsplit('/').next().unwrap_or(c).to_string())
         .unwrap_or_else(|| "srun".to_string());
-    let spec = args
-        .opts
-        .to_spec(HOLDER_SCRIPT.to_string(), Vec::new(), &name, &ctx)?;
+    // The job is shaped by the options as srun settles them: `-N2 -n3 --ntasks-per-node=2`
+    // asks Slurm for 3 CPUs (`2,1`), not 2 on each node.
+    let (layout, _) = resolve_layout(&args.opts, &ctx.env, Allocation::MadeHere);
+    let mut opts = args.opts.clone();
+    if let Some(range) = opts.nodes.as_mut()
+        && layout.nodes > 0
+        && layout.nodes < range.min
+    {
+        range.min = layout.nodes;
+        range.max = layout.nodes;
+    }
+    if layout.ntasks_per_node == 0 {
+        opts.ntasks_per_node = None;
+    }
+    let spec = opts.to_spec(HOLDER_SCRIPT.to_string(), Vec::new(), &name, &ctx)?;
     let resp = client
         .jobs
         .submit(SubmitRequest { spec: Some(spec) })
@@ -200,41 +292,21 @@ enum Allocation {
     MadeHere,
 }
 
-/// The step's task count when `-n` is not given: inside an allocation Slurm's srun takes
-/// `SLURM_NTASKS` (or `SLURM_NPROCS`) from its environment as its `-n`, so `srun -N1` in a
-/// `-N2 --ntasks-per-node=2` job asks for 4 tasks on one node (and is refused there).
-/// `--ntasks-per-node` or `-w` on the command line is left to decide alone: Slurm's srun
-/// also takes `SLURM_NNODES` as its `-N` and widens a `-w` list to that many nodes (`srun -w
-/// n1` runs 4 tasks on `n[1-2]`), which Tandem's steps do not do, and 4 tasks on `n1` alone
-/// would be refused.
-fn step_ntasks(opts: &JobOpts, env: &[(String, String)], alloc: Allocation) -> u32 {
-    if let Some(n) = opts.ntasks {
-        return n;
-    }
-    if alloc == Allocation::MadeHere || opts.ntasks_per_node.is_some() || opts.nodelist.is_some() {
-        return 0;
-    }
-    ["SLURM_NTASKS", "SLURM_NPROCS"]
-        .iter()
-        .find_map(|var| {
-            env.iter()
-                .find(|(k, _)| k == var)
-                .and_then(|(_, v)| v.trim().parse::<u32>().ok())
-        })
-        .unwrap_or(0)
-}
-
 async fn run_step(client: &mut Client, job_id: u64, args: &Args, alloc: Allocation) -> Exit {
     let opts = &args.opts;
     let ctx = crate::cmd::sbatch::submit_context()?;
+    let (layout, warnings) = resolve_layout(opts, &ctx.env, alloc);
+    for w in &warnings {
+        eprintln!("srun: Warning: {w}");
+    }
     let step = client
         .jobs
         .create_step(CreateStepRequest {
             job_id,
             name: args.command.first().cloned().unwrap_or_default(),
-            nodes: opts.nodes.map_or(0, |n| n.min),
-            ntasks: step_ntasks(opts, &ctx.env, alloc),
-            ntasks_per_node: opts.ntasks_per_node.unwrap_or(0),
+            nodes: layout.nodes,
+            ntasks: layout.ntasks,
+            ntasks_per_node: layout.ntasks_per_node,
             cpus_per_task: opts.cpus_per_task.unwrap_or(0),
             gpus_per_task: opts.gpus_per_task.as_ref().map_or(0, |g| g.count),
             nodelist: opts.nodelist.clone().unwrap_or_default(),
@@ -253,7 +325,12 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args, alloc: Allocati
     let mut env: HashMap<String, String> = crate::opts::build_environment(&export, &ctx.env)
         .into_iter()
         .collect();
-    step_environment(&mut env, &step, alloc, opts.ntasks_per_node);
+    step_environment(
+        &mut env,
+        &step,
+        alloc,
+        (layout.ntasks_per_node > 0).then_some(layout.ntasks_per_node),
+    );
     let workdir = ctx.cwd.to_string_lossy().into_owned();
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(u32, Event)>(256);
     let mut launches = Vec::new();
@@ -271,7 +348,7 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args, alloc: Allocati
             environment: target_env(&env, target),
             task_ids: target.task_ids.clone(),
             gpus: target.gpus.clone(),
-            node_index: target.node_index,
+            node_index: step_node_id(&step.targets, target),
             launch_token: step.launch_token.clone(),
             uid: client.identity.uid,
             gid: client.identity.gid,
@@ -442,10 +519,23 @@ fn step_environment(
         if !cpus.is_empty() && cpus.iter().all(|c| *c > 0) {
             set("SLURM_JOB_CPUS_PER_NODE", compress_counts(&cpus));
         }
-        if let Some(n) = ntasks_per_node {
-            set("SLURM_NTASKS_PER_NODE", n.to_string());
-        }
     }
+    // Only an honoured `--ntasks-per-node` is set; an ignored one leaves the job's value.
+    if let Some(n) =
+        ntasks_per_node.filter(|n| u64::from(*n) * targets.len() as u64 == u64::from(step.ntasks))
+    {
+        env.insert("SLURM_NTASKS_PER_NODE".to_owned(), n.to_string());
+    }
+}
+
+/// A node's `SLURM_NODEID`: its place among the step's nodes, not the job's (Slurm 22.05 in
+/// a `-N2` job: `srun -N1 -w n2` runs with `SLURM_NODEID=0`).
+fn step_node_id(targets: &[StepTarget], target: &StepTarget) -> u32 {
+    let before = targets
+        .iter()
+        .filter(|t| t.node_index < target.node_index)
+        .count();
+    u32::try_from(before).unwrap_or(u32::MAX)
 }
 
 /// The tasks of a step that have not reported their exit yet.
@@ -681,52 +771,109 @@ mod tests {
         assert_eq!(env["SLURM_TASKS_PER_NODE"], "2(x2)");
     }
 
-    /// Slurm's srun takes `SLURM_NTASKS` as its `-n` inside a job: `srun -N1` in a `-N2
-    /// --ntasks-per-node=2` job asks for 4 tasks (refused), in a plain `-N2` job for 1.
     #[test]
-    fn inside_a_job_the_task_count_defaults_to_slurm_ntasks() {
-        let env = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
-            pairs
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect()
+    fn node_ids_count_the_steps_nodes_only() {
+        let target = |node_index| StepTarget {
+            node_index,
+            ..StepTarget::default()
         };
-        let opts = |argv: &[&str]| {
-            let mut full = vec!["srun"];
-            full.extend_from_slice(argv);
-            full.push("true");
-            Args::try_parse_from(full).unwrap().opts
+        let one = [target(1)];
+        assert_eq!(step_node_id(&one, &one[0]), 0, "-N1 -w n2 in a -N2 job");
+        let three = [target(4), target(0), target(2)];
+        let ids: Vec<u32> = three.iter().map(|t| step_node_id(&three, t)).collect();
+        assert_eq!(ids, [2, 0, 1]);
+    }
+
+    fn opts(argv: &[&str]) -> JobOpts {
+        let mut full = vec!["srun"];
+        full.extend_from_slice(argv);
+        full.push("true");
+        Args::try_parse_from(full).unwrap().opts
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn layout(nodes: u32, ntasks: u32, ntasks_per_node: u32) -> Layout {
+        Layout {
+            nodes,
+            ntasks,
+            ntasks_per_node,
+        }
+    }
+
+    /// Slurm 22.05's srun in a `sbatch -N2 --ntasks-per-node=2` job (its environment:
+    /// `SLURM_NNODES=2 SLURM_NTASKS=4 SLURM_NTASKS_PER_NODE=2`): `srun` and `srun -w n1`
+    /// run 4 tasks `2(x2)` on both nodes; `srun -n3` warns `can't honor --ntasks-per-node set
+    /// to 2 which doesn't match the requested tasks 3 with the number of requested nodes 2.
+    /// Ignoring --ntasks-per-node.` and runs `2,1`; `srun -N1` warns the same for 4 tasks on
+    /// 1 node (then is refused); `srun -n1` warns `can't run 1 processes on 2 nodes, setting
+    /// nnodes to 1`; `srun -n2` runs `1(x2)` without a warning; `srun --ntasks-per-node=1`
+    /// warns and runs the job's 4 tasks.
+    #[test]
+    fn inside_a_job_the_layout_comes_from_the_jobs_variables() {
+        let job = env(&[
+            ("SLURM_NNODES", "2"),
+            ("SLURM_NTASKS", "4"),
+            ("SLURM_NPROCS", "4"),
+            ("SLURM_NTASKS_PER_NODE", "2"),
+        ]);
+        let r = |argv: &[&str]| resolve_layout(&opts(argv), &job, Allocation::Inherited);
+        let ignored = |tpn: u32, n: u32, nodes: u32| {
+            format!(
+                "can't honor --ntasks-per-node set to {tpn} which doesn't match the requested \
+                 tasks {n} with the number of requested nodes {nodes}. Ignoring \
+                 --ntasks-per-node."
+            )
         };
-        let four = env(&[("SLURM_NTASKS", "4"), ("SLURM_NPROCS", "4")]);
+        assert_eq!(r(&[]), (layout(2, 4, 2), vec![]));
+        assert_eq!(r(&["-w", "n1"]), (layout(2, 4, 2), vec![]));
+        assert_eq!(r(&["-n3"]), (layout(2, 3, 0), vec![ignored(2, 3, 2)]));
+        assert_eq!(r(&["-N1"]), (layout(1, 4, 0), vec![ignored(2, 4, 1)]));
         assert_eq!(
-            step_ntasks(&opts(&["-N1"]), &four, Allocation::Inherited),
-            4
+            r(&["-n1"]),
+            (
+                layout(1, 1, 0),
+                vec!["can't run 1 processes on 2 nodes, setting nnodes to 1".to_owned()]
+            )
         );
+        assert_eq!(r(&["-n2"]), (layout(2, 2, 0), vec![]));
         assert_eq!(
-            step_ntasks(&opts(&["-n1"]), &four, Allocation::Inherited),
-            1
+            r(&["--ntasks-per-node=1"]),
+            (layout(2, 4, 0), vec![ignored(1, 4, 2)])
         );
-        assert_eq!(step_ntasks(&opts(&["-N1"]), &[], Allocation::Inherited), 0);
-        assert_eq!(
-            step_ntasks(
-                &opts(&[]),
-                &env(&[("SLURM_NPROCS", "3")]),
-                Allocation::Inherited
-            ),
-            3
-        );
-        assert_eq!(step_ntasks(&opts(&["-N1"]), &four, Allocation::MadeHere), 0);
-        assert_eq!(
-            step_ntasks(
-                &opts(&["--ntasks-per-node=1"]),
-                &four,
-                Allocation::Inherited
-            ),
-            0
-        );
-        assert_eq!(
-            step_ntasks(&opts(&["-w", "n1"]), &four, Allocation::Inherited),
-            0
-        );
+    }
+
+    /// Slurm 22.05 in a plain `sbatch -N2 -c4` job (`SLURM_NNODES=2`, no task count):
+    /// `srun --ntasks-per-node=2` runs 4 tasks `2(x2)` and sets `SLURM_NTASKS_PER_NODE=2`;
+    /// `srun -N1 --ntasks-per-node=2` runs 2 on the first node; `srun -w n2` runs on both
+    /// nodes, one task each; `srun -N1 -w n2` one task on n2.
+    #[test]
+    fn ntasks_per_node_without_a_task_count_multiplies_the_nodes() {
+        let job = env(&[("SLURM_NNODES", "2")]);
+        let r = |argv: &[&str]| resolve_layout(&opts(argv), &job, Allocation::Inherited).0;
+        assert_eq!(r(&["--ntasks-per-node=2"]), layout(2, 4, 2));
+        assert_eq!(r(&["--ntasks-per-node=3"]), layout(2, 6, 3));
+        assert_eq!(r(&["-N1", "--ntasks-per-node=2"]), layout(1, 2, 2));
+        assert_eq!(r(&["-w", "n2"]), layout(2, 0, 0));
+        assert_eq!(r(&["-N1", "-w", "n2"]), layout(1, 0, 0));
+        assert_eq!(r(&["-n3"]), layout(2, 3, 0));
+    }
+
+    /// Outside a job nothing is inherited: `srun -N2 -n3` stays `-N2 -n3`, `srun -N2 -n3
+    /// --ntasks-per-node=2` drops `--ntasks-per-node` (Slurm warns and allocates 3 CPUs).
+    #[test]
+    fn outside_a_job_only_the_command_line_counts() {
+        let stale = env(&[("SLURM_NNODES", "5"), ("SLURM_NTASKS", "9")]);
+        let r = |argv: &[&str]| resolve_layout(&opts(argv), &stale, Allocation::MadeHere).0;
+        assert_eq!(r(&["-N2", "-n3"]), layout(2, 3, 0));
+        assert_eq!(r(&["-N2", "-n3", "--ntasks-per-node=2"]), layout(2, 3, 0));
+        assert_eq!(r(&["-N2", "--ntasks-per-node=2"]), layout(2, 4, 2));
+        assert_eq!(r(&["-n4", "--ntasks-per-node=2"]), layout(0, 4, 2));
+        assert_eq!(r(&[]), layout(0, 0, 0));
     }
 }

@@ -7,6 +7,7 @@
 pub mod accounting;
 pub mod authz;
 pub mod bridge;
+pub mod budget;
 pub mod convert;
 pub mod jobs;
 pub mod nodes;

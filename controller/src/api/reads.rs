@@ -1,20 +1,77 @@
 //! Serving listings from the state actor's published read view, off the actor and off the
 //! async workers: each listing runs on a pool of its own, at most [`max_listings`] at once
-//! and at a lower CPU priority ([`LISTING_NICE`]), so a crowd looping `squeue` over a long
-//! queue shares those threads and, when the cores are busy, yields them to scheduling,
-//! commits and the tasks that answer everything else.
+//! and at the lowest CPU priority (`SCHED_IDLE`, see [`crate::idle`]), so a crowd looping
+//! `squeue` over a long queue shares those threads and, when the cores are busy, yields them
+//! at once to scheduling, commits and the tasks that answer everything else. Over time they
+//! spend from a CPU budget ([`super::budget`], `--listing-cpu-share`), so a crowd that
+//! never stops cannot take the whole machine either.
 
 use std::sync::{Mutex, OnceLock, mpsc};
+use std::time::{Duration, Instant};
 
 use tonic::Status;
 use tracing::warn;
 
+use super::budget::CpuBudget;
 use crate::state::{Handle, ReadView};
 
-/// The nice value of listing threads (Linux keeps one per thread): the lowest, so a listing
-/// gets next to nothing of a core the actor or the committer also wants, and all of an idle
-/// one (`benches/squeue_load.rs` measures what a squeue crowd still costs; README).
-pub const LISTING_NICE: i32 = 19;
+/// The default `--listing-cpu-share`: listings may average an eighth of the machine's CPU
+/// when a crowd keeps them busy (a quarter of one core on two cores).
+pub const DEFAULT_CPU_SHARE: f64 = 0.125;
+
+/// CPU time listings may spend at once before the share applies: about a dozen `squeue`
+/// over 100,000 jobs back to back.
+pub const CPU_BURST: Duration = Duration::from_secs(2);
+
+/// The listing threads' shared allowance; `None` until [`limit_cpu`] (then the default).
+static BUDGET: Mutex<Option<CpuBudget>> = Mutex::new(None);
+
+/// Sets the listings' CPU allowance to `share` of the machine's cores (0 < share <= 1),
+/// starting full. Process-wide, like the pool.
+pub fn limit_cpu(share: f64) {
+    if let Ok(mut b) = BUDGET.lock() {
+        *b = Some(full_budget(share));
+    }
+}
+
+fn full_budget(share: f64) -> CpuBudget {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    CpuBudget::new(share * cores, CPU_BURST, Instant::now())
+}
+
+/// Waits until the budget allows another listing.
+fn wait_for_budget() {
+    loop {
+        let wait = match BUDGET.lock() {
+            Ok(mut b) => b
+                .get_or_insert_with(|| full_budget(DEFAULT_CPU_SHARE))
+                .wait(Instant::now()),
+            // A poisoned budget limits nothing rather than stopping every listing.
+            Err(_) => Duration::ZERO,
+        };
+        if wait.is_zero() {
+            return;
+        }
+        std::thread::sleep(wait);
+    }
+}
+
+fn charge_budget(used: Duration) {
+    if let Ok(mut b) = BUDGET.lock()
+        && let Some(b) = b.as_mut()
+    {
+        b.charge(used, Instant::now());
+    }
+}
+
+/// CPU time of the calling thread.
+fn thread_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(
+        u64::try_from(t.tv_sec).unwrap_or(0),
+        u32::try_from(t.tv_nsec).unwrap_or(0),
+    )
+}
 
 /// Listings that may run at once (the rest wait their turn): half the machine's cores, at
 /// least one, so listings never take the cores the actor and the committer need.
@@ -37,9 +94,11 @@ fn pool() -> &'static Mutex<mpsc::Sender<Work>> {
             let spawned = std::thread::Builder::new()
                 .name(format!("tandem-list-{i}"))
                 .spawn(move || {
-                    // Per thread on Linux: setpriority(PRIO_PROCESS, 0) names the caller.
-                    if let Err(e) = rustix::process::setpriority_process(None, LISTING_NICE) {
-                        warn!(error = %e, "listing thread keeps its priority");
+                    // A listing gets next to nothing of a core the actor or the committer
+                    // also wants, and all of an idle one (`benches/squeue_load.rs` measures
+                    // what a squeue crowd still costs; README).
+                    if let Err(e) = crate::idle::lower_this_thread() {
+                        warn!(error = %e, "listing thread keeps a higher priority");
                     }
                     loop {
                         let next = rx
@@ -50,8 +109,11 @@ fn pool() -> &'static Mutex<mpsc::Sender<Work>> {
                             // A listing that panics answers nothing (its caller gets
                             // INTERNAL) but does not take its thread with it.
                             Ok(work) => {
+                                wait_for_budget();
+                                let cpu = thread_cpu();
                                 let _ =
                                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+                                charge_budget(thread_cpu().saturating_sub(cpu));
                             }
                             Err(()) => return,
                         }
@@ -97,17 +159,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn listing_threads_run_at_a_lower_priority() {
+    fn listing_threads_run_at_the_lowest_priority() {
         let (tx, rx) = mpsc::channel();
         pool()
             .lock()
             .unwrap()
             .send(Box::new(move || {
-                let _ = tx.send(rustix::process::getpriority_process(None));
+                let _ = tx.send(crate::idle::this_thread_is_idle());
             }))
             .unwrap();
-        let nice = rx.recv().unwrap().unwrap();
-        // Root may start anywhere; nobody ends above the listing value unless it began there.
-        assert!(nice >= LISTING_NICE, "listing thread nice {nice}");
+        assert!(rx.recv().unwrap(), "listing thread not under SCHED_IDLE");
     }
 }

@@ -41,8 +41,8 @@ impl Actor {
                 gpus: na.gpus.clone(),
             })
             .collect();
-        let placed = steps::place(&nodes, req, job.shape.ntasks, job.shape.tasks_per_node)
-            .map_err(Status::invalid_argument)?;
+        let placed =
+            steps::place(&nodes, req, job.shape.ntasks).map_err(Status::invalid_argument)?;
         let list = self.steps.entry(id).or_default();
         let step_id = list.iter().map(|s| s.step_id + 1).max().unwrap_or(0);
         let now = unix_now();

@@ -25,10 +25,30 @@ impl State {
         let mut alloc = Allocation {
             nodes: Vec::with_capacity(sorted.len()),
         };
-        for nid in &sorted {
+        let spec = &job.spec;
+        // `-n` without `--ntasks-per-node` (and without per-task GPUs, which stay per node):
+        // each node gets CPUs for the tasks Slurm lays out there, not the widest node's share.
+        let tasks = (!shape.exclusive
+            && spec.ntasks > 0
+            && spec.ntasks_per_node == 0
+            && spec.gpus_per_task == 0)
+            .then(|| job_task_counts(spec.ntasks, sorted.len(), shape.tasks_per_node));
+        let cpt = spec.cpus_per_task.max(1);
+        for (k, nid) in sorted.iter().enumerate() {
             let n = &self.nodes[nid.index()];
             let (cpus, mem_mb, ngpus) = if shape.exclusive {
                 (n.total.cpus, n.total.mem_mb, n.total.gpus)
+            } else if let Some(t) = tasks.as_ref().and_then(|t| t.get(k)) {
+                let cpus = t.saturating_mul(cpt).min(shape.per_node.cpus);
+                // Memory asked per CPU (or the per-CPU default) follows the CPUs; `--mem`
+                // is per node whatever the CPUs.
+                let mem_mb = if spec.mem_per_node_mb.is_none() && shape.per_node.cpus > 0 {
+                    shape.per_node.mem_mb.saturating_mul(u64::from(cpus))
+                        / u64::from(shape.per_node.cpus)
+                } else {
+                    shape.per_node.mem_mb
+                };
+                (cpus, mem_mb, shape.per_node.gpus)
             } else {
                 (
                     shape.per_node.cpus,
@@ -343,5 +363,79 @@ impl State {
             removed.push(id);
         }
         removed
+    }
+}
+
+/// Tasks of a `-n` job on each of its `nodes`, as Slurm 22.05 lays them out: one on every
+/// node, then the rest filling the nodes in order. Slurm fills a node up to its free CPUs
+/// (`-N2 -n3`: `2,1`, 3 CPUs in all; `-N3 -n4`: `2,1(x2)`); here a node takes at most `cap`
+/// (the job's `tasks_per_node`, what the pass reserved on every node), so a layout never
+/// needs more than the scheduler placed: `-N2 -n5` is `3,2` where Slurm gives `4,1`.
+pub fn job_task_counts(ntasks: u32, nodes: usize, cap: u32) -> Vec<u32> {
+    let mut out = vec![u32::from(ntasks > 0); nodes];
+    let mut left = ntasks.saturating_sub(u32::try_from(nodes).unwrap_or(u32::MAX));
+    for n in out.iter_mut() {
+        let more = cap.saturating_sub(*n).min(left);
+        *n += more;
+        left -= more;
+    }
+    out
+}
+
+#[cfg(test)]
+mod layout_tests {
+    use super::job_task_counts;
+    use crate::job::JobSpec;
+    use crate::state::State;
+
+    #[test]
+    fn one_task_a_node_then_the_first_nodes_fill_up_to_the_cap() {
+        // Slurm 22.05: `-N2 -n3` -> `2,1`, `-N3 -n4` -> `2,1(x2)`.
+        assert_eq!(job_task_counts(3, 2, 2), [2, 1]);
+        assert_eq!(job_task_counts(4, 3, 2), [2, 1, 1]);
+        assert_eq!(job_task_counts(4, 2, 2), [2, 2]);
+        assert_eq!(job_task_counts(5, 2, 3), [3, 2]);
+        assert_eq!(job_task_counts(1, 1, 1), [1]);
+        // Fewer tasks than nodes: every node still holds one task's CPUs.
+        assert_eq!(job_task_counts(2, 3, 1), [1, 1, 1]);
+    }
+
+    /// Slurm 22.05, `srun -N2 -n3` outside a job: `SLURM_JOB_CPUS_PER_NODE=2,1`, `scontrol
+    /// show job`: `NumCPUs=3`, sacct `AllocCPUS=3`; with `-c2`: `4,2` and 6.
+    #[test]
+    fn a_job_of_n_tasks_holds_cpus_for_its_layout_on_each_node() {
+        let mut st = State::test_cluster(2, 8, 8_000, 0);
+        let three = st.submit(JobSpec::test().nodes(2).ntasks(3), 0).unwrap();
+        let six = st
+            .submit(
+                JobSpec::test()
+                    .nodes(2)
+                    .ntasks(3)
+                    .cpus_per_task(2)
+                    .mem_per_cpu(100),
+                0,
+            )
+            .unwrap();
+        let plan = st.schedule(1);
+        let cpus = |id| -> Vec<u32> {
+            let s = plan.starts.iter().find(|s| s.job == id).unwrap();
+            s.nodes.iter().map(|n| n.cpus).collect()
+        };
+        assert_eq!(cpus(three), [2, 1]);
+        assert_eq!(cpus(six), [4, 2]);
+        let mem: Vec<u64> = plan
+            .starts
+            .iter()
+            .find(|s| s.job == six)
+            .unwrap()
+            .nodes
+            .iter()
+            .map(|n| n.mem_mb)
+            .collect();
+        assert_eq!(mem, [400, 200], "memory per CPU follows the CPUs");
+        // The nodes are charged what the jobs hold: 6 of 16 CPUs on the first, 3 on the
+        // second.
+        let used: Vec<u32> = st.nodes().map(|n| n.alloc.cpus).collect();
+        assert_eq!(used, [6, 3]);
     }
 }
