@@ -19,6 +19,9 @@
 //! Figures:
 //! - `sbatch_running`: sequential `sbatch --wrap=true -o /dev/null`; the jobs run meanwhile.
 //! - `sbatch_held`: the same with `--hold` (the submit path alone).
+//! - `sbatch_held_tcp` (Tandem only, compared with Slurm's `sbatch_held`): the same over
+//!   TCP with TLS and a credential from the identity agent, as from a login node that is
+//!   not the controller's host (`TANDEM_LOCAL_SOCKET=` turns the local socket off).
 //! - `squeue_held`: `squeue` printing 5,000 held jobs (1,000 with `--quick`; `held_jobs`).
 //! - `sacct_job`: `sacct -j ID` of a finished job.
 //! - `scontrol_show_job`: `scontrol show job ID` of a held job.
@@ -51,6 +54,7 @@ impl System {
 }
 
 /// Where one system's commands come from.
+#[derive(Clone)]
 struct Target {
     system: System,
     /// Prepended to PATH (Tandem's links); `None` = the commands already on PATH.
@@ -186,6 +190,19 @@ fn run_figures(t: &Target, n: &Samples) -> anyhow::Result<Figures> {
         n.sbatch,
     )?;
     record(&mut figs, sys, "sbatch_held", ms);
+
+    if sys == System::Tandem {
+        let mut remote = t.clone();
+        remote
+            .env
+            .push(("TANDEM_LOCAL_SOCKET".into(), String::new()));
+        let ms = remote.time(
+            "sbatch",
+            &["--hold", "-o", "/dev/null", "--wrap=true"],
+            n.sbatch,
+        )?;
+        record(&mut figs, sys, "sbatch_held_tcp", ms);
+    }
 
     // Top up to HELD_JOBS held jobs from 4 parallel shells (not timed).
     let have = n.sbatch + 5;
@@ -376,8 +393,16 @@ impl Drop for Tandem {
 /// The target for a figure: (Slurm's mean / Tandem's mean at least, p99 below ms).
 fn target_of(bench: &str) -> (f64, Option<f64>) {
     match bench {
-        "sbatch_running" | "sbatch_held" => (2.0, Some(10.0)),
+        "sbatch_running" | "sbatch_held" | "sbatch_held_tcp" => (2.0, Some(10.0)),
         _ => (1.0, None),
+    }
+}
+
+/// The Slurm figure a Tandem figure is compared with (Slurm has one path for both).
+fn slurm_counterpart(bench: &'static str) -> &'static str {
+    match bench {
+        "sbatch_held_tcp" => "sbatch_held",
+        b => b,
     }
 }
 
@@ -428,7 +453,9 @@ fn main() -> anyhow::Result<()> {
 
     if let (Some(s), Some(t)) = (all.get(&System::Slurm), all.get(&System::Tandem)) {
         for (bench, ts) in t {
-            let Some(ss) = s.get(bench) else { continue };
+            let Some(ss) = s.get(slurm_counterpart(bench)) else {
+                continue;
+            };
             let (speedup_target, p99_target) = target_of(bench);
             let speedup = ss.mean / ts.mean;
             let met = speedup >= speedup_target && p99_target.is_none_or(|p| ts.p99 < p);

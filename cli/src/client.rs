@@ -2,11 +2,12 @@
 
 use anyhow::Context as _;
 use tandem_proto::auth::{ClientAuth, Identity};
-use tandem_proto::endpoint::{self, AuthChannel, MAX_RESPONSE_BYTES};
-use tandem_proto::net::ClientSecurity;
+use tandem_proto::endpoint::{self, AuthChannel, Endpoint, MAX_RESPONSE_BYTES};
+use tandem_proto::net::{self, ClientSecurity};
 use tandem_proto::v1::accounting_client::AccountingClient;
 use tandem_proto::v1::jobs_client::JobsClient;
 use tandem_proto::v1::nodes_client::NodesClient;
+use tonic::service::interceptor::InterceptedService;
 
 /// Clients of the controller's services, sharing one authenticated channel.
 #[derive(Debug, Clone)]
@@ -14,41 +15,87 @@ pub struct Client {
     pub jobs: JobsClient<AuthChannel>,
     pub nodes: NodesClient<AuthChannel>,
     pub accounting: AccountingClient<AuthChannel>,
-    /// Whom the credentials name (the agent's word when it issued them).
+    /// Whom the controller knows this process as: the agent's word when it issued a
+    /// credential, the process's own uid, gid and name on the local socket (where the
+    /// controller reads the same from the kernel).
     pub identity: Identity,
-    /// The credentials, shared with connections to workers (srun).
-    pub auth: ClientAuth,
-    /// TLS against the cluster CA (loaded once per process), shared with srun's connections
-    /// to the workers' step services.
-    pub security: ClientSecurity,
     pub cluster_name: String,
     pub controller: String,
+    endpoint: Endpoint,
+    /// The credential and TLS set-up of a TCP connection, kept for srun's connections to
+    /// the workers; on the local socket neither was needed, so [`Client::worker_access`]
+    /// makes them when srun asks.
+    access: Option<(ClientAuth, ClientSecurity)>,
 }
 
 impl Client {
-    /// Discovers the cluster (`$TANDEM_CONFIG`, `~/.tandem/cluster.json`, ...), gets a
+    /// Discovers the cluster (`$TANDEM_CONFIG`, `~/.tandem/cluster.json`, ...) and connects:
+    /// to the controller's local socket when the cluster file names one that answers (no
+    /// TCP, TLS or credential: the kernel names the caller), else to its address with a
     /// credential (from the identity agent, or signed with the key if this user can read
-    /// it: one round trip either way) and connects.
+    /// it: one round trip either way).
     pub async fn connect() -> anyhow::Result<Client> {
         let ep = endpoint::discover()?;
         crate::timing::mark("discovered");
+        if let Some(socket) = ep.local_socket.as_deref() {
+            match net::connect_local(socket).await {
+                Ok(channel) => {
+                    crate::timing::mark("connected");
+                    let identity = current_identity();
+                    let auth = ClientAuth::unattached(identity.clone());
+                    return Ok(Client::over(
+                        InterceptedService::new(channel, auth),
+                        identity,
+                        ep,
+                        None,
+                    ));
+                }
+                // Another host, or a controller that stopped: the address still serves.
+                Err(e) => {
+                    tracing::debug!(socket = %socket.display(), error = %e, "local socket unusable")
+                }
+            }
+        }
         let auth = ep.client_auth(&current_identity())?;
         crate::timing::mark("credential");
         let identity = auth.identity().clone();
         let security = ep.security()?;
         let channel = endpoint::connect_with(&ep.controller, &security, auth.clone()).await?;
         crate::timing::mark("connected");
-        Ok(Client {
+        Ok(Client::over(channel, identity, ep, Some((auth, security))))
+    }
+
+    fn over(
+        channel: AuthChannel,
+        identity: Identity,
+        endpoint: Endpoint,
+        access: Option<(ClientAuth, ClientSecurity)>,
+    ) -> Client {
+        Client {
             jobs: JobsClient::new(channel.clone()).max_decoding_message_size(MAX_RESPONSE_BYTES),
             nodes: NodesClient::new(channel.clone()).max_decoding_message_size(MAX_RESPONSE_BYTES),
             accounting: AccountingClient::new(channel)
                 .max_decoding_message_size(MAX_RESPONSE_BYTES),
             identity,
-            auth,
-            security,
-            cluster_name: ep.cluster_name,
-            controller: ep.controller,
-        })
+            cluster_name: endpoint.cluster_name.clone(),
+            controller: endpoint.controller.clone(),
+            endpoint,
+            access,
+        }
+    }
+
+    /// The credential and TLS set-up for the workers' step services (srun): the ones the
+    /// controller connection used, or, after the local socket, fresh ones (made once).
+    pub fn worker_access(&mut self) -> anyhow::Result<(ClientAuth, ClientSecurity)> {
+        if let Some(access) = &self.access {
+            return Ok(access.clone());
+        }
+        let access = (
+            self.endpoint.client_auth(&self.identity)?,
+            self.endpoint.security()?,
+        );
+        self.access = Some(access.clone());
+        Ok(access)
     }
 }
 

@@ -60,6 +60,11 @@ fn home(c: &Cluster, uid: u32) -> PathBuf {
 
 /// The real CLI as `uid`, from its home directory.
 fn as_user(c: &Cluster, uid: u32, args: &[&str]) -> Output {
+    as_user_env(c, uid, &[], args)
+}
+
+/// As [`as_user`], with these environment variables set too.
+fn as_user_env(c: &Cluster, uid: u32, env: &[(&str, &str)], args: &[&str]) -> Output {
     let home = home(c, uid);
     Command::new("setpriv")
         .args([
@@ -72,6 +77,7 @@ fn as_user(c: &Cluster, uid: u32, args: &[&str]) -> Output {
         .args(args)
         .env("TANDEM_CONFIG", c.cluster_file())
         .env("HOME", &home)
+        .envs(env.iter().copied())
         .env_remove("SLURM_JOB_ID")
         .current_dir(&home)
         .stdin(Stdio::null())
@@ -248,9 +254,11 @@ fn the_agent_vouches_only_for_the_callers_own_uid() {
         "Reason=x",
     ];
     assert!(!as_user(&c, ALICE, &drain).status.success());
-    // Without the agent and without the key she gets no credential at all.
+    // Without the agent and without the key she gets no credential at all (over TCP: on
+    // the controller's local socket the kernel names her; see the next test).
     let mut file = ClusterFile::read(&c.cluster_file()).unwrap();
     file.auth_socket = Some(c.dir.path().join("no-agent.sock"));
+    file.local_socket = None;
     let alt = c.dir.path().join("no-agent.json");
     file.write(&alt).unwrap();
     let out = Command::new("setpriv")
@@ -264,6 +272,79 @@ fn the_agent_vouches_only_for_the_callers_own_uid() {
         .env("TANDEM_CONFIG", &alt)
         .output()
         .unwrap();
+    let t = text(&out);
+    assert!(!out.status.success() && t.contains("tandem authd"), "{t}");
+}
+
+#[test]
+fn the_local_socket_knows_callers_by_their_kernel_uid() {
+    if !can_switch_users("the_local_socket_knows_callers_by_their_kernel_uid") {
+        return;
+    }
+    let c = shared_cluster(&[]);
+    let file = ClusterFile::read(&c.cluster_file()).unwrap();
+    let socket = file.local_socket.expect("tandem up names the local socket");
+    assert!(socket.starts_with(c.state_dir()), "{}", socket.display());
+    // Stop the identity agent: no one can get a credential, so every command below that
+    // works went through the local socket.
+    let pid: i32 = std::fs::read_to_string(c.state_dir().join("authd.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let pid = nix::unistd::Pid::from_raw(pid);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while nix::sys::signal::kill(pid, None).is_ok() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // Whatever Alice's environment claims, the kernel says who she is.
+    let env = [("USER", "root"), ("SUDO_UID", "0"), ("LOGNAME", "root")];
+    let out = as_user_env(
+        &c,
+        ALICE,
+        &env,
+        &["sbatch", "--parsable", "-o", "id.out", "--wrap", "id -u"],
+    );
+    assert!(out.status.success(), "{}{}", text(&out), c.controller_log());
+    let id: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    let rec = wait_state(&c, id, "COMPLETED");
+    assert_eq!(rec["user"], ALICE.to_string(), "{rec}");
+    let printed = std::fs::read_to_string(home(&c, ALICE).join("id.out")).unwrap();
+    assert_eq!(printed.trim(), ALICE.to_string());
+
+    // Bob's job is out of her reach, and so are root's powers.
+    let out = as_user(
+        &c,
+        BOB,
+        &["sbatch", "--parsable", "--hold", "--wrap", "true"],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let bobs = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let out = as_user(&c, ALICE, &["scancel", &bobs]);
+    assert!(
+        !out.status.success() && text(&out).to_lowercase().contains("denied"),
+        "{}",
+        text(&out)
+    );
+    let drain = [
+        "scontrol",
+        "update",
+        "NodeName=node-1",
+        "State=DRAIN",
+        "Reason=x",
+    ];
+    assert!(!as_user(&c, ALICE, &drain).status.success());
+    let out = as_user(&c, BOB, &["scancel", &bobs]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    // The same commands over TCP need the agent (users cannot read the key): refused.
+    let out = as_user_env(&c, ALICE, &[("TANDEM_LOCAL_SOCKET", "")], &["squeue"]);
+    let t = text(&out);
+    assert!(!out.status.success() && t.contains("tandem authd"), "{t}");
+    // srun's connections to the workers need a credential too, and say so.
+    let out = as_user(&c, ALICE, &["srun", "-N1", "true"]);
     let t = text(&out);
     assert!(!out.status.success() && t.contains("tandem authd"), "{t}");
 }

@@ -92,6 +92,11 @@ pub struct Args {
     /// once, so occasional listings never wait.
     #[arg(long, default_value_t = crate::api::reads::DEFAULT_CPU_SHARE)]
     pub listing_cpu_share: f64,
+    /// Also serve on this Unix socket, for clients on this host: no TCP or TLS, and the
+    /// kernel names each caller, so they need no credential. Put it in a directory only
+    /// the controller's user can write (clients trust whoever listens there).
+    #[arg(long, value_name = "PATH")]
+    pub local_socket: Option<PathBuf>,
     #[command(flatten)]
     pub tls: TlsArgs,
 }
@@ -170,6 +175,8 @@ pub struct Config {
     pub tls: tandem_proto::net::ServerSecurity,
     /// `--listing-cpu-share`.
     pub listing_cpu_share: f64,
+    /// `--local-socket`.
+    pub local_socket: Option<PathBuf>,
 }
 
 impl Config {
@@ -193,6 +200,7 @@ impl Config {
             // explicit --insecure-plaintext on loopback (`Args::into_config`).
             tls: tandem_proto::net::ServerSecurity::Plaintext,
             listing_cpu_share: crate::api::reads::DEFAULT_CPU_SHARE,
+            local_socket: None,
         }
     }
 }
@@ -229,6 +237,18 @@ impl Args {
                 format!("{} is not between 0.01 and 1", self.listing_cpu_share),
             ));
         }
+        if let Some(path) = &self.local_socket
+            && path.as_os_str().len() > tandem_proto::net::MAX_SOCKET_PATH
+        {
+            return Err(invalid(
+                "--local-socket",
+                format!(
+                    "{} is longer than the {} bytes a socket path may have",
+                    path.display(),
+                    tandem_proto::net::MAX_SOCKET_PATH
+                ),
+            ));
+        }
         let listeners: Vec<SocketAddr> = std::iter::once(self.listen)
             .chain(self.scaler_listen)
             .collect();
@@ -249,6 +269,7 @@ impl Args {
             admins: tandem_proto::auth::Admins::parse(&self.admins),
             tls,
             listing_cpu_share: self.listing_cpu_share,
+            local_socket: self.local_socket,
         })
     }
 }
@@ -763,6 +784,18 @@ mod tests {
             assert!(e.contains("--listing-cpu-share"), "{bad}: {e}");
         }
         assert!(args(&["--listing-cpu-share", "lots"]).is_err());
+    }
+
+    #[test]
+    fn a_local_socket_path_must_fit_the_kernels_limit() {
+        let ok = args(&["--local-socket", "/run/tandem/controller.sock"]).unwrap();
+        assert_eq!(
+            ok.local_socket.as_deref(),
+            Some(std::path::Path::new("/run/tandem/controller.sock"))
+        );
+        let long = format!("/{}", "d".repeat(120));
+        let e = args(&["--local-socket", &long]).unwrap_err();
+        assert!(e.contains("--local-socket"), "{e}");
     }
 
     #[test]

@@ -77,6 +77,8 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot serve the local socket")]
+    BindLocal(#[source] std::io::Error),
     #[error("gRPC server failed")]
     Serve(#[source] tonic::transport::Error),
     #[error("controller stopped: {0}")]

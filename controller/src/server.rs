@@ -114,6 +114,15 @@ pub async fn run(
         "controller ready"
     );
 
+    // Bound last, when the controller can answer: a client that finds the socket is served.
+    let local = match &config.local_socket {
+        Some(path) => {
+            let l = net::bind_local(path).map_err(Error::BindLocal)?;
+            info!(path = %path.display(), "serving the local socket");
+            Some(l)
+        }
+        None => None,
+    };
     crate::api::reads::limit_cpu(config.listing_cpu_share);
     let auth = ServerAuth::with_admins(key, config.admins.clone());
     let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
@@ -150,16 +159,23 @@ pub async fn run(
             WorkerLinkService::new(handle.clone(), stopping_rx),
             auth,
         ))
-        .serve_with_incoming_shutdown(listener.incoming(config.tls.clone()), async move {
-            tokio::select! {
-                () = shutdown => info!("shutdown requested"),
-                _ = dead_rx => warn!("state actor stopped; shutting down"),
-            }
-            // Ends worker and watch streams so the server can drain.
-            let _ = stopping_tx.send(true);
-            let _ = stop_handle.send_wait(Command::Shutdown).await;
-        });
+        .serve_with_incoming_shutdown(
+            listener.incoming_with_local(config.tls.clone(), local),
+            async move {
+                tokio::select! {
+                    () = shutdown => info!("shutdown requested"),
+                    _ = dead_rx => warn!("state actor stopped; shutting down"),
+                }
+                // Ends worker and watch streams so the server can drain.
+                let _ = stopping_tx.send(true);
+                let _ = stop_handle.send_wait(Command::Shutdown).await;
+            },
+        );
     let served = serve.await;
+    if let Some(path) = &config.local_socket {
+        // Clients that find no socket use the address, and say so if nothing answers.
+        let _ = std::fs::remove_file(path);
+    }
     if let Some(t) = metrics_task {
         t.abort();
     }

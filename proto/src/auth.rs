@@ -40,6 +40,8 @@ use tonic::metadata::{AsciiMetadataValue, MetadataMap};
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
 
+use crate::net::{LocalPeer, PeerInfo};
+
 type HmacSha256 = Hmac<Sha256>;
 
 /// Length of the cluster key in bytes.
@@ -432,17 +434,30 @@ pub fn identity<T>(request: &Request<T>) -> Result<&Identity, Status> {
 
 // === Interceptors ===
 
-/// A stable number for the connection a request arrived on (its peer address), for the
-/// replay cache. Requests without connection info (in-process transports) share number 0.
+/// A stable number for the connection a request arrived on (its peer address over TCP, the
+/// accept-time number on the local socket), for the replay cache. Requests without
+/// connection info (in-process transports) share number 0.
 fn connection_of<T>(request: &Request<T>) -> u64 {
     use std::hash::{Hash, Hasher};
-    match request.remote_addr() {
-        Some(addr) => {
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            addr.hash(&mut h);
-            h.finish() | 1
-        }
+    match request.extensions().get::<PeerInfo>() {
+        Some(PeerInfo::Tcp(info)) => match info.remote_addr() {
+            Some(addr) => {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                addr.hash(&mut h);
+                h.finish() | 1
+            }
+            None => 0,
+        },
+        Some(PeerInfo::Local(peer)) => peer.connection,
         None => 0,
+    }
+}
+
+/// The peer of a request on the controller's local socket, as the kernel named it.
+fn local_peer<T>(request: &Request<T>) -> Option<&LocalPeer> {
+    match request.extensions().get::<PeerInfo>() {
+        Some(PeerInfo::Local(peer)) => Some(peer),
+        _ => None,
     }
 }
 
@@ -469,13 +484,24 @@ impl ServerAuth {
     }
 
     /// Authenticates one request at time `now`: the identity it may act as.
+    ///
+    /// A request with a credential is whom the credential names, on any transport. One
+    /// without, on the local socket, is the user the kernel named at accept
+    /// ([`crate::net::LocalPeer`]), as the identity agent would have named them; anywhere
+    /// else it is refused.
     #[allow(clippy::result_large_err)]
     pub fn authenticate<T>(&self, request: &Request<T>, now: i64) -> Result<Identity, Status> {
         let fail = |e: TokenError| match e {
             TokenError::CacheFull => Status::resource_exhausted(format!("authentication: {e}")),
             _ => Status::unauthenticated(format!("authentication failed: {e}")),
         };
-        let token = ClusterKey::bearer(request.metadata()).map_err(fail)?;
+        let token = match (ClusterKey::bearer(request.metadata()), local_peer(request)) {
+            (Err(TokenError::Missing), Some(peer)) => {
+                let who = Identity::user(peer.user.clone(), peer.uid, peer.gid);
+                return Ok(self.admins.apply(who));
+            }
+            (token, _) => token.map_err(fail)?,
+        };
         let cred = self.key.verify_at(token, now).map_err(fail)?;
         let conn = connection_of(request);
         {
@@ -568,6 +594,18 @@ pub struct ClientAuth {
     source: Arc<dyn CredentialSource>,
     cached: Arc<std::sync::Mutex<Cached>>,
     identity: Identity,
+    /// `false` on the controller's local socket, where the kernel names the caller.
+    attach: bool,
+}
+
+/// The source of [`ClientAuth::unattached`]: nothing to issue.
+#[derive(Debug)]
+struct NoCredential;
+
+impl CredentialSource for NoCredential {
+    fn issue(&self) -> Result<agent::Issued, String> {
+        Err("this connection carries no credential (the kernel names its caller)".to_owned())
+    }
 }
 
 fn header_of(token: &str) -> Result<AsciiMetadataValue, String> {
@@ -590,6 +628,22 @@ impl ClientAuth {
             }),
             cached: Arc::new(std::sync::Mutex::new(Cached { header, exp })),
             identity: identity.clone(),
+            attach: true,
+        }
+    }
+
+    /// No credential on requests: for a channel to the controller's local socket, where the
+    /// server learns the caller from the kernel ([`crate::net::LocalPeer`]). `identity` is
+    /// what the process knows of itself (its uid, gid and user name).
+    pub fn unattached(identity: Identity) -> Self {
+        Self {
+            source: Arc::new(NoCredential),
+            cached: Arc::new(std::sync::Mutex::new(Cached {
+                header: AsciiMetadataValue::from_static(""),
+                exp: 0,
+            })),
+            identity,
+            attach: false,
         }
     }
 
@@ -604,6 +658,7 @@ impl ClientAuth {
                 exp: issued.exp,
             })),
             identity: issued.identity,
+            attach: true,
         })
     }
 
@@ -642,6 +697,9 @@ impl ClientAuth {
 
 impl Interceptor for ClientAuth {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        if !self.attach {
+            return Ok(request);
+        }
         let header = self
             .header()
             .map_err(|e| Status::unauthenticated(format!("no credential: {e}")))?;
@@ -857,10 +915,10 @@ mod tests {
         let from = |port: u16| {
             let mut r = request_with(&token);
             r.extensions_mut()
-                .insert(tonic::transport::server::TcpConnectInfo {
+                .insert(PeerInfo::Tcp(tonic::transport::server::TcpConnectInfo {
                     local_addr: None,
                     remote_addr: Some(([127, 0, 0, 1], port).into()),
-                });
+                }));
             r
         };
         let now = unix_now();
@@ -870,6 +928,63 @@ mod tests {
         let replay = server.authenticate(&from(5001), now).unwrap_err();
         assert_eq!(replay.code(), tonic::Code::Unauthenticated);
         assert!(replay.message().contains("replayed"), "{replay:?}");
+    }
+
+    fn on_local_socket(mut req: Request<()>, uid: u32, connection: u64) -> Request<()> {
+        req.extensions_mut().insert(PeerInfo::Local(LocalPeer {
+            uid,
+            gid: 100,
+            user: format!("user{uid}"),
+            connection,
+        }));
+        req
+    }
+
+    #[test]
+    fn the_local_socket_stands_in_for_a_credential_but_never_overrides_one() {
+        let k = key(5);
+        let server = ServerAuth::with_admins(Arc::new(k.clone()), Admins::parse(&["7".into()]));
+        let now = unix_now();
+        // No credential: the kernel's uid, named as the agent would name it.
+        let who = server
+            .authenticate(&on_local_socket(Request::new(()), 1000, 2), now)
+            .unwrap();
+        assert_eq!(who, Identity::user("user1000", 1000, 100));
+        // Root and configured administrators are administrators here too.
+        for uid in [0, 7] {
+            let who = server
+                .authenticate(&on_local_socket(Request::new(()), uid, 2), now)
+                .unwrap();
+            assert_eq!(who.role, Role::Admin, "uid {uid}");
+        }
+        // A credential that fails is refused, not passed over for the kernel's word.
+        let forged = key(6).sign(&alice(), now);
+        let refused = server
+            .authenticate(&on_local_socket(request_with(&forged), 1000, 2), now)
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+        // A valid one speaks for its holder, as on TCP, and its replay rules hold.
+        let token = k.sign(&alice(), now);
+        let who = server
+            .authenticate(&on_local_socket(request_with(&token), 1000, 4), now)
+            .unwrap();
+        assert_eq!(who, alice());
+        let replay = server
+            .authenticate(&on_local_socket(request_with(&token), 1000, 6), now)
+            .unwrap_err();
+        assert!(replay.message().contains("replayed"), "{replay:?}");
+        // Without the local socket a request with no credential is refused.
+        let status = server.authenticate(&Request::new(()), now).unwrap_err();
+        assert!(status.message().contains("missing authorization"));
+    }
+
+    #[test]
+    fn an_unattached_client_sends_no_credential() {
+        let mut client = ClientAuth::unattached(alice());
+        let req = client.call(Request::new(())).unwrap();
+        assert!(req.metadata().get(AUTH_HEADER).is_none());
+        assert_eq!(client.identity(), &alice());
+        assert!(client.token().is_err());
     }
 
     #[test]

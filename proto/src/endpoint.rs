@@ -6,6 +6,8 @@
 //!    `{ "cluster_name": "...", "controller": "https://127.0.0.1:PORT", "key_file": "/path/key",
 //!    "auth_socket": "/path/authd.sock", "ca_file": "/path/ca.crt" }`.
 //!    `tandem up --state-dir DIR` writes `DIR/cluster.json` (and the home one by default).
+//!    `"local_socket": "/path/controller.sock"` names the controller's Unix socket when the
+//!    controller runs on this host (see below).
 //! 2. `$TANDEM_CONTROLLER` overrides the address, `$TANDEM_KEY_FILE` the key file,
 //!    `$TANDEM_AUTH_SOCKET` the identity agent's socket and `$TANDEM_CA_FILE` the CA; with the
 //!    address and the key or socket set no file is needed at all (how pods and tests are
@@ -16,6 +18,15 @@
 //! With a CA ([`Endpoint::security`]) every connection is TLS and the server must present a
 //! certificate the CA issued for the address's host. Without one a client speaks plain text,
 //! and only to a loopback address: a credential never crosses a network in clear.
+//!
+//! # The local socket
+//!
+//! When the cluster file names a `local_socket` (and `$TANDEM_CONTROLLER` does not point
+//! elsewhere), a client tries it first ([`crate::net::connect_local`]): on the
+//! controller's host that saves the TCP and TLS handshakes and the credential, the kernel
+//! naming the caller. If nothing answers there (another host, a stopped controller) it
+//! uses the address as always. `$TANDEM_LOCAL_SOCKET` overrides the path; set and empty,
+//! it turns the local socket off.
 //!
 //! # Credentials
 //!
@@ -42,6 +53,7 @@ pub const ENV_CONTROLLER: &str = "TANDEM_CONTROLLER";
 pub const ENV_KEY_FILE: &str = "TANDEM_KEY_FILE";
 pub const ENV_AUTH_SOCKET: &str = "TANDEM_AUTH_SOCKET";
 pub const ENV_CA_FILE: &str = "TANDEM_CA_FILE";
+pub const ENV_LOCAL_SOCKET: &str = "TANDEM_LOCAL_SOCKET";
 pub const DEFAULT_CLUSTER_NAME: &str = "tandem";
 
 /// Largest response a client should accept. tonic's default (4 MiB) is too small for
@@ -67,6 +79,9 @@ pub struct ClusterFile {
     /// text, to loopback addresses only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<PathBuf>,
+    /// The controller's Unix socket, for clients on its host (`--local-socket`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_socket: Option<PathBuf>,
 }
 
 impl ClusterFile {
@@ -102,6 +117,8 @@ pub struct Endpoint {
     pub key_file: PathBuf,
     pub auth_socket: Option<PathBuf>,
     pub ca_file: Option<PathBuf>,
+    /// The controller's Unix socket, tried before `controller` (see the module notes).
+    pub local_socket: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -188,13 +205,14 @@ pub fn discover_with(env: &dyn Fn(&str) -> Option<String>) -> Result<Endpoint, E
         _ => None,
     };
 
-    let (cluster_name, controller, key_file, auth_socket, ca_file) = match file {
+    let (cluster_name, controller, key_file, auth_socket, ca_file, local_socket) = match file {
         Some(f) => (
             f.cluster_name,
             f.controller,
             f.key_file,
             f.auth_socket,
             f.ca_file,
+            f.local_socket,
         ),
         None => (
             DEFAULT_CLUSTER_NAME.to_owned(),
@@ -202,7 +220,15 @@ pub fn discover_with(env: &dyn Fn(&str) -> Option<String>) -> Result<Endpoint, E
             PathBuf::new(),
             None,
             None,
+            None,
         ),
+    };
+    // The file's socket belongs to the file's controller: not to an address set over it.
+    let local_socket = match env(ENV_LOCAL_SOCKET) {
+        Some(p) if p.is_empty() => None,
+        Some(p) => Some(PathBuf::from(p)),
+        None if addr_override.is_some() => None,
+        None => local_socket,
     };
     let ca_file = ca_override.or(ca_file);
     let controller = addr_override.unwrap_or(controller);
@@ -217,6 +243,7 @@ pub fn discover_with(env: &dyn Fn(&str) -> Option<String>) -> Result<Endpoint, E
         key_file,
         auth_socket,
         ca_file,
+        local_socket,
     })
 }
 
@@ -384,6 +411,7 @@ mod tests {
             key_file: dir.join("key"),
             auth_socket: None,
             ca_file: None,
+            local_socket: Some(dir.join("controller.sock")),
         }
         .write(&p)
         .unwrap();
@@ -419,6 +447,24 @@ mod tests {
         assert_eq!(ep.controller, "http://127.0.0.1:9");
         assert_eq!(ep.key_file, PathBuf::from("/k"));
         assert_eq!(ep.cluster_name, "c1");
+    }
+
+    #[test]
+    fn the_local_socket_follows_the_file_unless_overridden() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write_file(dir.path(), "cl.json", "127.0.0.1:7000");
+        let config = (ENV_CONFIG, p.to_str().unwrap());
+        let sock = dir.path().join("controller.sock");
+        let ep = discover_with(&env_of(&[config])).unwrap();
+        assert_eq!(ep.local_socket.as_deref(), Some(sock.as_path()));
+        // Another controller address: the file's socket is not that controller's.
+        let ep = discover_with(&env_of(&[config, (ENV_CONTROLLER, "10.0.0.9:7000")])).unwrap();
+        assert_eq!(ep.local_socket, None);
+        // Set and empty: off; set: that path.
+        let ep = discover_with(&env_of(&[config, (ENV_LOCAL_SOCKET, "")])).unwrap();
+        assert_eq!(ep.local_socket, None);
+        let ep = discover_with(&env_of(&[config, (ENV_LOCAL_SOCKET, "/run/t.sock")])).unwrap();
+        assert_eq!(ep.local_socket.as_deref(), Some(Path::new("/run/t.sock")));
     }
 
     #[test]

@@ -6,7 +6,6 @@
 //! uid, signed with the key. Users never read the key; a caller cannot name the uid it
 //! wants. Protocol: `tandem_proto::auth::agent`.
 
-use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -110,30 +109,12 @@ fn check(args: &Args) -> Exit {
     Ok(0)
 }
 
-/// Binds the socket, replacing a stale one (never a regular file), and opens it to all
-/// local users: the kernel, not the file mode, says who each caller is.
+/// Binds the socket, replacing a stale one (never a regular file nor a live socket), and
+/// opens it to all local users: the kernel, not the file mode, says who each caller is.
 fn bind(socket: &std::path::Path) -> anyhow::Result<UnixListener> {
-    if let Ok(meta) = std::fs::symlink_metadata(socket) {
-        if !meta.file_type().is_socket() {
-            bail!(
-                "{} exists and is not a socket; refusing to replace it",
-                socket.display()
-            );
-        }
-        if std::os::unix::net::UnixStream::connect(socket).is_ok() {
-            bail!(
-                "another identity agent already listens on {}",
-                socket.display()
-            );
-        }
-        std::fs::remove_file(socket)
-            .with_context(|| format!("cannot remove the stale socket {}", socket.display()))?;
-    }
-    let listener = UnixListener::bind(socket)
-        .with_context(|| format!("cannot listen on {}", socket.display()))?;
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o666))
-        .with_context(|| format!("cannot open {} to local users", socket.display()))?;
-    Ok(listener)
+    let listener = tandem_proto::net::bind_unix_std(socket)?;
+    listener.set_nonblocking(true)?;
+    Ok(UnixListener::from_std(listener)?)
 }
 
 async fn serve(mut stream: UnixStream, key: &ClusterKey, host: &str) -> anyhow::Result<()> {
@@ -152,7 +133,7 @@ async fn serve(mut stream: UnixStream, key: &ClusterKey, host: &str) -> anyhow::
         got += n;
     }
     let reply = if &buf[..got] == agent::REQUEST {
-        let user = user_name(uid);
+        let user = tandem_proto::net::user_name_of(uid);
         agent::reply_for(key, &user, uid, gid, host, unix_now())
     } else {
         agent::Reply {
@@ -170,12 +151,4 @@ async fn serve(mut stream: UnixStream, key: &ClusterKey, host: &str) -> anyhow::
     stream.write_all(&out).await?;
     stream.shutdown().await?;
     Ok(())
-}
-
-/// The name of `uid` from the password database, else the uid itself.
-fn user_name(uid: u32) -> String {
-    nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
-        .ok()
-        .flatten()
-        .map_or_else(|| uid.to_string(), |u| u.name)
 }

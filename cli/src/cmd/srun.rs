@@ -42,6 +42,8 @@ pub struct Args {
 pub async fn run(args: Args) -> Exit {
     refuse_batch_only(&args.opts)?;
     let mut client = Client::connect().await?;
+    // A step needs a credential for the workers: fail here, before anything is created.
+    client.worker_access()?;
     let inside = std::env::var("SLURM_JOB_ID")
         .ok()
         .and_then(|s| s.parse::<u64>().ok());
@@ -333,6 +335,7 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args, alloc: Allocati
     );
     let workdir = ctx.cwd.to_string_lossy().into_owned();
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(u32, Event)>(256);
+    let (auth, security) = client.worker_access()?;
     let mut launches = Vec::new();
     for target in &step.targets {
         let address = if target.address.contains("://") {
@@ -356,8 +359,8 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args, alloc: Allocati
         };
         let tx = tx.clone();
         let node = target.node.clone();
-        let auth = client.auth.clone();
-        let security = client.security.clone();
+        let auth = auth.clone();
+        let security = security.clone();
         // Each node is connected to and launched on in its own task: the step starts on all
         // of them after one connection time, not one per node in turn.
         launches.push(tokio::spawn(async move {

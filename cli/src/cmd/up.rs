@@ -214,6 +214,14 @@ pub async fn start(args: &Args) -> anyhow::Result<Started> {
         key_file.to_string_lossy().into_owned(),
     ];
     cargs.extend(tls_flag(&Certificates::controller_dir(&dir)));
+    // Clients on this machine skip TCP, TLS and the agent there. The state directory is
+    // writable by this user only, so no one else can put a socket in its place.
+    let local_socket = Some(dir.join("controller.sock"))
+        .filter(|p| p.as_os_str().len() <= tandem_proto::net::MAX_SOCKET_PATH);
+    if let Some(p) = &local_socket {
+        cargs.push("--local-socket".into());
+        cargs.push(p.to_string_lossy().into_owned());
+    }
     for (flag, v) in [
         ("--kill-wait", &args.kill_wait),
         ("--heartbeat-interval", &args.heartbeat_interval),
@@ -329,6 +337,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Started> {
         key_file: key_file.clone(),
         auth_socket: Some(socket),
         ca_file: tls.map(|t| t.ca_file),
+        local_socket,
     };
     file.write(&cluster_file)?;
     if !args.no_default_config

@@ -1,12 +1,12 @@
-//! One connection type per side, plain or TLS, so a server or client is the same code
-//! whichever its transport is.
+//! One connection type per side (TCP in plain text, TCP with TLS, or the controller's local
+//! Unix socket), so a server or client is the same code whichever its transport is.
 
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
 /// A connection a server accepted.
@@ -14,6 +14,8 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 pub enum ServerConn {
     Plain(TcpStream),
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    /// On the local Unix socket; the kernel named the peer ([`LocalPeer`]).
+    Local(UnixStream, LocalPeer),
 }
 
 /// A connection a client opened.
@@ -21,33 +23,62 @@ pub enum ServerConn {
 pub enum ClientConn {
     Plain(TcpStream),
     Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+    Local(UnixStream),
+}
+
+/// Who is at the other end of a connection on the local socket, as the kernel says
+/// (`SO_PEERCRED` at accept time), never as the client claims.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalPeer {
+    pub uid: u32,
+    pub gid: u32,
+    /// The user name of `uid` in this host's password database (the uid if it has none).
+    pub user: String,
+    /// Unique per accepted connection in this process (the replay cache's connection key).
+    pub connection: u64,
+}
+
+/// What a request knows of its connection; tonic puts it in every request's extensions
+/// (`request.extensions().get::<PeerInfo>()`).
+#[derive(Debug, Clone)]
+pub enum PeerInfo {
+    Tcp(TcpConnectInfo),
+    Local(LocalPeer),
 }
 
 impl ServerConn {
-    /// The TCP socket underneath.
-    pub fn tcp(&self) -> &TcpStream {
+    /// The TCP socket underneath (`None` on the local socket).
+    pub fn tcp(&self) -> Option<&TcpStream> {
         match self {
-            ServerConn::Plain(s) => s,
-            ServerConn::Tls(s) => s.get_ref().0,
+            ServerConn::Plain(s) => Some(s),
+            ServerConn::Tls(s) => Some(s.get_ref().0),
+            ServerConn::Local(..) => None,
         }
     }
 }
 
 impl ClientConn {
-    pub fn tcp(&self) -> &TcpStream {
+    /// The TCP socket underneath (`None` on the local socket).
+    pub fn tcp(&self) -> Option<&TcpStream> {
         match self {
-            ClientConn::Plain(s) => s,
-            ClientConn::Tls(s) => s.get_ref().0,
+            ClientConn::Plain(s) => Some(s),
+            ClientConn::Tls(s) => Some(s.get_ref().0),
+            ClientConn::Local(_) => None,
         }
     }
 }
 
-/// Requests see the peer's address either way (the replay cache keys on it).
+/// Requests see their peer: its address over TCP (the replay cache keys on it), the
+/// kernel's word on the local socket.
 impl Connected for ServerConn {
-    type ConnectInfo = TcpConnectInfo;
+    type ConnectInfo = PeerInfo;
 
-    fn connect_info(&self) -> TcpConnectInfo {
-        self.tcp().connect_info()
+    fn connect_info(&self) -> PeerInfo {
+        match self {
+            ServerConn::Plain(s) => PeerInfo::Tcp(s.connect_info()),
+            ServerConn::Tls(s) => PeerInfo::Tcp(s.get_ref().0.connect_info()),
+            ServerConn::Local(_, peer) => PeerInfo::Local(peer.clone()),
+        }
     }
 }
 
@@ -63,6 +94,7 @@ macro_rules! delegate_io {
                 match self.get_mut() {
                     $ty::Plain(s) => Pin::new(s).poll_read(cx, buf),
                     $ty::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+                    $ty::Local(s, ..) => Pin::new(s).poll_read(cx, buf),
                 }
             }
         }
@@ -76,6 +108,7 @@ macro_rules! delegate_io {
                 match self.get_mut() {
                     $ty::Plain(s) => Pin::new(s).poll_write(cx, buf),
                     $ty::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+                    $ty::Local(s, ..) => Pin::new(s).poll_write(cx, buf),
                 }
             }
 
@@ -87,6 +120,7 @@ macro_rules! delegate_io {
                 match self.get_mut() {
                     $ty::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
                     $ty::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+                    $ty::Local(s, ..) => Pin::new(s).poll_write_vectored(cx, bufs),
                 }
             }
 
@@ -94,6 +128,7 @@ macro_rules! delegate_io {
                 match self {
                     $ty::Plain(s) => s.is_write_vectored(),
                     $ty::Tls(s) => s.is_write_vectored(),
+                    $ty::Local(s, ..) => s.is_write_vectored(),
                 }
             }
 
@@ -101,6 +136,7 @@ macro_rules! delegate_io {
                 match self.get_mut() {
                     $ty::Plain(s) => Pin::new(s).poll_flush(cx),
                     $ty::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+                    $ty::Local(s, ..) => Pin::new(s).poll_flush(cx),
                 }
             }
 
@@ -108,6 +144,7 @@ macro_rules! delegate_io {
                 match self.get_mut() {
                     $ty::Plain(s) => Pin::new(s).poll_shutdown(cx),
                     $ty::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+                    $ty::Local(s, ..) => Pin::new(s).poll_shutdown(cx),
                 }
             }
         }
