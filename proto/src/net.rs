@@ -200,29 +200,24 @@ impl Incoming {
             self.pause = None;
         }
         while self.handshakes.len() < MAX_HANDSHAKES {
+            // One connection from each listener per round: a flood on the local socket
+            // cannot keep the workers' and remote users' TCP connections waiting.
+            let mut took_local = false;
             if let Some(local) = &self.local {
                 match local.poll_accept(cx) {
                     Poll::Ready(Ok((stream, _))) => {
                         self.handshakes.push(Box::pin(identify_local(stream)));
-                        continue;
+                        took_local = true;
                     }
-                    Poll::Ready(Err(e)) => {
-                        if out_of_resources(&e) {
-                            self.pause = Some(Box::pin(tokio::time::sleep(ACCEPT_BACKOFF)));
-                        }
-                        return Poll::Ready(Err(e));
-                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(self.accept_failed(e))),
                     Poll::Pending => {}
                 }
             }
-            let stream = match ready!(self.listener.poll_accept(cx)) {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    if out_of_resources(&e) {
-                        self.pause = Some(Box::pin(tokio::time::sleep(ACCEPT_BACKOFF)));
-                    }
-                    return Poll::Ready(Err(e));
-                }
+            let stream = match self.listener.poll_accept(cx) {
+                Poll::Ready(Ok((stream, _))) => stream,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(self.accept_failed(e))),
+                Poll::Pending if took_local => continue,
+                Poll::Pending => return Poll::Pending,
             };
             no_delay(&stream);
             let Some(acceptor) = self.tls.clone() else {
@@ -247,6 +242,17 @@ impl Incoming {
             }));
         }
         Poll::Pending
+    }
+}
+
+impl Incoming {
+    /// Passes an accept error on; after one that says the process is out of descriptors or
+    /// memory, the stream first waits [`ACCEPT_BACKOFF`].
+    fn accept_failed(&mut self, e: io::Error) -> io::Error {
+        if out_of_resources(&e) {
+            self.pause = Some(Box::pin(tokio::time::sleep(ACCEPT_BACKOFF)));
+        }
+        e
     }
 }
 
