@@ -1,11 +1,13 @@
 //! The `tandem` binary: the controller and worker daemons, the all-in-one local cluster, and
 //! the Slurm commands (`sbatch`, `squeue`, `scancel`, `sinfo`, `sacct`, `scontrol`, `srun`,
-//! `sacctmgr`, `sshare`, `sprio`).
+//! `sacctmgr`, `sshare`, `sprio`); and `tandem-slurm`, the same Slurm commands and the
+//! worker's job launcher without the daemons, which the command links point to.
 //!
 //! # Layout
 //!
 //! ```text
 //! main.rs          thin: calls main_from_env
+//! bin/tandem-slurm.rs  thin: calls slurm_main_from_env
 //! lib.rs           argv[0] / subcommand dispatch, one-line errors, exit codes, runtimes
 //! cmd/             one module per command: sbatch squeue scancel sinfo sacct scontrol srun
 //!                  sacctmgr sshare sprio
@@ -54,6 +56,29 @@ struct Tandem {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    #[command(flatten)]
+    Slurm(Box<SlurmCommand>),
+    /// Run the batch controller daemon.
+    Controller(cmd::controller::Args),
+    /// Run the node agent daemon.
+    Worker(cmd::worker::Args),
+    /// Run the local identity agent: credentials for local users, by their kernel uid.
+    Authd(cmd::authd::Args),
+    /// Start an all-in-one local cluster (controller and workers) and return when it is ready.
+    Up(cmd::up::Args),
+    /// Stop the local cluster started by `tandem up`.
+    Down(cmd::down::Args),
+    /// Create sbatch, squeue, ... links (to tandem-slurm beside this binary) in a directory.
+    Links(cmd::links::Args),
+    /// Start a local cluster, run the example workload through the CLI, show it, stop.
+    Demo(cmd::demo::Args),
+    /// Replay a workload trace through the scheduling core with simulated time.
+    Sim(cmd::sim::Args),
+}
+
+/// The Slurm commands: what both binaries run (`tandem sbatch`, or `sbatch` linked to either).
+#[derive(Debug, Subcommand)]
+enum SlurmCommand {
     /// Submit a batch script.
     Sbatch(cmd::sbatch::Args),
     /// Show queued and running jobs.
@@ -74,65 +99,14 @@ enum Command {
     Sshare(cmd::sshare::Args),
     /// Show the priority factors of pending jobs.
     Sprio(cmd::sprio::Args),
-    /// Run the batch controller daemon.
-    Controller(cmd::controller::Args),
-    /// Run the node agent daemon.
-    Worker(cmd::worker::Args),
-    /// Run the local identity agent: credentials for local users, by their kernel uid.
-    Authd(cmd::authd::Args),
-    /// Start an all-in-one local cluster (controller and workers) and return when it is ready.
-    Up(cmd::up::Args),
-    /// Stop the local cluster started by `tandem up`.
-    Down(cmd::down::Args),
-    /// Create sbatch, squeue, ... links to this binary in a directory.
-    Links(cmd::links::Args),
-    /// Start a local cluster, run the example workload through the CLI, show it, stop.
-    Demo(cmd::demo::Args),
-    /// Replay a workload trace through the scheduling core with simulated time.
-    Sim(cmd::sim::Args),
 }
 
-/// Entry point of the binary.
+/// Entry point of `tandem`: everything.
 pub fn main_from_env() -> ExitCode {
     timing::mark("main");
     let args: Vec<OsString> = std::env::args_os().collect();
-    // The worker's job launcher (`tandem_worker::launch::exec`): no parsing, no runtime.
-    if args
-        .get(1)
-        .is_some_and(|a| a == tandem_worker::launch::exec::SUBCOMMAND)
-    {
-        return tandem_worker::launch::exec::main(&args[2..]);
-    }
-    let invoked = args
-        .first()
-        .and_then(|a| std::path::Path::new(a).file_name())
-        .and_then(|n| n.to_str())
-        .unwrap_or("tandem")
-        .to_string();
-    if SLURM_COMMANDS.contains(&invoked.as_str()) {
-        let command = match parse_slurm(&invoked, &args) {
-            Ok(c) => c,
-            Err(e) => return clap_exit(&invoked, e),
-        };
-        return run(&invoked, command);
-    }
-    if let Some(name) = args
-        .get(1)
-        .and_then(|a| a.to_str())
-        .filter(|a| SLURM_COMMANDS.contains(a))
-    {
-        // `tandem sbatch ...` parses as `sbatch ...`: building the parser of every
-        // subcommand (the daemons' flags included) costs ~0.25 ms, 5% of an sbatch round
-        // trip. clap takes the program name from argv[0], so usage still says `tandem sbatch`;
-        // errors report as `sbatch: error: ...`, the way the user thinks of it.
-        let name = name.to_string();
-        let mut sub_args = args[1..].to_vec();
-        sub_args[0] = format!("tandem {name}").into();
-        let command = match parse_slurm(&name, &sub_args) {
-            Ok(c) => c,
-            Err(e) => return clap_exit(&name, e),
-        };
-        return run(&name, command);
+    if let Some(code) = per_call_main(&args) {
+        return code;
     }
     match Tandem::try_parse_from(&args) {
         Ok(t) => {
@@ -143,18 +117,81 @@ pub fn main_from_env() -> ExitCode {
     }
 }
 
-fn parse_slurm(name: &str, args: &[OsString]) -> Result<Command, clap::Error> {
+/// Entry point of `tandem-slurm`: the Slurm commands (by argv[0], or `tandem-slurm sbatch
+/// ...`) and the worker's job launcher, without the daemons. Every `sbatch` in a user's
+/// loop and every job start execs a binary; this one is a tenth of `tandem`'s size, so the
+/// kernel maps, faults in and tears down that much less, and the loader relocates that much
+/// less, per call.
+pub fn slurm_main_from_env() -> ExitCode {
+    timing::mark("main");
+    let args: Vec<OsString> = std::env::args_os().collect();
+    if let Some(code) = per_call_main(&args) {
+        return code;
+    }
+    let program = program_name(&args);
+    eprintln!(
+        "{program}: error: this binary runs the Slurm commands ({}) by their name or as \
+         `{program} sbatch ...`; the daemons and the local cluster are `tandem`'s",
+        SLURM_COMMANDS.join(", ")
+    );
+    ExitCode::from(2)
+}
+
+/// The part both binaries answer: the job launcher, `sbatch ...` by argv[0] and
+/// `<binary> sbatch ...`. `None` when `args` are none of these.
+fn per_call_main(args: &[OsString]) -> Option<ExitCode> {
+    // The worker's job launcher (`tandem_worker::launch::exec`): no parsing, no runtime.
+    if args
+        .get(1)
+        .is_some_and(|a| a == tandem_worker::launch::exec::SUBCOMMAND)
+    {
+        return Some(tandem_worker::launch::exec::main(&args[2..]));
+    }
+    let invoked = program_name(args);
+    if SLURM_COMMANDS.contains(&invoked.as_str()) {
+        return Some(match parse_slurm(&invoked, args) {
+            Ok(c) => run_slurm(&invoked, c),
+            Err(e) => clap_exit(&invoked, e),
+        });
+    }
+    let name = args
+        .get(1)
+        .and_then(|a| a.to_str())
+        .filter(|a| SLURM_COMMANDS.contains(a))?
+        .to_string();
+    // `tandem sbatch ...` parses as `sbatch ...`: building the parser of every subcommand
+    // (the daemons' flags included) costs ~0.25 ms, 5% of an sbatch round trip. clap takes
+    // the program name from argv[0], so usage still says `tandem sbatch`; errors report as
+    // `sbatch: error: ...`, the way the user thinks of it.
+    let mut sub_args = args[1..].to_vec();
+    sub_args[0] = format!("{invoked} {name}").into();
+    Some(match parse_slurm(&name, &sub_args) {
+        Ok(c) => run_slurm(&name, c),
+        Err(e) => clap_exit(&name, e),
+    })
+}
+
+/// The file name the binary was invoked as (`sbatch` through a link).
+fn program_name(args: &[OsString]) -> String {
+    args.first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .and_then(|n| n.to_str())
+        .unwrap_or("tandem")
+        .to_string()
+}
+
+fn parse_slurm(name: &str, args: &[OsString]) -> Result<SlurmCommand, clap::Error> {
     Ok(match name {
-        "sbatch" => Command::Sbatch(parse_getopt(args)?),
-        "squeue" => Command::Squeue(parse_getopt(args)?),
-        "scancel" => Command::Scancel(parse_getopt(args)?),
-        "sinfo" => Command::Sinfo(parse_getopt(args)?),
-        "sacct" => Command::Sacct(parse_getopt(args)?),
-        "scontrol" => Command::Scontrol(parse_getopt(args)?),
-        "sacctmgr" => Command::Sacctmgr(parse_getopt(args)?),
-        "sshare" => Command::Sshare(parse_getopt(args)?),
-        "sprio" => Command::Sprio(parse_getopt(args)?),
-        _ => Command::Srun(parse_getopt(args)?),
+        "sbatch" => SlurmCommand::Sbatch(parse_getopt(args)?),
+        "squeue" => SlurmCommand::Squeue(parse_getopt(args)?),
+        "scancel" => SlurmCommand::Scancel(parse_getopt(args)?),
+        "sinfo" => SlurmCommand::Sinfo(parse_getopt(args)?),
+        "sacct" => SlurmCommand::Sacct(parse_getopt(args)?),
+        "scontrol" => SlurmCommand::Scontrol(parse_getopt(args)?),
+        "sacctmgr" => SlurmCommand::Sacctmgr(parse_getopt(args)?),
+        "sshare" => SlurmCommand::Sshare(parse_getopt(args)?),
+        "sprio" => SlurmCommand::Sprio(parse_getopt(args)?),
+        _ => SlurmCommand::Srun(parse_getopt(args)?),
     })
 }
 
@@ -172,16 +209,7 @@ pub fn parse_getopt<A: clap::Parser>(args: &[OsString]) -> Result<A, clap::Error
 
 fn command_name(c: &Command) -> &'static str {
     match c {
-        Command::Sbatch(_) => "sbatch",
-        Command::Squeue(_) => "squeue",
-        Command::Scancel(_) => "scancel",
-        Command::Sinfo(_) => "sinfo",
-        Command::Sacct(_) => "sacct",
-        Command::Scontrol(_) => "scontrol",
-        Command::Srun(_) => "srun",
-        Command::Sacctmgr(_) => "sacctmgr",
-        Command::Sshare(_) => "sshare",
-        Command::Sprio(_) => "sprio",
+        Command::Slurm(c) => slurm_command_name(c),
         Command::Controller(_) => "tandem controller",
         Command::Worker(_) => "tandem worker",
         Command::Authd(_) => "tandem authd",
@@ -190,6 +218,21 @@ fn command_name(c: &Command) -> &'static str {
         Command::Links(_) => "tandem links",
         Command::Demo(_) => "tandem demo",
         Command::Sim(_) => "tandem sim",
+    }
+}
+
+fn slurm_command_name(c: &SlurmCommand) -> &'static str {
+    match c {
+        SlurmCommand::Sbatch(_) => "sbatch",
+        SlurmCommand::Squeue(_) => "squeue",
+        SlurmCommand::Scancel(_) => "scancel",
+        SlurmCommand::Sinfo(_) => "sinfo",
+        SlurmCommand::Sacct(_) => "sacct",
+        SlurmCommand::Scontrol(_) => "scontrol",
+        SlurmCommand::Srun(_) => "srun",
+        SlurmCommand::Sacctmgr(_) => "sacctmgr",
+        SlurmCommand::Sshare(_) => "sshare",
+        SlurmCommand::Sprio(_) => "sprio",
     }
 }
 
@@ -220,6 +263,7 @@ pub type Exit = anyhow::Result<u8>;
 fn run(name: &str, command: Command) -> ExitCode {
     timing::mark("parsed");
     let result = match command {
+        Command::Slurm(c) => return run_slurm(name, *c),
         Command::Controller(a) => {
             daemon_runtime().and_then(|rt| rt.block_on(cmd::controller::run(a)))
         }
@@ -230,17 +274,29 @@ fn run(name: &str, command: Command) -> ExitCode {
         Command::Links(a) => cmd::links::run(a),
         Command::Sim(a) => cmd::sim::run(a),
         Command::Demo(a) => client_runtime().and_then(|rt| rt.block_on(cmd::demo::run(a))),
-        Command::Sbatch(a) => client_runtime().and_then(|rt| rt.block_on(cmd::sbatch::run(a))),
-        Command::Squeue(a) => client_runtime().and_then(|rt| rt.block_on(cmd::squeue::run(a))),
-        Command::Scancel(a) => client_runtime().and_then(|rt| rt.block_on(cmd::scancel::run(a))),
-        Command::Sinfo(a) => client_runtime().and_then(|rt| rt.block_on(cmd::sinfo::run(a))),
-        Command::Sacct(a) => client_runtime().and_then(|rt| rt.block_on(cmd::sacct::run(a))),
-        Command::Scontrol(a) => client_runtime().and_then(|rt| rt.block_on(cmd::scontrol::run(a))),
-        Command::Srun(a) => client_runtime().and_then(|rt| rt.block_on(cmd::srun::run(a))),
-        Command::Sacctmgr(a) => client_runtime().and_then(|rt| rt.block_on(cmd::sacctmgr::run(a))),
-        Command::Sshare(a) => client_runtime().and_then(|rt| rt.block_on(cmd::sshare::run(a))),
-        Command::Sprio(a) => client_runtime().and_then(|rt| rt.block_on(cmd::sprio::run(a))),
     };
+    finish(name, result)
+}
+
+fn run_slurm(name: &str, command: SlurmCommand) -> ExitCode {
+    timing::mark("parsed");
+    let result = client_runtime().and_then(|rt| match command {
+        SlurmCommand::Sbatch(a) => rt.block_on(cmd::sbatch::run(a)),
+        SlurmCommand::Squeue(a) => rt.block_on(cmd::squeue::run(a)),
+        SlurmCommand::Scancel(a) => rt.block_on(cmd::scancel::run(a)),
+        SlurmCommand::Sinfo(a) => rt.block_on(cmd::sinfo::run(a)),
+        SlurmCommand::Sacct(a) => rt.block_on(cmd::sacct::run(a)),
+        SlurmCommand::Scontrol(a) => rt.block_on(cmd::scontrol::run(a)),
+        SlurmCommand::Srun(a) => rt.block_on(cmd::srun::run(a)),
+        SlurmCommand::Sacctmgr(a) => rt.block_on(cmd::sacctmgr::run(a)),
+        SlurmCommand::Sshare(a) => rt.block_on(cmd::sshare::run(a)),
+        SlurmCommand::Sprio(a) => rt.block_on(cmd::sprio::run(a)),
+    });
+    finish(name, result)
+}
+
+/// The exit code of a command's result; an error prints as one line.
+fn finish(name: &str, result: Exit) -> ExitCode {
     timing::mark("done");
     match result {
         Ok(code) => ExitCode::from(code),

@@ -141,18 +141,26 @@ fn copied_binaries(instrs: &[String]) -> Vec<String> {
         .collect()
 }
 
-/// The names of the `for name in ...; do ln -s tandem "$name"` loop.
-fn linked_names(instrs: &[String]) -> BTreeSet<String> {
+/// The target and the names of the `for name in ...; do ln -s TARGET "$name"` loop.
+fn linked_names(instrs: &[String]) -> (String, BTreeSet<String>) {
     let run = instrs
         .iter()
         .find(|i| i.contains("ln -s tandem"))
-        .expect("the Dockerfile links the CLI names to tandem");
+        .expect("the Dockerfile links the CLI names to a tandem binary");
     let list = run
         .split("for name in ")
         .nth(1)
         .and_then(|rest| rest.split(';').next())
         .expect("a `for name in ...;` loop");
-    list.split_whitespace().map(str::to_owned).collect()
+    let target = run
+        .split("ln -s ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("ln -s TARGET");
+    (
+        target.to_owned(),
+        list.split_whitespace().map(str::to_owned).collect(),
+    )
 }
 
 #[test]
@@ -170,7 +178,7 @@ fn the_dockerfile_builds_and_copies_workspace_binaries() {
         buildable.extend(b.iter().cloned());
     }
     let copied = copied_binaries(&instrs);
-    for want in ["tandem", "tandem-operator", "tandem-bridge"] {
+    for want in ["tandem", "tandem-slurm", "tandem-operator", "tandem-bridge"] {
         assert!(
             copied.iter().any(|c| c == want),
             "the image lacks {want}: {copied:?}"
@@ -253,10 +261,20 @@ fn the_dockerfile_links_the_names_tandem_links_makes() {
         made.contains("sbatch") && made.contains("squeue"),
         "{made:?}"
     );
-    let linked = linked_names(&instructions(&dockerfile()));
+    let target = std::fs::read_link(dir.path().join("sbatch")).unwrap();
+    assert_eq!(
+        target.file_name().and_then(|n| n.to_str()),
+        Some("tandem-slurm"),
+        "`tandem links` links to tandem-slurm when it is built beside tandem"
+    );
+    let (linked_to, linked) = linked_names(&instructions(&dockerfile()));
     assert_eq!(
         linked, made,
         "the Dockerfile's links differ from `tandem links`"
+    );
+    assert_eq!(
+        linked_to, "tandem-slurm",
+        "the Dockerfile links to {linked_to}"
     );
 }
 

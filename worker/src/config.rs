@@ -231,7 +231,7 @@ impl Args {
                 subtree: self.cgroup_subtree,
                 ..Default::default()
             },
-            launcher: Launcher::this_binary().ok(),
+            launcher: Launcher::for_this_binary().ok(),
             transport,
         })
     }

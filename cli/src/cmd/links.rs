@@ -1,4 +1,6 @@
-//! `tandem links DIR`: install the Slurm command names as symlinks to this binary.
+//! `tandem links DIR`: install the Slurm command names as symlinks to `tandem-slurm` beside
+//! this binary (the same commands without the daemons, quicker to start), or to this binary
+//! where there is none.
 
 use std::path::PathBuf;
 
@@ -7,7 +9,7 @@ use anyhow::{Context as _, bail};
 use crate::{Exit, SLURM_COMMANDS};
 
 /// Create sbatch, squeue, scancel, sinfo, sacct, scontrol, srun, sacctmgr, sshare and sprio
-/// links in DIR.
+/// links in DIR, to tandem-slurm beside this binary (or to this binary without it).
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Directory for the links (created if missing), e.g. ~/.local/bin.
@@ -18,7 +20,9 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Exit {
-    let exe = std::env::current_exe().context("cannot find this binary's path")?;
+    let this = std::env::current_exe().context("cannot find this binary's path")?;
+    let slim = this.with_file_name(tandem_worker::launch::exec::SLIM_BINARY);
+    let exe = if slim.is_file() { slim } else { this };
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("cannot create {}", args.dir.display()))?;
     for name in SLURM_COMMANDS {

@@ -184,6 +184,13 @@ impl Job {
 
     /// SIGKILL to every process, frozen first so none forks meanwhile.
     pub fn kill_all(&self) {
+        // Most jobs have ended by themselves when the worker cleans up. Freezing and
+        // thawing an empty cgroup would buy nothing and costs a freezer state change each
+        // way (the kernel flips a static key on the first freeze and the last thaw: code
+        // patching with an IPI to every CPU); a job with no process cannot fork either.
+        if self.pids().is_empty() {
+            return;
+        }
         let frozen = self
             .dir(Controller::Freezer)
             .map(|d| d.join("freezer.state"));
