@@ -271,3 +271,35 @@ fn srun_n3_on_two_nodes_allocates_two_cpus_and_one_as_slurm_does() {
     let alloc = c.ok(&["sacct", "-X", "-n", "-P", "-j", &job, "-o", "AllocCPUS"]);
     assert_eq!(alloc.trim(), "3");
 }
+
+/// Slurm 22.05, `srun -N2 -n5` outside a job on idle nodes: the first node takes every task
+/// but the second's one (`4 n1 4,1 4,1 4,1` and `1 n2 4,1 4,1 4,1` for `SLURMD_NODENAME
+/// SLURM_TASKS_PER_NODE SLURM_JOB_CPUS_PER_NODE SLURM_STEP_TASKS_PER_NODE`, counted by
+/// `uniq -c`), not an even `3,2`; 4-CPU nodes here hold the same 4.
+#[test]
+fn srun_n5_on_two_nodes_fills_the_first_node_as_slurm_does() {
+    let c = Cluster::start(3);
+    let out = c.ok(&[
+        "srun",
+        "-N2",
+        "-n5",
+        "sh",
+        "-c",
+        "echo $SLURMD_NODENAME $SLURM_TASKS_PER_NODE $SLURM_JOB_CPUS_PER_NODE \
+         $SLURM_STEP_TASKS_PER_NODE",
+    ]);
+    let mut per_node: std::collections::BTreeMap<String, (usize, String)> = Default::default();
+    for l in out.lines() {
+        let (node, layout) = l.split_once(' ').unwrap_or_else(|| panic!("{out}"));
+        let e = per_node
+            .entry(node.to_owned())
+            .or_insert((0, layout.to_owned()));
+        e.0 += 1;
+        assert_eq!(e.1, layout, "{out}");
+    }
+    let counts: Vec<usize> = per_node.values().map(|(n, _)| *n).collect();
+    assert_eq!(counts, [4, 1], "{out}");
+    for (_, layout) in per_node.values() {
+        assert_eq!(layout, "4,1 4,1 4,1", "{out}");
+    }
+}

@@ -24,7 +24,7 @@ use crate::job::{Hold, Job, JobState, KillReason, Reason};
 use crate::partition::PartitionState;
 use crate::select::{Planner, Request};
 use crate::state::State;
-use crate::{JobId, NodeId};
+use crate::{JobId, NodeId, Tres};
 
 /// What a pass decided. Starts are already RUNNING in `State`; the controller persists the
 /// changes, then launches them and signals the preemption victims.
@@ -180,6 +180,7 @@ pub fn schedule_observed(st: &mut State, now: i64, obs: &mut impl PassObserver) 
     let mut decisions: Vec<Decision> = Vec::new();
     let mut blocked: Vec<(JobId, usize)> = Vec::new();
     let mut reservations: Vec<Reservation> = Vec::new();
+    let room: Vec<Vec<Tres>>;
     {
         let st: &State = st;
         let mut planner = Planner::new(st, now);
@@ -307,6 +308,22 @@ pub fn schedule_observed(st: &mut State, now: i64, obs: &mut impl PassObserver) 
                 }
             }
         }
+        // Room for Slurm's task layout (`State::start_on`), per start and node, with every
+        // decision of the pass counted.
+        room = decisions
+            .iter()
+            .map(|d| match d {
+                Decision::Start { job, nodes } => {
+                    let job = &st.jobs[job];
+                    let end = match job.time_limit {
+                        Some(l) => now.saturating_add(i64::try_from(l).unwrap_or(i64::MAX)),
+                        None => i64::MAX,
+                    };
+                    planner.room(nodes, end, job.spec.mode)
+                }
+                Decision::Preempt { .. } => Vec::new(),
+            })
+            .collect();
     }
 
     // 5. apply
@@ -315,7 +332,10 @@ pub fn schedule_observed(st: &mut State, now: i64, obs: &mut impl PassObserver) 
         reservations,
         ..Plan::default()
     };
-    for d in decisions {
+    // What starts already took beyond their even share, per node: no longer room for later
+    // starts of the pass.
+    let mut taken: HashMap<NodeId, Tres> = HashMap::new();
+    for (d, room) in decisions.into_iter().zip(room) {
         match d {
             Decision::Start { job, nodes } => {
                 let run = if st.jobs[&job].is_array_meta() {
@@ -326,7 +346,22 @@ pub fn schedule_observed(st: &mut State, now: i64, obs: &mut impl PassObserver) 
                 } else {
                     job
                 };
-                plan.starts.push(st.start_on(run, &nodes, now));
+                let room: Vec<Tres> = nodes
+                    .iter()
+                    .zip(&room)
+                    .map(|(n, r)| r.saturating_sub(&taken.get(n).copied().unwrap_or_default()))
+                    .collect();
+                let start = st.start_on(run, &nodes, &room, now);
+                let share = st.jobs[&run].shape.per_node;
+                for sn in &start.nodes {
+                    let used = Tres::new(sn.cpus, sn.mem_mb, 0);
+                    let beyond = used.saturating_sub(&Tres::new(share.cpus, share.mem_mb, 0));
+                    if !beyond.is_zero() {
+                        let t = taken.entry(sn.node).or_default();
+                        *t = t.saturating_add(&beyond);
+                    }
+                }
+                plan.starts.push(start);
             }
             Decision::Preempt { by, victims } => {
                 for v in &victims {

@@ -330,6 +330,37 @@ impl<'a> Planner<'a> {
         }
     }
 
+    /// What each of `nodes` has free for a `mode` job over `[now, end)` once every decision
+    /// of the pass so far is counted (starts, reservations); nothing on a node promised to
+    /// a preemptor or reserved whole or for the other mode within the window.
+    pub fn room(&self, nodes: &[NodeId], end: i64, mode: NodeMode) -> Vec<Tres> {
+        nodes
+            .iter()
+            .map(|n| {
+                let i = n.index();
+                if self.promised[i] {
+                    return Tres::default();
+                }
+                let steps = &self.profile[i];
+                let mut room = self.free[i];
+                for s in steps.iter().skip(crate::profile::at(steps, self.now)) {
+                    if s.t > self.now && s.t >= end {
+                        break;
+                    }
+                    if !s.admits(&Tres::default(), mode, false) {
+                        return Tres::default();
+                    }
+                    room = Tres {
+                        cpus: room.cpus.min(s.avail.cpus),
+                        mem_mb: room.mem_mb.min(s.avail.mem_mb),
+                        gpus: room.gpus.min(s.avail.gpus),
+                    };
+                }
+                room
+            })
+            .collect()
+    }
+
     /// Takes nodes out of consideration for the rest of the pass (promised to a preemptor).
     pub fn promise(&mut self, nodes: &[NodeId]) {
         for &n in nodes {

@@ -2,44 +2,68 @@
 
 use crate::effect::{Effect, RunRecord};
 use crate::job::{
-    Allocation, Hold, Job, JobOutcome, JobState, KillReason, NodeAlloc, PreemptMode, Reason,
+    Allocation, Hold, Job, JobOutcome, JobState, KillReason, NodeAlloc, PreemptMode, Reason, Shape,
 };
-use crate::{JobId, NodeId};
+use crate::{JobId, NodeId, Tres};
 
 use super::{JobError, State, control::back_to_pending};
 
 impl State {
     /// Marks a pending job RUNNING on `nodes` (already chosen by a pass), recording concrete
-    /// GPU indices. Array metas are split first by the caller.
+    /// GPU indices. Array metas are split first by the caller. `room` (one per node of
+    /// `nodes`, in that order) is what each node can give beyond the job's even share
+    /// without taking what the pass counted on for anything else.
     pub(crate) fn start_on(
         &mut self,
         id: JobId,
         nodes: &[NodeId],
+        room: &[Tres],
         now: i64,
     ) -> crate::cycle::Start {
         let job = &self.jobs[&id];
         let shape = job.shape;
         let mode = job.spec.mode;
-        let mut sorted: Vec<NodeId> = nodes.to_vec();
-        sorted.sort_by(|a, b| self.nodes[a.index()].name.cmp(&self.nodes[b.index()].name));
+        let mut sorted: Vec<(NodeId, Tres)> = nodes
+            .iter()
+            .enumerate()
+            .map(|(k, n)| (*n, room.get(k).copied().unwrap_or_default()))
+            .collect();
+        sorted
+            .sort_by(|(a, _), (b, _)| self.nodes[a.index()].name.cmp(&self.nodes[b.index()].name));
         let mut alloc = Allocation {
             nodes: Vec::with_capacity(sorted.len()),
         };
         let spec = &job.spec;
+        let cpt = spec.cpus_per_task.max(1);
         // `-n` without `--ntasks-per-node` (and without per-task GPUs, which stay per node):
-        // each node gets CPUs for the tasks Slurm lays out there, not the widest node's share.
+        // each node gets CPUs for the tasks Slurm lays out there, filling the nodes in order
+        // as far as their room goes, not the even share the pass placed.
         let tasks = (!shape.exclusive
             && spec.ntasks > 0
             && spec.ntasks_per_node == 0
             && spec.gpus_per_task == 0)
-            .then(|| job_task_counts(spec.ntasks, sorted.len(), shape.tasks_per_node));
-        let cpt = spec.cpus_per_task.max(1);
-        for (k, nid) in sorted.iter().enumerate() {
+            .then(|| {
+                let caps: Vec<u32> = sorted
+                    .iter()
+                    .map(|(_, r)| {
+                        shape.tasks_per_node.saturating_add(extra_tasks(
+                            &shape,
+                            spec.mem_per_node_mb,
+                            cpt,
+                            r,
+                        ))
+                    })
+                    .collect();
+                job_task_counts(spec.ntasks, &caps)
+            });
+        for (k, (nid, r)) in sorted.iter().enumerate() {
             let n = &self.nodes[nid.index()];
             let (cpus, mem_mb, ngpus) = if shape.exclusive {
                 (n.total.cpus, n.total.mem_mb, n.total.gpus)
             } else if let Some(t) = tasks.as_ref().and_then(|t| t.get(k)) {
-                let cpus = t.saturating_mul(cpt).min(shape.per_node.cpus);
+                let cpus = t
+                    .saturating_mul(cpt)
+                    .min(shape.per_node.cpus.saturating_add(r.cpus));
                 // Memory asked per CPU (or the per-CPU default) follows the CPUs; `--mem`
                 // is per node whatever the CPUs.
                 let mem_mb = if spec.mem_per_node_mb.is_none() && shape.per_node.cpus > 0 {
@@ -366,15 +390,36 @@ impl State {
     }
 }
 
-/// Tasks of a `-n` job on each of its `nodes`, as Slurm 22.05 lays them out: one on every
-/// node, then the rest filling the nodes in order. Slurm fills a node up to its free CPUs
-/// (`-N2 -n3`: `2,1`, 3 CPUs in all; `-N3 -n4`: `2,1(x2)`); here a node takes at most `cap`
-/// (the job's `tasks_per_node`, what the pass reserved on every node), so a layout never
-/// needs more than the scheduler placed: `-N2 -n5` is `3,2` where Slurm gives `4,1`.
-pub fn job_task_counts(ntasks: u32, nodes: usize, cap: u32) -> Vec<u32> {
-    let mut out = vec![u32::from(ntasks > 0); nodes];
-    let mut left = ntasks.saturating_sub(u32::try_from(nodes).unwrap_or(u32::MAX));
-    for n in out.iter_mut() {
+/// Whole tasks (of `cpt` CPUs, and their memory when memory follows the CPUs) that `room`
+/// holds beyond the job's even share.
+fn extra_tasks(shape: &Shape, mem_per_node: Option<u64>, cpt: u32, room: &Tres) -> u32 {
+    let by_cpus = room.cpus / cpt;
+    // Rounded up: a node's memory is its CPUs' share rounded down, so this never promises
+    // more than `room` has.
+    let per_cpu_mb = if mem_per_node.is_none() && shape.per_node.cpus > 0 {
+        shape
+            .per_node
+            .mem_mb
+            .div_ceil(u64::from(shape.per_node.cpus))
+    } else {
+        0
+    };
+    if per_cpu_mb == 0 {
+        return by_cpus;
+    }
+    let by_mem = room.mem_mb / per_cpu_mb.saturating_mul(u64::from(cpt));
+    by_cpus.min(u32::try_from(by_mem).unwrap_or(u32::MAX))
+}
+
+/// Tasks of a `-n` job on each of its nodes, as Slurm 22.05 lays them out: one on every
+/// node, then the rest filling the nodes in order, each up to its `caps` entry (the tasks
+/// its free CPUs hold: `-N2 -n3` -> `2,1`, `-N3 -n4` -> `2,1(x2)`, `-N2 -n5` on idle
+/// 64-CPU nodes -> `4,1`). The pass places every node for the even share (`tasks_per_node`,
+/// at most each cap), so the counts always add up to `ntasks`.
+pub fn job_task_counts(ntasks: u32, caps: &[u32]) -> Vec<u32> {
+    let mut out = vec![u32::from(ntasks > 0); caps.len()];
+    let mut left = ntasks.saturating_sub(u32::try_from(caps.len()).unwrap_or(u32::MAX));
+    for (n, cap) in out.iter_mut().zip(caps) {
         let more = cap.saturating_sub(*n).min(left);
         *n += more;
         left -= more;
@@ -391,13 +436,21 @@ mod layout_tests {
     #[test]
     fn one_task_a_node_then_the_first_nodes_fill_up_to_the_cap() {
         // Slurm 22.05: `-N2 -n3` -> `2,1`, `-N3 -n4` -> `2,1(x2)`.
-        assert_eq!(job_task_counts(3, 2, 2), [2, 1]);
-        assert_eq!(job_task_counts(4, 3, 2), [2, 1, 1]);
-        assert_eq!(job_task_counts(4, 2, 2), [2, 2]);
-        assert_eq!(job_task_counts(5, 2, 3), [3, 2]);
-        assert_eq!(job_task_counts(1, 1, 1), [1]);
+        assert_eq!(job_task_counts(3, &[2, 2]), [2, 1]);
+        assert_eq!(job_task_counts(4, &[2, 2, 2]), [2, 1, 1]);
+        assert_eq!(job_task_counts(4, &[2, 2]), [2, 2]);
+        assert_eq!(job_task_counts(5, &[3, 3]), [3, 2]);
+        assert_eq!(job_task_counts(1, &[1]), [1]);
+        // Slurm 22.05 on idle 64-CPU nodes: `-N2 -n5` -> `4,1`, `-N3 -n7` -> `5,1(x2)`,
+        // `-N2 -n100` -> `64,36`, `-N2 -n40 -c2` -> `32,8`.
+        assert_eq!(job_task_counts(5, &[64, 64]), [4, 1]);
+        assert_eq!(job_task_counts(7, &[64, 64, 64]), [5, 1, 1]);
+        assert_eq!(job_task_counts(100, &[64, 64]), [64, 36]);
+        assert_eq!(job_task_counts(40, &[32, 32]), [32, 8]);
+        // A node with less room takes less; the next fills up.
+        assert_eq!(job_task_counts(7, &[4, 64]), [4, 3]);
         // Fewer tasks than nodes: every node still holds one task's CPUs.
-        assert_eq!(job_task_counts(2, 3, 1), [1, 1, 1]);
+        assert_eq!(job_task_counts(2, &[1, 1, 1]), [1, 1, 1]);
     }
 
     /// Slurm 22.05, `srun -N2 -n3` outside a job: `SLURM_JOB_CPUS_PER_NODE=2,1`, `scontrol
@@ -437,5 +490,47 @@ mod layout_tests {
         // second.
         let used: Vec<u32> = st.nodes().map(|n| n.alloc.cpus).collect();
         assert_eq!(used, [6, 3]);
+    }
+
+    fn start_cpus(plan: &crate::cycle::Plan, id: crate::JobId) -> Vec<u32> {
+        let s = plan.starts.iter().find(|s| s.job == id).unwrap();
+        s.nodes.iter().map(|n| n.cpus).collect()
+    }
+
+    /// Slurm 22.05 on idle 64-CPU nodes: `srun -N2 -n5` -> `SLURM_JOB_CPUS_PER_NODE=4,1`,
+    /// `-N3 -n7` -> `5,1(x2)`, `-N2 -n40 -c2` -> `64,16`.
+    #[test]
+    fn a_job_of_n_tasks_fills_its_first_nodes_as_far_as_they_have_room() {
+        let mut st = State::test_cluster(3, 64, 64_000, 0);
+        let five = st.submit(JobSpec::test().nodes(2).ntasks(5), 0).unwrap();
+        let plan = st.schedule(1);
+        assert_eq!(start_cpus(&plan, five), [4, 1]);
+        let seven = st.submit(JobSpec::test().nodes(3).ntasks(7), 2).unwrap();
+        let plan = st.schedule(3);
+        // node-01 holds 4 of five's CPUs: 60 left, still room for seven's first five tasks.
+        assert_eq!(start_cpus(&plan, seven), [5, 1, 1]);
+        let forty = st
+            .submit(JobSpec::test().nodes(2).ntasks(40).cpus_per_task(2), 4)
+            .unwrap();
+        let plan = st.schedule(5);
+        // 55 CPUs free on node-01 (27 two-CPU tasks), 62 on node-02: 27 and 13 tasks.
+        assert_eq!(start_cpus(&plan, forty), [54, 26]);
+    }
+
+    /// Two jobs of one pass on 8-CPU nodes: the `-n5` job's even share is 3 a node, the
+    /// one-node job takes 5 CPUs; the layout fills the first node only where the other
+    /// start leaves room, and no node ends up over its CPUs.
+    #[test]
+    fn the_layout_never_takes_what_another_start_of_the_pass_counted_on() {
+        let mut st = State::test_cluster(2, 8, 8_000, 0);
+        let spread = st.submit(JobSpec::test().nodes(2).ntasks(5), 0).unwrap();
+        let single = st.submit(JobSpec::test().nodes(1).ntasks(5), 0).unwrap();
+        let plan = st.schedule(1);
+        let a = start_cpus(&plan, spread);
+        assert_eq!(a.iter().sum::<u32>(), 5);
+        assert_eq!(start_cpus(&plan, single), [5]);
+        let used: Vec<u32> = st.nodes().map(|n| n.alloc.cpus).collect();
+        assert!(used.iter().all(|&c| c <= 8), "{used:?}");
+        assert_eq!(used.iter().sum::<u32>(), 10);
     }
 }

@@ -13,6 +13,8 @@ enum Op {
         kube: bool,
         limit: u64,
         exclusive: bool,
+        /// `-n`, 0 = not given: the layout fills nodes beyond the even share the pass placed.
+        ntasks: u32,
     },
     Schedule,
     EndOne(usize),
@@ -23,8 +25,8 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (1u32..6, 0u32..5, 1u32..3, any::<bool>(), 10u64..200, prop::bool::weighted(0.1))
-            .prop_map(|(cpus, gpus, nodes, kube, limit, exclusive)| Op::Submit { cpus, gpus, nodes, kube, limit, exclusive }),
+        4 => (1u32..6, 0u32..5, 1u32..3, any::<bool>(), 10u64..200, prop::bool::weighted(0.1), prop_oneof![Just(0u32), 1u32..12])
+            .prop_map(|(cpus, gpus, nodes, kube, limit, exclusive, ntasks)| Op::Submit { cpus, gpus, nodes, kube, limit, exclusive, ntasks }),
         3 => Just(Op::Schedule),
         2 => (0usize..50).prop_map(Op::EndOne),
         1 => (0usize..50).prop_map(Op::CancelOne),
@@ -45,8 +47,9 @@ proptest! {
         for op in ops {
             now += 7;
             match op {
-                Op::Submit { cpus, gpus, nodes, kube, limit, exclusive } => {
+                Op::Submit { cpus, gpus, nodes, kube, limit, exclusive, ntasks } => {
                     let mut spec = JobSpec::test().cpus_per_task(cpus).gpus_per_node(gpus).nodes(nodes).time(Some(limit));
+                    if ntasks > 0 { spec = spec.ntasks(ntasks); }
                     if kube { spec = spec.kube(); }
                     if exclusive { spec = spec.exclusive(); }
                     let _ = st.submit(spec, now);
