@@ -207,6 +207,15 @@ pub struct SubmitContext {
     pub utc_offset_s: i32,
 }
 
+/// What a command does when `-w` names more nodes than `-N` allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodelistOverflow {
+    /// sbatch: refused before anything is sent.
+    Refuse,
+    /// srun: an error line, then the first nodes as written are kept.
+    Eliminate,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum OptsError {
     #[error("line {line}: {message}")]
@@ -217,6 +226,11 @@ pub enum OptsError {
     Begin(String),
     #[error("--nodes minimum {min} is more than --ntasks {ntasks}")]
     NodesOverTasks { min: u32, ntasks: u32 },
+    /// Slurm 22.05's sbatch words: `-N1 -w n1,n2` is `invalid number of nodes (-N 2-1)`.
+    #[error("invalid number of nodes (-N {listed}-{max})")]
+    NodelistOverMax { listed: usize, max: u32 },
+    #[error("--nodelist: {0}")]
+    Nodelist(String),
     #[error("conflicting GPU types {a:?} and {b:?}")]
     GpuTypeConflict { a: String, b: String },
     #[error("--mem and --mem-per-cpu are mutually exclusive")]
@@ -362,6 +376,73 @@ impl JobOpts {
             signal: over.signal.or(self.signal),
             open_mode: over.open_mode.or(self.open_mode),
             input: over.input.or(self.input),
+        }
+    }
+
+    /// Settles `-N` against `-n` and `-w` as Slurm 22.05's sbatch and srun do before they ask
+    /// for an allocation; returns the lines they print and go on after (`Warning: ...`,
+    /// `error: ...`, for `<command>: ` to prefix).
+    ///
+    /// - Fewer tasks than nodes (`-N` minimum, else the nodes `-w` names): `Warning: can't
+    ///   run 1 processes on 2 nodes, setting nnodes to 1`, `-N` becomes the task count and
+    ///   `-w` keeps that many of its nodes in host-list order (`-n1 -w n2,n1` runs on n1).
+    /// - Else `-w` naming more nodes than `-N` allows: sbatch refuses (`invalid number of
+    ///   nodes (-N 2-1)`); srun says `error: Required nodelist includes more nodes than
+    ///   permitted by max-node count (2 > 1). Eliminating nodes from the nodelist.` and keeps
+    ///   the first ones as written (`-N1 -w n3,n1` runs on n3), counting a node named twice
+    ///   twice, as Slurm does.
+    pub fn settle_node_count(
+        &mut self,
+        overflow: NodelistOverflow,
+    ) -> Result<Vec<String>, OptsError> {
+        let given = match &self.nodelist {
+            Some(l) => {
+                tandem_sched::hostlist::expand(l).map_err(|e| OptsError::Nodelist(e.to_string()))?
+            }
+            None => Vec::new(),
+        };
+        let sorted = if given.is_empty() {
+            Vec::new()
+        } else {
+            tandem_sched::hostlist::expand(&tandem_sched::hostlist::compress(&given))
+                .map_err(|e| OptsError::Nodelist(e.to_string()))?
+        };
+        let listed = u32::try_from(sorted.len()).unwrap_or(u32::MAX);
+        let mut lines = Vec::new();
+        let nodes = self.nodes.map_or(listed, |r| r.min);
+        if let Some(n) = self.ntasks.filter(|n| *n > 0)
+            && nodes > n
+        {
+            lines.push(format!(
+                "Warning: can't run {n} processes on {nodes} nodes, setting nnodes to {n}"
+            ));
+            self.nodes = Some(NodeRange { min: n, max: n });
+            if listed > n {
+                let keep = usize::try_from(n).unwrap_or(usize::MAX);
+                self.nodelist = Some(tandem_sched::hostlist::compress(&sorted[..keep]));
+            }
+            return Ok(lines);
+        }
+        let Some(range) = self.nodes.filter(|r| r.max > 0) else {
+            return Ok(lines);
+        };
+        let max = usize::try_from(range.max).unwrap_or(usize::MAX);
+        match overflow {
+            NodelistOverflow::Refuse if sorted.len() > max => Err(OptsError::NodelistOverMax {
+                listed: sorted.len(),
+                max: range.max,
+            }),
+            NodelistOverflow::Eliminate if given.len() > max => {
+                lines.push(format!(
+                    "error: Required nodelist includes more nodes than permitted by max-node \
+                     count ({} > {}). Eliminating nodes from the nodelist.",
+                    given.len(),
+                    range.max
+                ));
+                self.nodelist = Some(tandem_sched::hostlist::compress(&given[..max]));
+                Ok(lines)
+            }
+            _ => Ok(lines),
         }
     }
 

@@ -303,3 +303,58 @@ fn srun_n5_on_two_nodes_fills_the_first_node_as_slurm_does() {
         assert_eq!(layout, "4,1 4,1 4,1", "{out}");
     }
 }
+
+/// `-w` beyond `-N` or beyond the task count, beside Slurm 22.05 (nodes `n[1-8]` there):
+/// `srun -N1 -w n3,n1` printed `srun: error: Required nodelist includes more nodes than
+/// permitted by max-node count (2 > 1). Eliminating nodes from the nodelist.` and ran on n3;
+/// `sbatch -N1 -w n1,n2` was refused with `sbatch: error: invalid number of nodes (-N 2-1)`;
+/// `sbatch -n1 -w n2,n1` warned `can't run 1 processes on 2 nodes, setting nnodes to 1` and
+/// queued a job with `ReqNodeList=n1 NumNodes=1`.
+#[test]
+fn nodelists_beyond_the_node_or_task_count_are_settled_as_slurm_does() {
+    let c = Cluster::start(3);
+    let out = c.run(&[
+        "srun",
+        "-N1",
+        "-w",
+        "node-3,node-1",
+        "sh",
+        "-c",
+        "echo $SLURM_JOB_NODELIST",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "node-3\n");
+    assert!(
+        stderr.contains(
+            "srun: error: Required nodelist includes more nodes than permitted by max-node \
+             count (2 > 1). Eliminating nodes from the nodelist.\n"
+        ),
+        "{stderr}"
+    );
+
+    let before = c.all_jobs().len();
+    let out = c.run(&["sbatch", "-N1", "-w", "node-1,node-2", "--wrap=true"]);
+    assert!(!out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "sbatch: error: invalid number of nodes (-N 2-1)\n"
+    );
+    assert_eq!(c.all_jobs().len(), before, "a refused sbatch queued a job");
+
+    let out = c.run(&["sbatch", "-H", "-n1", "-w", "node-2,node-1", "--wrap=true"]);
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "sbatch: Warning: can't run 1 processes on 2 nodes, setting nnodes to 1\n"
+    );
+    let id: u64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .rsplit(' ')
+        .next()
+        .and_then(|w| w.parse().ok())
+        .expect("Submitted batch job ID");
+    let show = c.ok(&["scontrol", "show", "job", &id.to_string()]);
+    assert!(show.contains("ReqNodeList=node-1 "), "{show}");
+    assert!(show.contains("NumNodes=1"), "{show}");
+}

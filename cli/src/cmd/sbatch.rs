@@ -94,7 +94,13 @@ pub fn submit_context() -> anyhow::Result<SubmitContext> {
 
 pub async fn run(args: Args) -> Exit {
     let ctx = submit_context()?;
-    let prepared = prepare(args, &ctx.env)?;
+    let mut prepared = prepare(args, &ctx.env)?;
+    for line in prepared
+        .opts
+        .settle_node_count(crate::opts::NodelistOverflow::Refuse)?
+    {
+        eprintln!("sbatch: {line}");
+    }
     let mut spec =
         prepared
             .opts

@@ -69,7 +69,12 @@ fn job(j: &JobView, ctx: &RenderCtx) -> String {
             ("Partition", j.partition.to_string()),
             ("AllocNode", null(j.submit_host).to_string()),
         ],
-        vec![("NodeList", null(j.nodelist).to_string())],
+        vec![
+            ("ReqNodeList", null(j.req_nodelist).to_string()),
+            ("ExcNodeList", null(j.exc_nodelist).to_string()),
+        ],
+        // Slurm 22.05 leaves it empty, not `(null)`, until the job has nodes.
+        vec![("NodeList", j.nodelist.to_string())],
         vec![
             ("NumNodes", j.nodes.to_string()),
             ("NumCPUs", j.cpus.to_string()),
@@ -217,8 +222,29 @@ mod tests {
             lines.next(),
             Some("   UserId=alice(1000) Account=(null) QOS=(null)")
         );
-        assert!(text.contains("\n   NodeList=node-[1-2]\n"));
+        assert!(
+            text.contains("\n   ReqNodeList=(null) ExcNodeList=(null)\n   NodeList=node-[1-2]\n")
+        );
         assert!(text.contains(" JobState=RUNNING "));
+        // Slurm 22.05, `sbatch -w n[1-2] -x n3`: `ReqNodeList=n[1-2] ExcNodeList=n3`.
+        let info = JobInfo {
+            req_nodelist: "node-[1-2]".into(),
+            exc_nodelist: "node-3".into(),
+            ..info
+        };
+        let text = jobs(&[JobView::from_job(&info, 0)], &RenderCtx::default());
+        assert!(
+            text.contains("\n   ReqNodeList=node-[1-2] ExcNodeList=node-3\n"),
+            "{text}"
+        );
+        // Pending, Slurm 22.05 printed `NodeList=` with nothing after it.
+        let info = JobInfo {
+            state: JobState::Pending as i32,
+            nodelist: String::new(),
+            ..info
+        };
+        let text = jobs(&[JobView::from_job(&info, 0)], &RenderCtx::default());
+        assert!(text.contains("\n   NodeList=\n"), "{text}");
         assert!(text.ends_with("\n\n"));
     }
 

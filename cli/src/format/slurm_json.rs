@@ -133,6 +133,8 @@ pub struct Job<'a> {
     pub end_time: i64,
     /// The wait status, as Slurm stores it: exit code in the high byte, signal in the low.
     pub exit_code: i64,
+    /// `-x`, as a host list.
+    pub excluded_nodes: &'a str,
     pub features: &'a str,
     pub job_id: u64,
     pub job_state: &'static str,
@@ -143,6 +145,8 @@ pub struct Job<'a> {
     pub priority: u64,
     pub qos: &'a str,
     pub requeue: bool,
+    /// `-w`, as a host list.
+    pub required_nodes: &'a str,
     pub restart_cnt: u32,
     pub standard_error: &'a str,
     pub standard_output: &'a str,
@@ -177,6 +181,7 @@ impl<'a> Job<'a> {
             eligible_time: unset_zero(v.eligible_time),
             end_time: unset_zero(v.end_time),
             exit_code: wait_status(v.exit_code),
+            excluded_nodes: v.exc_nodelist,
             features: v.constraint,
             job_id: v.job_id_raw,
             job_state: v.state,
@@ -187,6 +192,7 @@ impl<'a> Job<'a> {
             priority: v.priority,
             qos: v.qos,
             requeue: v.requeue,
+            required_nodes: v.req_nodelist,
             restart_cnt: v.restarts,
             standard_error: v.stderr,
             standard_output: v.stdout,

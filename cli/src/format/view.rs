@@ -59,6 +59,9 @@ pub struct JobView<'a> {
     pub dependency: &'a str,
     pub comment: &'a str,
     pub constraint: &'a str,
+    /// `-w` and `-x` as sorted host lists, empty when not given.
+    pub req_nodelist: &'a str,
+    pub exc_nodelist: &'a str,
     pub exclusive: bool,
     pub requeue: bool,
     pub restarts: u32,
@@ -262,6 +265,8 @@ impl<'a> JobView<'a> {
             dependency: &j.dependency,
             comment: &j.comment,
             constraint: &j.constraint,
+            req_nodelist: &j.req_nodelist,
+            exc_nodelist: &j.exc_nodelist,
             exclusive: j.exclusive,
             requeue: j.requeue,
             restarts: j.restarts,

@@ -363,3 +363,93 @@ fn signal_open_mode_and_input_reach_the_spec() {
     );
     assert_eq!(from_env.open_mode, Some(OpenMode::Append));
 }
+
+/// `-N`, `-n` and `-w` settled as the reference Slurm 22.05 did (8 nodes n[1-8]); each case
+/// quotes what its sbatch or srun printed and where the job ran (`scontrol show job`'s
+/// `ReqNodeList` and `NumNodes`, or `SLURM_JOB_NODELIST` in the step).
+#[test]
+fn node_counts_settle_against_tasks_and_nodelists_as_slurm_does() {
+    use NodelistOverflow::{Eliminate, Refuse};
+    let settle = |args: &[&str], overflow| {
+        let mut o = cli(args);
+        let r = o.settle_node_count(overflow);
+        (r, o.nodes.map(|r| (r.min, r.max)), o.nodelist)
+    };
+    let warn = |n: u32, nodes: u32| {
+        format!("Warning: can't run {n} processes on {nodes} nodes, setting nnodes to {n}")
+    };
+    // sbatch -n1 -w n2,n1: the warning, ReqNodeList=n1 NumNodes=1-1.
+    for o in [Refuse, Eliminate] {
+        assert_eq!(
+            settle(&["-n1", "-w", "n2,n1"], o),
+            (Ok(vec![warn(1, 2)]), Some((1, 1)), Some("n1".into()))
+        );
+    }
+    // sbatch -n2 -w n[1-3]: "on 3 nodes", n[1-2]; -n1 -N2 -w n1,n2: "on 2 nodes", n1.
+    assert_eq!(
+        settle(&["-n2", "-w", "n[1-3]"], Refuse),
+        (Ok(vec![warn(2, 3)]), Some((2, 2)), Some("n[1-2]".into()))
+    );
+    assert_eq!(
+        settle(&["-n1", "-N2", "-w", "n1,n2"], Refuse),
+        (Ok(vec![warn(1, 2)]), Some((1, 1)), Some("n1".into()))
+    );
+    // sbatch -H -n2 -N3-4: the warning, then submitted with 2 nodes.
+    assert_eq!(
+        settle(&["-n2", "-N3-4"], Refuse),
+        (Ok(vec![warn(2, 3)]), Some((2, 2)), None)
+    );
+    // sbatch -N1 -w n1,n2: `invalid number of nodes (-N 2-1)`; -N1-2 -w n[1-3]: `(-N 3-2)`.
+    let refused = |args: &[&str]| {
+        settle(args, Refuse)
+            .0
+            .map_err(|e| e.to_string())
+            .expect_err("refused")
+    };
+    assert_eq!(
+        refused(&["-N1", "-w", "n1,n2"]),
+        "invalid number of nodes (-N 2-1)"
+    );
+    assert_eq!(
+        refused(&["-N1-2", "-w", "n[1-3]"]),
+        "invalid number of nodes (-N 3-2)"
+    );
+    // sbatch -N1 -n1 -w n1,n1: one node, accepted silently; -N3 -w n1,n2 likewise.
+    assert_eq!(
+        settle(&["-N1", "-n1", "-w", "n1,n1"], Refuse),
+        (Ok(vec![]), Some((1, 1)), Some("n1,n1".into()))
+    );
+    assert_eq!(
+        settle(&["-N3", "-w", "n1,n2"], Refuse),
+        (Ok(vec![]), Some((3, 3)), Some("n1,n2".into()))
+    );
+    // srun -N1 -w n3,n1 ran on n3; -N2 -w n3,n1,n2 on n[1,3]; -N1 -n1 -w n1,n1 said (2 > 1).
+    let eliminated = |listed: usize, max: u32| {
+        format!(
+            "error: Required nodelist includes more nodes than permitted by max-node count \
+             ({listed} > {max}). Eliminating nodes from the nodelist."
+        )
+    };
+    assert_eq!(
+        settle(&["-N1", "-w", "n3,n1"], Eliminate),
+        (Ok(vec![eliminated(2, 1)]), Some((1, 1)), Some("n3".into()))
+    );
+    assert_eq!(
+        settle(&["-N2", "-w", "n3,n1,n2"], Eliminate),
+        (
+            Ok(vec![eliminated(3, 2)]),
+            Some((2, 2)),
+            Some("n[1,3]".into())
+        )
+    );
+    assert_eq!(
+        settle(&["-N1", "-n1", "-w", "n1,n1"], Eliminate),
+        (Ok(vec![eliminated(2, 1)]), Some((1, 1)), Some("n1".into()))
+    );
+    // Nothing to settle: no -w, or no -N and no -n.
+    assert_eq!(settle(&["-N2"], Refuse), (Ok(vec![]), Some((2, 2)), None));
+    assert_eq!(
+        settle(&["-w", "n[1-3]"], Refuse),
+        (Ok(vec![]), None, Some("n[1-3]".into()))
+    );
+}

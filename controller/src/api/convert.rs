@@ -405,6 +405,8 @@ job_info_fields! {
     COMMENT = 42 "comment",
     MEM_PER_NODE_MB = 43 "mem_per_node_mb",
     NTASKS_PER_NODE = 44 "ntasks_per_node",
+    REQ_NODELIST = 45 "req_nodelist",
+    EXC_NODELIST = 46 "exc_nodelist",
 }
 
 // A mask is one u64 with a bit per field number.
@@ -563,6 +565,12 @@ pub fn job_info_with(st: &State, job: &Job, want: JobFields) -> v1::JobInfo {
         comment: String::new(),
         mem_per_node_mb: want.get(f::MEM_PER_NODE_MB, || job.shape.per_node.mem_mb),
         ntasks_per_node: want.get(f::NTASKS_PER_NODE, || job.shape.tasks_per_node),
+        req_nodelist: want.get(f::REQ_NODELIST, || {
+            tandem_sched::hostlist::compress(&job.spec.nodelist)
+        }),
+        exc_nodelist: want.get(f::EXC_NODELIST, || {
+            tandem_sched::hostlist::compress(&job.spec.exclude)
+        }),
     }
 }
 

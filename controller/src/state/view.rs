@@ -329,6 +329,8 @@ fn project(full: &v1::JobInfo, want: JobFields) -> v1::JobInfo {
         COMMENT => comment,
         MEM_PER_NODE_MB => mem_per_node_mb,
         NTASKS_PER_NODE => ntasks_per_node,
+        REQ_NODELIST => req_nodelist,
+        EXC_NODELIST => exc_nodelist,
     }
 }
 
