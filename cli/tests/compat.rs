@@ -308,7 +308,7 @@ fn task_variables_are_set_only_when_the_job_asked_for_tasks() {
 /// 14.0|CANCELLED|0:15|
 /// ```
 ///
-/// Tandem records no canceller, so its allocation line says `CANCELLED` without `by UID`.
+/// `by 0` is the uid that ran scancel: this test's own.
 #[test]
 fn sacct_puts_the_signal_on_the_batch_line_and_derives_the_steps_exit() {
     let c = Cluster::start(3);
@@ -357,7 +357,11 @@ fn sacct_puts_the_signal_on_the_batch_line_and_derives_the_steps_exit() {
         }
         assert_eq!(got, want, "sacct of job {id}");
     };
-    settled(cancelled, "J|CANCELLED|0:0|0:0\nJ.batch|CANCELLED|0:15|\n");
+    let by = nix::unistd::getuid();
+    settled(
+        cancelled,
+        &format!("J|CANCELLED by {by}|0:0|0:0\nJ.batch|CANCELLED|0:15|\n"),
+    );
     settled(timeout, "J|TIMEOUT|0:0|0:0\nJ.batch|CANCELLED|0:15|\n");
     settled(killed, "J|FAILED|0:9|0:0\nJ.batch|CANCELLED|0:9|\n");
     settled(
@@ -553,7 +557,7 @@ fn task_variables_of_the_batch_script_and_its_steps_match_slurms() {
 /// SUCCESS 0, of 8 and 9: `{"status": "SIGNALED", "return_code": null, "signal":
 /// {"signal_id": 15, "name": "Terminated"}}`; 10 had `"steps": []`. (For 7 it printed SUCCESS
 /// 0 too, against its own ExitCode 3:0; Tandem keeps `{"status": "FAILED", "return_code":
-/// 3}`, what the text says.) Tandem records no canceller: `CANCELLED`, not `CANCELLED by 0`.
+/// 3}`, what the text says.) `by 0` is the uid that ran scancel: this test's own.
 #[test]
 fn sacct_exit_codes_of_every_ending_match_slurms() {
     let c = Cluster::start(2);
@@ -564,6 +568,9 @@ fn sacct_exit_codes_of_every_ending_match_slurms() {
     let pending = c.sbatch(&["--begin=now+1hour", "-o", "/dev/null", "--wrap", "true"]);
     c.wait_state(cancelled, "RUNNING", T);
     c.ok(&["scancel", &cancelled.to_string(), &pending.to_string()]);
+    let by = nix::unistd::getuid();
+    let cancelled_lines = format!("J|CANCELLED by {by}|0:0|0:0\nJ.batch|CANCELLED|0:15|\n");
+    let pending_lines = format!("J|CANCELLED by {by}|0:0|0:0\n");
     let want: [(u64, &str, &str); 5] = [
         (
             completed,
@@ -571,17 +578,13 @@ fn sacct_exit_codes_of_every_ending_match_slurms() {
             "J|COMPLETED|0:0|0:0\nJ.batch|COMPLETED|0:0|\n",
         ),
         (failed, "FAILED", "J|FAILED|3:0|0:0\nJ.batch|FAILED|3:0|\n"),
-        (
-            cancelled,
-            "CANCELLED",
-            "J|CANCELLED|0:0|0:0\nJ.batch|CANCELLED|0:15|\n",
-        ),
+        (cancelled, "CANCELLED", &cancelled_lines),
         (
             timeout,
             "TIMEOUT",
             "J|TIMEOUT|0:0|0:0\nJ.batch|CANCELLED|0:15|\n",
         ),
-        (pending, "CANCELLED", "J|CANCELLED|0:0|0:0\n"),
+        (pending, "CANCELLED", &pending_lines),
     ];
     let rows = |id: u64, extra: &[&str]| -> String {
         let ids = id.to_string();

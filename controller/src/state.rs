@@ -433,6 +433,7 @@ impl Actor {
         Requester {
             user: who.user.clone(),
             admin: who.is_admin(),
+            uid: Some(who.uid),
         }
     }
 

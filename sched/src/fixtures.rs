@@ -150,6 +150,7 @@ impl Job {
             hold: Hold::None,
             kill: None,
             preempt_time: None,
+            cancelled_by: None,
         }
     }
 }

@@ -593,6 +593,10 @@ pub struct Job {
     /// Set when the controller was told to end the running job; decides the final state.
     pub kill: Option<KillReason>,
     pub preempt_time: Option<i64>,
+    /// The uid of the user whose cancel ended or is ending the job (Slurm's `requid`:
+    /// sacct shows `CANCELLED by 1000`); `None` for the controller's own cancels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancelled_by: Option<u32>,
 }
 
 impl Job {

@@ -68,6 +68,9 @@ pub struct Requester {
     pub user: String,
     /// Operators and root may act on any job and set admin holds.
     pub admin: bool,
+    /// The asking user's uid, recorded on the jobs it cancels; `None` for the controller's
+    /// own requests.
+    pub uid: Option<u32>,
 }
 
 impl Requester {
@@ -75,12 +78,22 @@ impl Requester {
         Requester {
             user: name.into(),
             admin: false,
+            uid: None,
         }
     }
     pub fn admin() -> Requester {
         Requester {
             user: "root".into(),
             admin: true,
+            uid: None,
+        }
+    }
+
+    /// The same requester, known by `uid`.
+    pub fn with_uid(self, uid: u32) -> Requester {
+        Requester {
+            uid: Some(uid),
+            ..self
         }
     }
     fn may_touch(&self, job: &Job) -> bool {

@@ -867,13 +867,12 @@ impl Field<JobView<'_>> for AcctField {
             AllocCpus => j.cpus.to_string(),
             AllocNodes => j.nodes.to_string(),
             AllocTres => j.tres.to_string(),
-            State => {
-                if j.state == "CANCELLED" && !step {
-                    "CANCELLED".to_string()
-                } else {
-                    j.state.to_string()
-                }
-            }
+            State => match j.cancelled_by {
+                // Slurm 22.05's allocation line of a cancelled job: `CANCELLED by 1000`
+                // (`CANCELLED+` in a 10-wide column); steps say `CANCELLED`.
+                Some(uid) if j.state == "CANCELLED" && !step => format!("CANCELLED by {uid}"),
+                _ => j.state.to_string(),
+            },
             ExitCode => j.exit_code.to_string(),
             DerivedExitCode => j
                 .derived_exit_code
@@ -1125,6 +1124,46 @@ mod tests {
         );
         assert!(sacct_format("JobID,Nope").is_err());
         assert!(sacct_format("JobName%x").is_err());
+    }
+
+    /// Slurm 22.05, `scancel` by root of a running job: `sacct -P` said `CANCELLED by 0` on
+    /// the allocation line and `CANCELLED` on `.batch`; the table, `CANCELLED+`.
+    #[test]
+    fn a_cancelled_job_names_who_cancelled_it_on_its_allocation_line() {
+        let info = JobInfo {
+            job_id: 7,
+            array_task_id: -1,
+            state: JobState::Cancelled as i32,
+            start_time: 100,
+            end_time: 110,
+            cancelled_by: Some(0),
+            steps: vec![tandem_proto::v1::StepInfo {
+                step_id: "batch".into(),
+                state: JobState::Cancelled as i32,
+                ..Default::default()
+            }],
+            ..JobInfo::default()
+        };
+        let job = JobView::from_job(&info, 200);
+        let step = JobView::from_step(&job, &info.steps[0], 200);
+        let ctx = RenderCtx::default();
+        let f = sacct_format("JobID,State").unwrap();
+        assert_eq!(f.delimited(Some(&job), &ctx, "|"), "7|CANCELLED by 0");
+        assert_eq!(f.delimited(Some(&step), &ctx, "|"), "7.batch|CANCELLED");
+        assert_eq!(f.row(&job, &ctx), "7            CANCELLED+");
+        // Ended any other way, or cancelled by the controller itself: the plain state.
+        let by_controller = JobInfo {
+            cancelled_by: None,
+            ..info.clone()
+        };
+        let by_controller = JobView::from_job(&by_controller, 200);
+        assert_eq!(f.delimited(Some(&by_controller), &ctx, "|"), "7|CANCELLED");
+        let completed = JobInfo {
+            state: JobState::Completed as i32,
+            ..info.clone()
+        };
+        let completed = JobView::from_job(&completed, 200);
+        assert_eq!(f.delimited(Some(&completed), &ctx, "|"), "7|COMPLETED");
     }
 
     #[test]

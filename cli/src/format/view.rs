@@ -62,6 +62,8 @@ pub struct JobView<'a> {
     /// `-w` and `-x` as sorted host lists, empty when not given.
     pub req_nodelist: &'a str,
     pub exc_nodelist: &'a str,
+    /// The uid whose cancel ended the job (not set on step rows).
+    pub cancelled_by: Option<u32>,
     pub exclusive: bool,
     pub requeue: bool,
     pub restarts: u32,
@@ -267,6 +269,7 @@ impl<'a> JobView<'a> {
             constraint: &j.constraint,
             req_nodelist: &j.req_nodelist,
             exc_nodelist: &j.exc_nodelist,
+            cancelled_by: j.cancelled_by,
             exclusive: j.exclusive,
             requeue: j.requeue,
             restarts: j.restarts,
@@ -313,6 +316,7 @@ impl<'a> JobView<'a> {
                 signal: s.signal,
             },
             derived_exit_code: None,
+            cancelled_by: None,
             ..job.clone()
         }
     }

@@ -407,6 +407,7 @@ job_info_fields! {
     NTASKS_PER_NODE = 44 "ntasks_per_node",
     REQ_NODELIST = 45 "req_nodelist",
     EXC_NODELIST = 46 "exc_nodelist",
+    CANCELLED_BY = 47 "cancelled_by",
 }
 
 // A mask is one u64 with a bit per field number.
@@ -571,6 +572,7 @@ pub fn job_info_with(st: &State, job: &Job, want: JobFields) -> v1::JobInfo {
         exc_nodelist: want.get(f::EXC_NODELIST, || {
             tandem_sched::hostlist::compress(&job.spec.exclude)
         }),
+        cancelled_by: want.get(f::CANCELLED_BY, || job.cancelled_by),
     }
 }
 

@@ -331,6 +331,7 @@ fn project(full: &v1::JobInfo, want: JobFields) -> v1::JobInfo {
         NTASKS_PER_NODE => ntasks_per_node,
         REQ_NODELIST => req_nodelist,
         EXC_NODELIST => exc_nodelist,
+        CANCELLED_BY => cancelled_by,
     }
 }
 

@@ -68,6 +68,7 @@ impl State {
             let meta_id = sel.job;
             let n = idx.len();
             self.with_job(meta_id, |m| {
+                m.cancelled_by = by.uid;
                 if let Some(a) = m.array.as_mut() {
                     if idx == a.pending {
                         a.pending = IndexSet::new();
@@ -83,17 +84,18 @@ impl State {
             self.settle_array(meta_id, now);
         }
         for id in targets {
-            effects.extend(self.cancel_one(id, now));
+            effects.extend(self.cancel_one(id, by.uid, now));
         }
         Ok(effects)
     }
 
-    fn cancel_one(&mut self, id: JobId, now: i64) -> Vec<Effect> {
+    fn cancel_one(&mut self, id: JobId, by: Option<u32>, now: i64) -> Vec<Effect> {
         let Some(job) = self.jobs.get(&id) else {
             return Vec::new();
         };
         match job.state {
             JobState::Pending => {
+                self.with_job(id, |j| j.cancelled_by = by);
                 self.finish(id, JobState::Cancelled, Reason::None, now, 0, 0);
                 Vec::new()
             }
@@ -108,7 +110,10 @@ impl State {
                     .as_ref()
                     .map(|a| a.node_ids().collect())
                     .unwrap_or_default();
-                self.with_job(id, |j| j.kill = Some(KillReason::Cancel));
+                self.with_job(id, |j| {
+                    j.kill = Some(KillReason::Cancel);
+                    j.cancelled_by = by;
+                });
                 vec![Effect::Terminate {
                     job: id,
                     nodes,
@@ -399,4 +404,5 @@ pub(super) fn back_to_pending(j: &mut Job) {
     j.kill = None;
     j.exit_code = 0;
     j.signal = 0;
+    j.cancelled_by = None;
 }

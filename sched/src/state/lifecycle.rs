@@ -145,6 +145,7 @@ impl State {
             hold: Hold::None,
             kill: None,
             preempt_time: None,
+            cancelled_by: None,
         };
         self.next_job_id += 1;
         self.with_job(meta, |m| {

@@ -171,6 +171,7 @@ impl State {
             hold,
             kill: None,
             preempt_time: None,
+            cancelled_by: None,
         };
         if has_dependency {
             // Dependencies are judged by the pass, which sees the whole queue (singleton);

@@ -1022,3 +1022,34 @@ fn removed_nodes_leave_queries_and_partitions_until_a_worker_registers_again() {
     );
     assert_eq!(st.nodes().count(), 2);
 }
+
+/// Slurm records who cancelled a job (sacct: `CANCELLED by 1000`): a pending job at once,
+/// a running one when its kill lands; the controller's own cancels name nobody, and a
+/// requeue forgets it.
+#[test]
+fn a_cancel_records_the_uid_that_asked() {
+    let mut st = State::test_cluster(1, 8, 8_000, 0);
+    let running = st.submit(JobSpec::test(), 0).unwrap();
+    st.schedule(1);
+    let pending = st.submit(JobSpec::test().held(), 2).unwrap();
+    let quiet = st.submit(JobSpec::test().held(), 2).unwrap();
+    let root = Requester::admin().with_uid(0);
+    st.cancel(
+        &JobSelector::job(pending),
+        &Requester::admin().with_uid(1000),
+        3,
+    )
+    .unwrap();
+    st.cancel(&JobSelector::job(quiet), &Requester::admin(), 3)
+        .unwrap();
+    st.cancel(&JobSelector::job(running), &root, 3).unwrap();
+    assert_eq!(state_of(&st, pending), JobState::Cancelled);
+    assert_eq!(st.job(pending).unwrap().cancelled_by, Some(1000));
+    assert_eq!(st.job(quiet).unwrap().cancelled_by, None);
+    assert_eq!(st.job(running).unwrap().cancelled_by, Some(0));
+    end(&mut st, running, 0, 4);
+    assert_eq!(state_of(&st, running), JobState::Cancelled);
+    assert_eq!(st.job(running).unwrap().cancelled_by, Some(0));
+    st.requeue(running, &root, 5).unwrap();
+    assert_eq!(st.job(running).unwrap().cancelled_by, None);
+}
