@@ -37,16 +37,23 @@ fn job(j: &JobView, ctx: &RenderCtx) -> String {
         first.push(("ArrayTaskId", j.array_task_id.clone().unwrap_or_default()));
     }
     first.push(("JobName", j.name.to_string()));
-    let gres = j.tres_per_node().unwrap_or_else(|| "(null)".to_string());
-    block(&[
+    let (stdout, stderr, stdin) = std_paths(j);
+    // Slurm 22.05's lines and their order; fields Tandem does not have are left out rather
+    // than made up.
+    let mut lines = vec![
         first,
         vec![
             ("UserId", format!("{}({})", j.user, j.uid)),
+            ("GroupId", format!("{}({})", group_name(j.gid), j.gid)),
+            ("MCS_label", "N/A".to_string()),
+        ],
+        vec![
+            ("Priority", j.priority.to_string()),
+            ("Nice", j.nice.to_string()),
             ("Account", null(j.account).to_string()),
             ("QOS", null(j.qos).to_string()),
         ],
         vec![
-            ("Priority", j.priority.to_string()),
             ("JobState", j.state.to_string()),
             ("Reason", j.reason.to_string()),
             ("Dependency", null(j.dependency).to_string()),
@@ -54,6 +61,7 @@ fn job(j: &JobView, ctx: &RenderCtx) -> String {
         vec![
             ("Requeue", u8::from(j.requeue).to_string()),
             ("Restarts", j.restarts.to_string()),
+            ("Reboot", "0".to_string()),
             ("ExitCode", j.exit_code.to_string()),
         ],
         vec![
@@ -64,7 +72,11 @@ fn job(j: &JobView, ctx: &RenderCtx) -> String {
             ("SubmitTime", ts(j.submit_time)),
             ("EligibleTime", ts(j.eligible_time)),
         ],
-        vec![("StartTime", ts(j.start_time)), ("EndTime", ts(j.end_time))],
+        vec![
+            ("StartTime", ts(j.start_time)),
+            ("EndTime", ts(j.end_time)),
+            ("Deadline", "N/A".to_string()),
+        ],
         vec![
             ("Partition", j.partition.to_string()),
             ("AllocNode", null(j.submit_host).to_string()),
@@ -75,6 +87,15 @@ fn job(j: &JobView, ctx: &RenderCtx) -> String {
         ],
         // Slurm 22.05 leaves it empty, not `(null)`, until the job has nodes.
         vec![("NodeList", j.nodelist.to_string())],
+    ];
+    // The node that runs the batch script, once there is one.
+    if let Some(host) = tandem_sched::hostlist::expand(j.nodelist)
+        .ok()
+        .and_then(|h| h.into_iter().next())
+    {
+        lines.push(vec![("BatchHost", host)]);
+    }
+    lines.extend([
         vec![
             ("NumNodes", j.nodes.to_string()),
             ("NumCPUs", j.cpus.to_string()),
@@ -90,13 +111,79 @@ fn job(j: &JobView, ctx: &RenderCtx) -> String {
                 if j.exclusive { "NO" } else { "OK" }.to_string(),
             ),
         ],
-        vec![("TresPerNode", gres)],
-        vec![("Command", null(j.command).to_string())],
-        vec![("WorkDir", j.workdir.to_string())],
-        vec![("Comment", null(j.comment).to_string())],
-        vec![("StdErr", null(j.stderr).to_string())],
-        vec![("StdOut", null(j.stdout).to_string())],
-    ])
+    ]);
+    if let Some(gres) = j.tres_per_node() {
+        lines.push(vec![("TresPerNode", gres)]);
+    }
+    lines.push(vec![("Command", null(j.command).to_string())]);
+    lines.push(vec![("WorkDir", j.workdir.to_string())]);
+    if !j.comment.is_empty() {
+        lines.push(vec![("Comment", j.comment.to_string())]);
+    }
+    lines.extend([
+        vec![("StdErr", stderr)],
+        vec![("StdIn", stdin)],
+        vec![("StdOut", stdout)],
+    ]);
+    block(&lines)
+}
+
+/// The batch script's stdout, stderr and stdin as Slurm shows them: the submitted patterns
+/// or the defaults (`slurm-%j.out`, `slurm-%A_%a.out` in an array; stderr with stdout;
+/// `/dev/null`), with what the job's record knows expanded (`%j %A %a %x %u`; `%N` stays,
+/// the node is the worker's to fill in) and relative paths under the working directory.
+fn std_paths(j: &JobView) -> (String, String, String) {
+    use tandem_worker::launch::output::{PatternFields, expand};
+    let task = j
+        .array_task_id
+        .as_deref()
+        .and_then(|t| t.parse::<u64>().ok());
+    let fields = PatternFields {
+        job_id: Some(j.job_id_raw),
+        array_job_id: j.array_job_id,
+        array_task_id: task,
+        job_name: Some(j.name),
+        user: Some(j.user),
+        ..PatternFields::default()
+    };
+    let resolve = |pattern: &str| {
+        let path = expand(pattern, &fields);
+        if path.starts_with('/') || j.workdir.is_empty() {
+            path
+        } else {
+            format!("{}/{path}", j.workdir.trim_end_matches('/'))
+        }
+    };
+    let default = if j.array_job_id.is_some() {
+        "slurm-%A_%a.out"
+    } else {
+        "slurm-%j.out"
+    };
+    let stdout_pattern = if j.stdout.is_empty() {
+        default
+    } else {
+        j.stdout
+    };
+    let stderr_pattern = if j.stderr.is_empty() {
+        stdout_pattern
+    } else {
+        j.stderr
+    };
+    let stdin = if j.stdin.is_empty() {
+        "/dev/null".to_string()
+    } else {
+        resolve(j.stdin)
+    };
+    (resolve(stdout_pattern), resolve(stderr_pattern), stdin)
+}
+
+/// The group's name from the local group database, or the number as Slurm prints an
+/// unknown one.
+fn group_name(gid: u32) -> String {
+    nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid))
+        .ok()
+        .flatten()
+        .map_or_else(|| gid.to_string(), |g| g.name)
 }
 
 pub fn nodes(nodes: &[NodeView], ctx: &RenderCtx) -> String {
@@ -210,22 +297,92 @@ mod tests {
             name: "train".into(),
             user: "alice".into(),
             uid: 1000,
+            // No group of this number exists: shown by number, as Slurm does.
+            gid: 4_242_420,
+            nice: 5,
             state: JobState::Running as i32,
             nodelist: "node-[1-2]".into(),
+            workdir: "/home/alice".into(),
             ..JobInfo::default()
         };
         let j = JobView::from_job(&info, 0);
         let text = jobs(&[j], &RenderCtx::default());
+        // The lines of Slurm 22.05's `scontrol show job`, in its order, with the fields
+        // Tandem has.
+        let keys: Vec<Vec<&str>> = text
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(|l| {
+                l.split_whitespace()
+                    .map(|kv| kv.split('=').next().unwrap_or_default())
+                    .collect()
+            })
+            .collect();
+        let want: Vec<Vec<&str>> = vec![
+            vec!["JobId", "JobName"],
+            vec!["UserId", "GroupId", "MCS_label"],
+            vec!["Priority", "Nice", "Account", "QOS"],
+            vec!["JobState", "Reason", "Dependency"],
+            vec!["Requeue", "Restarts", "Reboot", "ExitCode"],
+            vec!["RunTime", "TimeLimit"],
+            vec!["SubmitTime", "EligibleTime"],
+            vec!["StartTime", "EndTime", "Deadline"],
+            vec!["Partition", "AllocNode"],
+            vec!["ReqNodeList", "ExcNodeList"],
+            vec!["NodeList"],
+            vec!["BatchHost"],
+            vec!["NumNodes", "NumCPUs", "NumTasks", "CPUs/Task"],
+            vec!["TRES"],
+            vec!["MinMemoryNode", "Features", "OverSubscribe"],
+            vec!["Command"],
+            vec!["WorkDir"],
+            vec!["StdErr"],
+            vec!["StdIn"],
+            vec!["StdOut"],
+        ];
+        assert_eq!(keys, want, "{text}");
         let mut lines = text.lines();
         assert_eq!(lines.next(), Some("JobId=3 JobName=train"));
         assert_eq!(
             lines.next(),
-            Some("   UserId=alice(1000) Account=(null) QOS=(null)")
+            Some("   UserId=alice(1000) GroupId=4242420(4242420) MCS_label=N/A")
+        );
+        assert_eq!(
+            lines.next(),
+            Some("   Priority=0 Nice=5 Account=(null) QOS=(null)")
         );
         assert!(
-            text.contains("\n   ReqNodeList=(null) ExcNodeList=(null)\n   NodeList=node-[1-2]\n")
+            text.contains(
+                "\n   ReqNodeList=(null) ExcNodeList=(null)\n   NodeList=node-[1-2]\n   \
+                 BatchHost=node-1\n"
+            ),
+            "{text}"
         );
         assert!(text.contains(" JobState=RUNNING "));
+        // Slurm 22.05 without -o/-e/-i: `StdErr=` and `StdOut=` the default file in the
+        // working directory, `StdIn=/dev/null`.
+        assert!(
+            text.ends_with(
+                "   StdErr=/home/alice/slurm-3.out\n   StdIn=/dev/null\n   \
+                 StdOut=/home/alice/slurm-3.out\n\n"
+            ),
+            "{text}"
+        );
+        // `-e /tmp/err.%j` showed `StdErr=/tmp/err.5460`; `%x` is the name; a relative
+        // `-i` is under the working directory.
+        let named = JobInfo {
+            stderr: "/tmp/%x.%j".into(),
+            stdin: "in.txt".into(),
+            ..info.clone()
+        };
+        let text = jobs(&[JobView::from_job(&named, 0)], &RenderCtx::default());
+        assert!(
+            text.ends_with(
+                "   StdErr=/tmp/train.3\n   StdIn=/home/alice/in.txt\n   \
+                 StdOut=/home/alice/slurm-3.out\n\n"
+            ),
+            "{text}"
+        );
         // Slurm 22.05, `sbatch -w n[1-2] -x n3`: `ReqNodeList=n[1-2] ExcNodeList=n3`.
         let info = JobInfo {
             req_nodelist: "node-[1-2]".into(),
@@ -261,7 +418,6 @@ mod tests {
             (2, tres(4, ""), "TresPerNode=gres/gpu:2"),
             (2, tres(16, "h100"), "TresPerNode=gres/gpu:h100:8"),
             (1, tres(3, ""), "TresPerNode=gres/gpu:3"),
-            (2, tres(0, ""), "TresPerNode=(null)"),
         ];
         for (nodes, t, want) in cases {
             let info = JobInfo {
@@ -275,5 +431,15 @@ mod tests {
             let text = jobs(&[JobView::from_job(&info, 0)], &RenderCtx::default());
             assert!(text.contains(&format!("\n   {want}\n")), "{want}: {text}");
         }
+        // Without GPUs Slurm 22.05 printed no TresPerNode line at all.
+        let info = JobInfo {
+            job_id: 3,
+            array_task_id: -1,
+            num_nodes: 2,
+            tres: Some(tres(0, "")),
+            ..JobInfo::default()
+        };
+        let text = jobs(&[JobView::from_job(&info, 0)], &RenderCtx::default());
+        assert!(!text.contains("TresPerNode"), "{text}");
     }
 }

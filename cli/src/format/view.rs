@@ -68,6 +68,10 @@ pub struct JobView<'a> {
     pub requeue: bool,
     pub restarts: u32,
     pub submit_host: &'a str,
+    pub gid: u32,
+    pub nice: i32,
+    /// `--input` as submitted; empty = none.
+    pub stdin: &'a str,
 }
 
 /// Slurm's name for a state: the proto enum names are Slurm's with a prefix.
@@ -274,6 +278,9 @@ impl<'a> JobView<'a> {
             requeue: j.requeue,
             restarts: j.restarts,
             submit_host: &j.submit_host,
+            gid: j.gid,
+            nice: j.nice,
+            stdin: &j.stdin,
         }
     }
 

@@ -408,6 +408,8 @@ job_info_fields! {
     REQ_NODELIST = 45 "req_nodelist",
     EXC_NODELIST = 46 "exc_nodelist",
     CANCELLED_BY = 47 "cancelled_by",
+    NICE = 48 "nice",
+    STDIN = 49 "stdin",
 }
 
 // A mask is one u64 with a bit per field number.
@@ -573,6 +575,8 @@ pub fn job_info_with(st: &State, job: &Job, want: JobFields) -> v1::JobInfo {
             tandem_sched::hostlist::compress(&job.spec.exclude)
         }),
         cancelled_by: want.get(f::CANCELLED_BY, || job.cancelled_by),
+        nice: want.get(f::NICE, || job.spec.nice),
+        stdin: String::new(),
     }
 }
 
@@ -612,6 +616,7 @@ pub fn add_payload(info: &mut v1::JobInfo, p: &Payload, want: JobFields) {
     info.stderr = want.get(f::STDERR, || p.stderr.clone());
     info.submit_host = want.get(f::SUBMIT_HOST, || p.submit_host.clone());
     info.comment = want.get(f::COMMENT, || p.comment.clone());
+    info.stdin = want.get(f::STDIN, || p.stdin.clone());
     info.command = want.get(f::COMMAND, || {
         if p.script.is_empty() {
             p.argv.join(" ")
@@ -623,13 +628,14 @@ pub fn add_payload(info: &mut v1::JobInfo, p: &Payload, want: JobFields) {
 }
 
 /// `JobInfo` fields kept in the stored payload rather than in memory.
-pub const PAYLOAD_FIELDS: [u32; 6] = [
+pub const PAYLOAD_FIELDS: [u32; 7] = [
     job_field::WORKDIR,
     job_field::STDOUT,
     job_field::STDERR,
     job_field::COMMAND,
     job_field::SUBMIT_HOST,
     job_field::COMMENT,
+    job_field::STDIN,
 ];
 
 pub fn node_info(n: &Node, address: &str, version: &str) -> v1::NodeInfo {

@@ -332,6 +332,8 @@ fn project(full: &v1::JobInfo, want: JobFields) -> v1::JobInfo {
         REQ_NODELIST => req_nodelist,
         EXC_NODELIST => exc_nodelist,
         CANCELLED_BY => cancelled_by,
+        NICE => nice,
+        STDIN => stdin,
     }
 }
 
