@@ -357,4 +357,24 @@ fn nodelists_beyond_the_node_or_task_count_are_settled_as_slurm_does() {
     let show = c.ok(&["scontrol", "show", "job", &id.to_string()]);
     assert!(show.contains("ReqNodeList=node-1 "), "{show}");
     assert!(show.contains("NumNodes=1"), "{show}");
+
+    // Inside a `-N2` job Slurm's srun did the same: `srun -N1 -w n2,n1` printed the error
+    // line and ran on n2.
+    let (got, a, b) = batch(
+        &c,
+        "inside",
+        &["-N2"],
+        "$TANDEM_BIN srun -N1 -w $b,$a sh -c 'echo on $SLURMD_NODENAME' 2>&1",
+    );
+    assert_eq!(
+        got,
+        [
+            "srun: error: Required nodelist includes more nodes than permitted by max-node \
+             count (2 > 1). Eliminating nodes from the nodelist."
+                .to_string(),
+            format!("on {b}"),
+            "end".to_string(),
+        ],
+        "job on {a} and {b}"
+    );
 }

@@ -26,7 +26,7 @@ use crate::client::{Client, RpcResult as _};
 use crate::opts::JobOpts;
 
 /// Run a parallel job step.
-#[derive(Debug, Clone, Parser)]
+#[derive(Debug, Parser)]
 #[command(name = "srun", infer_long_args = true)]
 pub struct Args {
     #[command(flatten)]
@@ -39,8 +39,16 @@ pub struct Args {
     pub command: Vec<String>,
 }
 
-pub async fn run(args: Args) -> Exit {
+pub async fn run(mut args: Args) -> Exit {
     refuse_batch_only(&args.opts)?;
+    // Inside an allocation as outside: `srun -N1 -w n1,n2` says Slurm's error line and runs
+    // on n1; `srun -n1 -w n1,n2` warns and runs on n1.
+    for line in args
+        .opts
+        .settle_node_count(crate::opts::NodelistOverflow::Eliminate)?
+    {
+        eprintln!("srun: {line}");
+    }
     let mut client = Client::connect().await?;
     // A step needs a credential for the workers: fail here, before anything is created.
     client.worker_access()?;
@@ -168,14 +176,6 @@ async fn run_with_allocation(client: &mut Client, args: &Args) -> Exit {
         .unwrap_or_else(|| "srun".to_string());
     // The job is shaped by the options as srun settles them: `-N2 -n3 --ntasks-per-node=2`
     // asks Slurm for 3 CPUs (`2,1`), not 2 on each node.
-    let mut args = args.clone();
-    for line in args
-        .opts
-        .settle_node_count(crate::opts::NodelistOverflow::Eliminate)?
-    {
-        eprintln!("srun: {line}");
-    }
-    let args = &args;
     let (layout, _) = resolve_layout(&args.opts, &ctx.env, Allocation::MadeHere);
     let mut opts = args.opts.clone();
     if let Some(range) = opts.nodes.as_mut()
