@@ -315,6 +315,10 @@ pub enum JobField {
     MinMemory,
     Comment,
     Features,
+    /// `%n`: the nodes asked for with `-w`.
+    ReqNodes,
+    /// `%x`: the nodes excluded with `-x`.
+    ExcNodes,
 }
 
 pub const SQUEUE_DEFAULT: &str = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R";
@@ -355,6 +359,8 @@ impl JobField {
             'm' => MinMemory,
             'k' => Comment,
             'f' => Features,
+            'n' => ReqNodes,
+            'x' => ExcNodes,
             _ => return None,
         })
     }
@@ -390,6 +396,8 @@ impl JobField {
             MinMemory => &["tres"],
             Comment => &["comment"],
             Features => &["constraint"],
+            ReqNodes => &["req_nodelist"],
+            ExcNodes => &["exc_nodelist"],
         }
     }
 
@@ -428,6 +436,7 @@ impl JobField {
             "minmemory" => MinMemory,
             "comment" => Comment,
             "feature" | "features" => Features,
+            "reqnodes" => ReqNodes,
             _ => return None,
         })
     }
@@ -468,6 +477,8 @@ impl Field<JobView<'_>> for JobField {
             MinMemory => "MIN_MEMORY",
             Comment => "COMMENT",
             Features => "FEATURES",
+            ReqNodes => "REQ_NODES",
+            ExcNodes => "EXC_NODES",
         }
     }
 
@@ -517,6 +528,9 @@ impl Field<JobView<'_>> for JobField {
             MinMemory => owned(tandem_sched::tres::format_mem_mb(j.mem_mb)),
             Comment => or_na(j.comment),
             Features => or_na(j.constraint),
+            // Slurm 22.05 printed nothing, not `N/A`, for a job without `-w` or `-x`.
+            ReqNodes => Cow::Borrowed(j.req_nodelist),
+            ExcNodes => Cow::Borrowed(j.exc_nodelist),
         }
     }
 }
@@ -1031,10 +1045,12 @@ mod tests {
             dependency: "afterok:3".into(),
             comment: "c".into(),
             constraint: "fast".into(),
+            req_nodelist: "n[1-2]".into(),
+            exc_nodelist: "n3".into(),
             ..JobInfo::default()
         };
         let ctx = RenderCtx::default();
-        let letters = "iAFKPjuUtTMlLDRNrCbQSVeaqZoEmkf";
+        let letters = "iAFKPjuUtTMlLDRNrCbQSVeaqZoEmkfnx";
         for letter in letters.chars() {
             let field = JobField::from_letter(letter).unwrap();
             let sent = as_sent(&full, field.wire_fields());
@@ -1164,6 +1180,35 @@ mod tests {
         };
         let completed = JobView::from_job(&completed, 200);
         assert_eq!(f.delimited(Some(&completed), &ctx, "|"), "7|COMPLETED");
+    }
+
+    /// Slurm 22.05, `sbatch -H -w n[1-2] -x n3`: `squeue -o "%n|%x|%.10n"` printed
+    /// `REQ_NODES|EXC_NODES| REQ_NODES` and `n[1-2]|n3|    n[1-2]`; a job without them,
+    /// `||`; `-O reqnodes` the `REQ_NODES` column.
+    #[test]
+    fn requested_and_excluded_nodes_are_columns_as_in_slurm() {
+        let ctx = RenderCtx::default();
+        let info = JobInfo {
+            job_id: 5,
+            array_task_id: -1,
+            req_nodelist: "n[1-2]".into(),
+            exc_nodelist: "n3".into(),
+            ..JobInfo::default()
+        };
+        let f = squeue_format("%n|%x|%.10n").unwrap();
+        assert_eq!(f.header(), "REQ_NODES|EXC_NODES| REQ_NODES");
+        assert_eq!(
+            f.row(&JobView::from_job(&info, 0), &ctx),
+            "n[1-2]|n3|    n[1-2]"
+        );
+        let plain = JobInfo {
+            req_nodelist: String::new(),
+            exc_nodelist: String::new(),
+            ..info.clone()
+        };
+        let f = squeue_format("%n|%x").unwrap();
+        assert_eq!(f.row(&JobView::from_job(&plain, 0), &ctx), "|");
+        assert!(squeue_named("reqnodes").is_ok());
     }
 
     #[test]
