@@ -313,7 +313,11 @@ pub fn schedule_observed(st: &mut State, now: i64, obs: &mut impl PassObserver) 
         room = decisions
             .iter()
             .map(|d| match d {
-                Decision::Start { job, nodes } => {
+                // Only a multi-node `-n` job's layout looks at the room: no work (and no
+                // allocation) for the rest of a pass's starts.
+                Decision::Start { job, nodes }
+                    if nodes.len() > 1 && crate::state::lays_out_tasks(&st.jobs[job]) =>
+                {
                     let job = &st.jobs[job];
                     let end = match job.time_limit {
                         Some(l) => now.saturating_add(i64::try_from(l).unwrap_or(i64::MAX)),
@@ -321,7 +325,7 @@ pub fn schedule_observed(st: &mut State, now: i64, obs: &mut impl PassObserver) 
                     };
                     planner.room(nodes, end, job.spec.mode)
                 }
-                Decision::Preempt { .. } => Vec::new(),
+                Decision::Start { .. } | Decision::Preempt { .. } => Vec::new(),
             })
             .collect();
     }

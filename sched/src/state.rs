@@ -26,6 +26,7 @@ mod admin;
 mod control;
 mod dependencies;
 mod lifecycle;
+pub(crate) use lifecycle::lays_out_tasks;
 mod nodes;
 mod submit;
 /// Records changed since the last [`State::take_changes`].

@@ -35,27 +35,20 @@ impl State {
         };
         let spec = &job.spec;
         let cpt = spec.cpus_per_task.max(1);
-        // `-n` without `--ntasks-per-node` (and without per-task GPUs, which stay per node):
-        // each node gets CPUs for the tasks Slurm lays out there, filling the nodes in order
-        // as far as their room goes, not the even share the pass placed.
-        let tasks = (!shape.exclusive
-            && spec.ntasks > 0
-            && spec.ntasks_per_node == 0
-            && spec.gpus_per_task == 0)
-            .then(|| {
-                let caps: Vec<u32> = sorted
-                    .iter()
-                    .map(|(_, r)| {
-                        shape.tasks_per_node.saturating_add(extra_tasks(
-                            &shape,
-                            spec.mem_per_node_mb,
-                            cpt,
-                            r,
-                        ))
-                    })
-                    .collect();
-                job_task_counts(spec.ntasks, &caps)
-            });
+        let tasks = lays_out_tasks(job).then(|| {
+            let caps: Vec<u32> = sorted
+                .iter()
+                .map(|(_, r)| {
+                    shape.tasks_per_node.saturating_add(extra_tasks(
+                        &shape,
+                        spec.mem_per_node_mb,
+                        cpt,
+                        r,
+                    ))
+                })
+                .collect();
+            job_task_counts(spec.ntasks, &caps)
+        });
         for (k, (nid, r)) in sorted.iter().enumerate() {
             let n = &self.nodes[nid.index()];
             let (cpus, mem_mb, ngpus) = if shape.exclusive {
@@ -389,6 +382,14 @@ impl State {
         }
         removed
     }
+}
+
+/// Whether a job's nodes get CPUs for the tasks Slurm lays out on each (`-n` without
+/// `--ntasks-per-node` and without per-task GPUs, which stay per node), filling the nodes in
+/// order as far as their room goes, rather than the even share the pass placed.
+pub(crate) fn lays_out_tasks(job: &Job) -> bool {
+    let spec = &job.spec;
+    !job.shape.exclusive && spec.ntasks > 0 && spec.ntasks_per_node == 0 && spec.gpus_per_task == 0
 }
 
 /// Whole tasks (of `cpt` CPUs, and their memory when memory follows the CPUs) that `room`
