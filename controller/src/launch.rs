@@ -372,29 +372,27 @@ pub fn expand_output(pattern: &str, facts: &LaunchFacts) -> String {
     out
 }
 
-/// Output paths of the batch script: the submitted patterns or Slurm's defaults
-/// (`slurm-%j.out`, `slurm-%A_%a.out` for arrays; stderr goes with stdout), relative ones
-/// resolved against the working directory.
+/// Output paths of the batch script: the submitted patterns or Slurm's defaults, relative
+/// ones resolved against the working directory.
 pub fn output_paths(facts: &LaunchFacts, payload: &Payload) -> (String, String) {
-    let default = if facts.array.is_some() {
-        "slurm-%A_%a.out"
-    } else {
-        "slurm-%j.out"
-    };
-    let stdout_pat = if payload.stdout.is_empty() {
-        default
-    } else {
-        &payload.stdout
-    };
-    let stderr_pat = if payload.stderr.is_empty() {
-        stdout_pat
-    } else {
-        &payload.stderr
-    };
+    let (stdout, stderr) = output_patterns(facts.array.is_some(), &payload.stdout, &payload.stderr);
     (
-        in_workdir(expand_output(stdout_pat, facts), &payload.workdir),
-        in_workdir(expand_output(stderr_pat, facts), &payload.workdir),
+        in_workdir(expand_output(stdout, facts), &payload.workdir),
+        in_workdir(expand_output(stderr, facts), &payload.workdir),
     )
+}
+
+/// The stdout and stderr patterns a batch job writes to: the submitted ones, or Slurm's
+/// defaults (`slurm-%j.out`, `slurm-%A_%a.out` in an array; stderr goes with stdout).
+/// Shared with `scontrol show job`, which must name the files the launch will write.
+pub fn output_patterns<'a>(in_array: bool, stdout: &'a str, stderr: &'a str) -> (&'a str, &'a str) {
+    let stdout = match stdout {
+        "" if in_array => "slurm-%A_%a.out",
+        "" => "slurm-%j.out",
+        given => given,
+    };
+    let stderr = if stderr.is_empty() { stdout } else { stderr };
+    (stdout, stderr)
 }
 
 /// The batch script's standard input (`--input`), expanded like the output paths; empty
@@ -406,7 +404,8 @@ pub fn input_path(facts: &LaunchFacts, payload: &Payload) -> String {
     in_workdir(expand_output(&payload.stdin, facts), &payload.workdir)
 }
 
-fn in_workdir(path: String, workdir: &str) -> String {
+/// A relative path under the job's working directory (as the launch opens it).
+pub fn in_workdir(path: String, workdir: &str) -> String {
     if path.starts_with('/') || workdir.is_empty() {
         path
     } else {

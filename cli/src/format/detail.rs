@@ -133,6 +133,7 @@ fn job(j: &JobView, ctx: &RenderCtx) -> String {
 /// `/dev/null`), with what the job's record knows expanded (`%j %A %a %x %u`; `%N` stays,
 /// the node is the worker's to fill in) and relative paths under the working directory.
 fn std_paths(j: &JobView) -> (String, String, String) {
+    use tandem_controller::launch::{in_workdir, output_patterns};
     use tandem_worker::launch::output::{PatternFields, expand};
     let task = j
         .array_task_id
@@ -146,29 +147,9 @@ fn std_paths(j: &JobView) -> (String, String, String) {
         user: Some(j.user),
         ..PatternFields::default()
     };
-    let resolve = |pattern: &str| {
-        let path = expand(pattern, &fields);
-        if path.starts_with('/') || j.workdir.is_empty() {
-            path
-        } else {
-            format!("{}/{path}", j.workdir.trim_end_matches('/'))
-        }
-    };
-    let default = if j.array_job_id.is_some() {
-        "slurm-%A_%a.out"
-    } else {
-        "slurm-%j.out"
-    };
-    let stdout_pattern = if j.stdout.is_empty() {
-        default
-    } else {
-        j.stdout
-    };
-    let stderr_pattern = if j.stderr.is_empty() {
-        stdout_pattern
-    } else {
-        j.stderr
-    };
+    let resolve = |pattern: &str| in_workdir(expand(pattern, &fields), j.workdir);
+    let (stdout_pattern, stderr_pattern) =
+        output_patterns(j.array_job_id.is_some(), j.stdout, j.stderr);
     let stdin = if j.stdin.is_empty() {
         "/dev/null".to_string()
     } else {
