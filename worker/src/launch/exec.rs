@@ -1,9 +1,12 @@
-//! The job launcher: the last step between the worker and a job's program, run as a process
-//! of its own (`tandem __job-exec REQUEST` or the `tandem-job-exec` test binary).
+//! The job launcher: the last step between the worker and a job's program when it drops from
+//! root to the job's user, run as a process of its own (`tandem __job-exec REQUEST` or the
+//! `tandem-job-exec` test binary). (A process that keeps the worker's identity joins its
+//! cgroups in the forked child instead: [`super::join`].)
 //!
-//! Without `unsafe` there is no `pre_exec` hook in which a forked child could join its
-//! cgroup, take the user's supplementary groups and drop root before `exec`. The launcher
-//! does exactly that, then `exec`s the program in place (same pid, same process group):
+//! In a separate process, every step is ordinary safe code that can say what failed (a
+//! `pre_exec` hook after a multi-threaded fork may not allocate, so it could only pass an
+//! errno back). The launcher joins the cgroup, takes the user's supplementary groups and
+//! drops root, then `exec`s the program in place (same pid, same process group):
 //!
 //! 1. writes `0` ("this process") into each of its step's `cgroup.procs` files, so the job
 //!    is inside its cgroup before it runs a single instruction of its own;

@@ -3,9 +3,11 @@
 //! - `env`, `output`, `limits`: pure rules (environment, file names, termination).
 //! - `process`: the one place that turns a job into a process.
 //! - `exec`: the launcher that puts it in its cgroup and drops to the user before `exec`.
+//! - `join`: the cgroup join in the forked child, when there is no user to drop to.
 
 pub mod env;
 pub mod exec;
+pub mod join;
 pub mod limits;
 pub mod output;
 pub mod process;

@@ -20,11 +20,12 @@
 //!
 //! # Through the launcher
 //!
-//! With a [`Confinement`] (cgroups on, or a user to switch to), the process starts as the
-//! launcher ([`super::exec`]), which joins the job's cgroup, sets the user's groups and ids
-//! and `exec`s the script (or the redirecting shell) in place. Without one (a worker with
-//! no launcher binary), std's `uid`/`gid` switch is used, which leaves the user without
-//! supplementary groups.
+//! With a [`Confinement`] and a user to switch to, the process starts as the launcher
+//! ([`super::exec`]), which joins the job's cgroup, sets the user's groups and ids and
+//! `exec`s the redirecting shell in place. With cgroups but the worker's own identity, the
+//! forked child joins the cgroups itself before `exec` ([`super::join`]). Without a
+//! confinement (a worker with no launcher binary), std's `uid`/`gid` switch is used, which
+//! leaves the user without supplementary groups.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
@@ -178,9 +179,11 @@ pub struct Confinement<'a> {
 }
 
 impl Confinement<'_> {
-    /// A command that starts `program args` through the launcher with `env` in `workdir`,
-    /// as `user` if given. The command itself gets no environment and no working directory:
-    /// the launcher applies them after the switch.
+    /// A command that starts `program args` with `env` in `workdir`, in the step's cgroups,
+    /// as `user` if given. With a user to switch to it goes through the launcher, and the
+    /// command itself gets no environment and no working directory: the launcher applies
+    /// them after the switch. Without one the child joins the cgroups itself
+    /// ([`super::join`]) and `program` is the command's own.
     pub fn command(
         &self,
         program: &Path,
@@ -189,6 +192,18 @@ impl Confinement<'_> {
         workdir: &Path,
         user: Option<User>,
     ) -> io::Result<Command> {
+        if user.is_none() {
+            let mut cmd = Command::new(program);
+            cmd.args(args)
+                .env_clear()
+                .envs(env)
+                .current_dir(workdir)
+                .stdin(Stdio::null())
+                .process_group(0)
+                .kill_on_drop(false);
+            super::join::join_in_child(&mut cmd, &self.cgroup_procs)?;
+            return Ok(cmd);
+        }
         let request = Request {
             cgroup_procs: self.cgroup_procs.clone(),
             user,
