@@ -5,7 +5,9 @@
 //! size (8 nodes x 64 CPUs x 8 GPUs), one after the other in the same run. Not a test: it
 //! prints one JSON object per system and figure (`mean_ms`, `p50_ms`, `p99_ms`, `max_ms`),
 //! then one per figure with both means and `speedup` = Slurm's mean / Tandem's, and the
-//! issue's target for it.
+//! issue's target for it. Each system's turn starts on a quiet machine (under 15 % busy
+//! for a second) and ends with a `steal_pct` line: the CPU time the hypervisor took
+//! meanwhile, which on a shared VM moves a loop's tail more than any code change.
 //!
 //! Run: `cargo bench -p tandem-cli --bench daily` (`-- --quick` for fewer samples).
 //!
@@ -390,6 +392,69 @@ impl Drop for Tandem {
     }
 }
 
+/// Runs `f` and prints the share of the machine's CPU time the hypervisor took meanwhile
+/// (`steal` in `/proc/stat`): on a shared VM a few percent doubles a loop's tail, so a
+/// figure is read with it.
+fn with_steal<T>(system: System, f: impl FnOnce() -> T) -> T {
+    let sample = || -> Option<(u64, u64)> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let cpu: Vec<u64> = stat
+            .lines()
+            .next()?
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        Some((cpu.iter().take(8).sum(), *cpu.get(7)?))
+    };
+    let before = sample();
+    let out = f();
+    if let (Some((t0, s0)), Some((t1, s1))) = (before, sample()) {
+        let pct = 100.0 * (s1 - s0) as f64 / (t1 - t0).max(1) as f64;
+        println!(
+            "{}",
+            json!({"system": system.name(), "steal_pct": (pct * 10.0).round() / 10.0})
+        );
+    }
+    out
+}
+
+/// Waits until the machine is quiet (under 15 % of its CPU time busy over a second),
+/// at most `limit`, and says on stderr how long that took.
+fn settle(limit: Duration) {
+    let busy_idle = || -> Option<(u64, u64)> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let cpu: Vec<u64> = stat
+            .lines()
+            .next()?
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal
+        let idle = cpu.get(3)? + cpu.get(4)?;
+        Some((cpu.iter().take(8).sum::<u64>() - idle, idle))
+    };
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        let Some((b0, i0)) = busy_idle() else { return };
+        std::thread::sleep(Duration::from_secs(1));
+        let Some((b1, i1)) = busy_idle() else { return };
+        let (busy, idle) = (b1 - b0, i1 - i0);
+        if busy * 100 < (busy + idle) * 15 {
+            eprintln!(
+                "daily bench: machine quiet after {:.0} s",
+                started.elapsed().as_secs_f64()
+            );
+            return;
+        }
+    }
+    eprintln!(
+        "daily bench: machine still busy after {} s; going on",
+        limit.as_secs()
+    );
+}
+
 /// The target for a figure: (Slurm's mean / Tandem's mean at least, p99 below ms).
 fn target_of(bench: &str) -> (f64, Option<f64>) {
     match bench {
@@ -426,6 +491,8 @@ fn main() -> anyhow::Result<()> {
         }
     };
     let mut all: BTreeMap<System, Figures> = BTreeMap::new();
+    // A build or a previous run still writing back would fall on the first loops.
+    settle(Duration::from_secs(60));
     if slurm_wanted()? {
         let work = tempfile::tempdir()?;
         let slurm = Target {
@@ -434,7 +501,7 @@ fn main() -> anyhow::Result<()> {
             env: Vec::new(),
             work: work.path().to_owned(),
         };
-        let result = run_figures(&slurm, &n);
+        let result = with_steal(System::Slurm, || run_figures(&slurm, &n));
         // Whatever happened, leave no job of ours in Slurm's queue.
         let me = nix::unistd::User::from_uid(nix::unistd::getuid())
             .ok()
@@ -442,14 +509,19 @@ fn main() -> anyhow::Result<()> {
             .map_or_else(|| nix::unistd::getuid().to_string(), |u| u.name);
         let _ = slurm.ok("scancel", &["-u", &me]);
         all.insert(System::Slurm, result?);
-        // Let slurmctld finish the cancellations before Tandem's turn.
+        // Let slurmctld finish the cancellations (and slurmdbd its accounting) before
+        // Tandem's turn: on two cores their catching up would land on Tandem's loops.
         std::thread::sleep(Duration::from_secs(5));
+        settle(Duration::from_secs(90));
     } else {
         eprintln!("daily bench: no reference Slurm (scontrol ping); Tandem's figures only");
     }
     let tandem = Tandem::start()?;
     let target = tandem.target()?;
-    all.insert(System::Tandem, run_figures(&target, &n)?);
+    all.insert(
+        System::Tandem,
+        with_steal(System::Tandem, || run_figures(&target, &n))?,
+    );
 
     if let (Some(s), Some(t)) = (all.get(&System::Slurm), all.get(&System::Tandem)) {
         for (bench, ts) in t {
