@@ -392,11 +392,17 @@ impl Drop for Tandem {
     }
 }
 
-/// Runs `f` and prints the share of the machine's CPU time the hypervisor took meanwhile
-/// (`steal` in `/proc/stat`): on a shared VM a few percent doubles a loop's tail, so a
-/// figure is read with it.
-fn with_steal<T>(system: System, f: impl FnOnce() -> T) -> T {
-    let sample = || -> Option<(u64, u64)> {
+/// The machine's CPU time so far, in clock ticks, from the first line of `/proc/stat`.
+struct CpuTimes {
+    /// user + nice + system + idle + iowait + irq + softirq + steal
+    total: u64,
+    /// idle + iowait
+    idle: u64,
+    steal: u64,
+}
+
+impl CpuTimes {
+    fn now() -> Option<Self> {
         let stat = std::fs::read_to_string("/proc/stat").ok()?;
         let cpu: Vec<u64> = stat
             .lines()
@@ -405,12 +411,22 @@ fn with_steal<T>(system: System, f: impl FnOnce() -> T) -> T {
             .skip(1)
             .filter_map(|v| v.parse().ok())
             .collect();
-        Some((cpu.iter().take(8).sum(), *cpu.get(7)?))
-    };
-    let before = sample();
+        Some(Self {
+            total: cpu.iter().take(8).sum(),
+            idle: cpu.get(3)? + cpu.get(4)?,
+            steal: *cpu.get(7)?,
+        })
+    }
+}
+
+/// Runs `f` and prints the share of the machine's CPU time the hypervisor took meanwhile
+/// (`steal` in `/proc/stat`): on a shared VM a few percent doubles a loop's tail, so a
+/// figure is read with it.
+fn with_steal<T>(system: System, f: impl FnOnce() -> T) -> T {
+    let before = CpuTimes::now();
     let out = f();
-    if let (Some((t0, s0)), Some((t1, s1))) = (before, sample()) {
-        let pct = 100.0 * (s1 - s0) as f64 / (t1 - t0).max(1) as f64;
+    if let (Some(b), Some(a)) = (before, CpuTimes::now()) {
+        let pct = 100.0 * (a.steal - b.steal) as f64 / (a.total - b.total).max(1) as f64;
         println!(
             "{}",
             json!({"system": system.name(), "steal_pct": (pct * 10.0).round() / 10.0})
@@ -422,26 +438,13 @@ fn with_steal<T>(system: System, f: impl FnOnce() -> T) -> T {
 /// Waits until the machine is quiet (under 15 % of its CPU time busy over a second),
 /// at most `limit`, and says on stderr how long that took.
 fn settle(limit: Duration) {
-    let busy_idle = || -> Option<(u64, u64)> {
-        let stat = std::fs::read_to_string("/proc/stat").ok()?;
-        let cpu: Vec<u64> = stat
-            .lines()
-            .next()?
-            .split_whitespace()
-            .skip(1)
-            .filter_map(|v| v.parse().ok())
-            .collect();
-        // user nice system idle iowait irq softirq steal
-        let idle = cpu.get(3)? + cpu.get(4)?;
-        Some((cpu.iter().take(8).sum::<u64>() - idle, idle))
-    };
     let started = Instant::now();
     while started.elapsed() < limit {
-        let Some((b0, i0)) = busy_idle() else { return };
+        let Some(b) = CpuTimes::now() else { return };
         std::thread::sleep(Duration::from_secs(1));
-        let Some((b1, i1)) = busy_idle() else { return };
-        let (busy, idle) = (b1 - b0, i1 - i0);
-        if busy * 100 < (busy + idle) * 15 {
+        let Some(a) = CpuTimes::now() else { return };
+        let (total, idle) = (a.total - b.total, a.idle - b.idle);
+        if (total - idle) * 100 < total * 15 {
             eprintln!(
                 "daily bench: machine quiet after {:.0} s",
                 started.elapsed().as_secs_f64()
