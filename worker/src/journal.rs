@@ -235,9 +235,13 @@ impl Log {
             }));
         }
         let tmp = self.path.with_extension("tmp");
-        fs::write(&tmp, &bytes)?;
+        // Appends go on through this descriptor: it names the new log once renamed, so no
+        // failure after the rename can leave them going to the unlinked old one.
+        let mut file = OpenOptions::new().create(true).append(true).open(&tmp)?;
+        file.set_len(0)?;
+        file.write_all(&bytes)?;
         fs::rename(&tmp, &self.path)?;
-        self.file = OpenOptions::new().append(true).open(&self.path)?;
+        self.file = file;
         self.size = bytes.len() as u64;
         Ok(())
     }
@@ -478,8 +482,10 @@ mod tests {
         }
         let size = fs::metadata(dir.path().join("journal/log")).unwrap().len();
         assert!(size < COMPACT_AT, "compacted: {size} bytes");
+        // Written after the last compaction, through the descriptor it left.
+        j.record_ended(&big(401));
         let got = Journal::open(dir.path()).unwrap().recover();
-        assert_eq!(got.iter().map(|e| e.job_id).collect::<Vec<_>>(), [7]);
+        assert_eq!(got.iter().map(|e| e.job_id).collect::<Vec<_>>(), [7, 401]);
         assert_eq!(got[0], big(7));
     }
 
