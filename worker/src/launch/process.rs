@@ -193,14 +193,8 @@ impl Confinement<'_> {
         user: Option<User>,
     ) -> io::Result<Command> {
         if user.is_none() {
-            let mut cmd = Command::new(program);
-            cmd.args(args)
-                .env_clear()
-                .envs(env)
-                .current_dir(workdir)
-                .stdin(Stdio::null())
-                .process_group(0)
-                .kill_on_drop(false);
+            let mut cmd = plain_command(program, env, workdir);
+            cmd.args(args);
             super::join::join_in_child(&mut cmd, &self.cgroup_procs)?;
             return Ok(cmd);
         }
@@ -357,10 +351,16 @@ fn write_script(spool_dir: &Path, spec: &BatchSpec<'_>) -> Result<PathBuf, Launc
 }
 
 fn base_command(program: &Path, spec: &BatchSpec<'_>) -> Command {
+    plain_command(program, spec.env, spec.workdir)
+}
+
+/// `program` with exactly `env`, in `workdir`, stdin from `/dev/null`, in a process group
+/// of its own; nothing about identity or cgroups.
+fn plain_command(program: &Path, env: &BTreeMap<String, String>, workdir: &Path) -> Command {
     let mut cmd = Command::new(program);
     cmd.env_clear()
-        .envs(spec.env)
-        .current_dir(spec.workdir)
+        .envs(env)
+        .current_dir(workdir)
         .stdin(Stdio::null())
         // Own process group, so signals reach every process the script starts.
         .process_group(0)
