@@ -301,6 +301,7 @@ mod tests {
                 env: vec![("HOME".into(), "/home/p".into())],
                 cwd: "/work/p".into(),
                 hostname: "login-1".into(),
+                sid: 1,
                 now: 1_700_000_000,
                 utc_offset_s: -18_000,
             };

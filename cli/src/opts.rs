@@ -202,6 +202,8 @@ pub struct SubmitContext {
     pub env: Vec<(String, String)>,
     pub cwd: PathBuf,
     pub hostname: String,
+    /// Session id of this process (`AllocNode:Sid`).
+    pub sid: u32,
     pub now: i64,
     /// Offset of the user's time zone, for `--begin` times of day.
     pub utc_offset_s: i32,
@@ -540,6 +542,7 @@ impl JobOpts {
             requeue: self.requeue,
             no_requeue: self.no_requeue,
             submit_host: ctx.hostname.clone(),
+            alloc_sid: ctx.sid,
             comment: self.comment.clone().unwrap_or_default(),
             nodelist: self.nodelist.clone().unwrap_or_default(),
             exclude: self.exclude.clone().unwrap_or_default(),

@@ -202,22 +202,11 @@ fn scancel_by_name_and_user_and_srun_outside_an_allocation() {
 
 #[test]
 fn sbatch_reads_the_script_from_stdin() {
-    use std::io::Write as _;
     let c = Cluster::start(3);
-    let mut child = c
-        .cmd(&["sbatch", "--parsable", "-o", "stdin.out"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"#!/bin/sh\n#SBATCH -J from-stdin\necho name=$SLURM_JOB_NAME\n")
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let id: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    let id = c.sbatch_stdin(
+        &["-o", "stdin.out"],
+        "#!/bin/sh\n#SBATCH -J from-stdin\necho name=$SLURM_JOB_NAME\n",
+    );
     c.wait_state(id, "COMPLETED", T);
     c.wait_file(&c.work.join("stdin.out"), "name=from-stdin", T);
 }
@@ -961,4 +950,86 @@ fn step_layout_variables_match_slurms() {
     let words: Vec<&str> = out.split_whitespace().collect();
     assert_eq!(words.len(), 4, "{out}");
     assert_eq!(words[..3], [words[3], "2", "2"], "{out}");
+}
+
+/// Slurm 22.05 (reference, `scontrol show job`, `squeue -o %o`, `squeue --json`): `Command`
+/// is the script's path and arguments, the path as typed when it has a `/`, else absolute
+/// from the working directory or, failing that, from `PATH`; `(null)` for `--wrap` and a
+/// script on stdin (`""` in JSON).
+#[test]
+fn command_names_the_script_as_slurm_does() {
+    let c = Cluster::start(1);
+    // sbatch names the directory as getcwd(3) does: symbolic links resolved.
+    let work_dir = c.work.canonicalize().unwrap();
+    let work = work_dir.display().to_string();
+    c.script("job.sh", "#!/bin/sh\ntrue\n");
+    let bin = work_dir.join("installed");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::write(
+        bin.join("tool.sh"),
+        "#!/bin/sh\n#SBATCH -J from-path\ntrue\n",
+    )
+    .unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+
+    let show = |id: u64| {
+        let out = c.ok(&["scontrol", "show", "job", &id.to_string()]);
+        out.lines()
+            .find_map(|l| l.trim().strip_prefix("Command="))
+            .unwrap_or_else(|| panic!("no Command= in {out}"))
+            .to_owned()
+    };
+    let listed = |id: u64| c.squeue_job(id, "%o").trim().to_owned();
+    let json = |id: u64| {
+        let out = c.ok(&["squeue", "--json", "-j", &id.to_string()]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["jobs"][0]["command"].as_str().unwrap_or("?").to_owned()
+    };
+
+    let by_name = c.sbatch(&["--hold", "job.sh", "a1", "a2"]);
+    let want = format!("{work}/job.sh a1 a2");
+    assert_eq!(show(by_name), want);
+    assert_eq!(listed(by_name), want);
+    assert_eq!(json(by_name), want);
+
+    // `AllocNode:Sid=HOST:SID`: the submitting host and sbatch's session (this test's).
+    let full = c.ok(&["scontrol", "show", "job", &by_name.to_string()]);
+    let host = nix::unistd::gethostname().unwrap().into_string().unwrap();
+    let sid = nix::unistd::getsid(None).unwrap().as_raw();
+    assert!(
+        full.contains(&format!(" AllocNode:Sid={host}:{sid}\n")),
+        "{full}"
+    );
+
+    let relative = c.sbatch(&["--hold", "./job.sh", "x"]);
+    assert_eq!(show(relative), "./job.sh x");
+
+    let out = c
+        .cmd(&["sbatch", "--parsable", "--hold", "tool.sh"])
+        .env("PATH", &path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let from_path: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert_eq!(show(from_path), format!("{}/tool.sh", bin.display()));
+    assert_eq!(c.squeue_job(from_path, "%j").trim(), "from-path");
+
+    let wrapped = c.sbatch(&["--hold", "--wrap", "true"]);
+    assert_eq!(show(wrapped), "(null)");
+    assert_eq!(listed(wrapped), "(null)");
+    assert_eq!(json(wrapped), "");
+
+    let piped = c.sbatch_stdin(&["--hold"], "#!/bin/sh\ntrue\n");
+    assert_eq!(show(piped), "(null)");
+
+    let missing = c.run(&["sbatch", "--hold", "nowhere.sh"]);
+    util::assert_one_line_error(&missing, "sbatch", "Unable to open file nowhere.sh");
 }

@@ -17,6 +17,8 @@ use tandem_proto::v1;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Payload {
     pub script: String,
+    /// Where sbatch read the script (see `JobSpec.script_path`); empty = `--wrap`, stdin.
+    pub script_path: String,
     pub argv: Vec<String>,
     pub workdir: String,
     pub environment: BTreeMap<String, String>,
@@ -27,6 +29,8 @@ pub struct Payload {
     pub comment: String,
     /// `--input` pattern as submitted; empty = `/dev/null`.
     pub stdin: String,
+    /// Session id of the submitting process (`AllocNode:Sid`).
+    pub alloc_sid: u32,
     /// `--open-mode=append`.
     pub open_append: bool,
     /// `--signal`.
@@ -69,6 +73,7 @@ impl Payload {
     pub fn into_bytes(self) -> Vec<u8> {
         v1::JobSpec {
             script: self.script,
+            script_path: self.script_path,
             argv: self.argv,
             workdir: self.workdir,
             environment: self.environment.into_iter().collect(),
@@ -77,6 +82,7 @@ impl Payload {
             submit_host: self.submit_host,
             comment: self.comment,
             stdin: self.stdin,
+            alloc_sid: self.alloc_sid,
             open_mode_append: self.open_append,
             signal_number: self.signal.map_or(0, |w| w.number),
             signal_before_s: self.signal.map_or(0, |w| w.before_s),
@@ -95,6 +101,7 @@ impl Payload {
                 .flatten();
         Ok(Self {
             script: s.script,
+            script_path: s.script_path,
             argv: s.argv,
             workdir: s.workdir,
             environment: s.environment.into_iter().collect(),
@@ -103,6 +110,7 @@ impl Payload {
             submit_host: s.submit_host,
             comment: s.comment,
             stdin: s.stdin,
+            alloc_sid: s.alloc_sid,
             open_append: s.open_mode_append,
             signal,
         })

@@ -3,8 +3,10 @@
 //! a `TandemCluster` whose bridge namespace map names the test's namespaces, a kubeconfig for
 //! the harness, and `tandem-bridge run` processes (one or several, to test two replicas).
 //!
-//! Every process is killed when the [`BridgeEnv`] (or its [`Proc`]) drops; their logs stay in
-//! [`BridgeEnv::dir`] until then, and [`BridgeEnv::logs`] puts their tails in failure messages.
+//! When the [`BridgeEnv`] drops, its jobs are cancelled first (a killed worker would leave
+//! them running), then every process is killed (as is a [`Proc`] dropped alone); their logs
+//! stay in [`BridgeEnv::dir`] until then, and [`BridgeEnv::logs`] puts their tails in failure
+//! messages.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -167,6 +169,36 @@ pub struct BridgeEnv {
     kubeconfig: PathBuf,
     bridges: usize,
     client: kube::Client,
+}
+
+impl Drop for BridgeEnv {
+    /// A worker killed with SIGKILL leaves its jobs running, as a crashed slurmd does, and
+    /// a test must not leave processes behind: while the controller and the workers are
+    /// still up, cancel every job and wait (at most 10 s) until none is running; then the
+    /// fields drop and kill the processes.
+    fn drop(&mut self) {
+        if self.controller.is_none() {
+            return;
+        }
+        let Ok(listed) = self.try_cli(&["squeue", "-h", "-o", "%i"]) else {
+            return;
+        };
+        let mut cancel = vec!["scancel"];
+        cancel.extend(listed.split_whitespace());
+        if cancel.len() == 1 {
+            return;
+        }
+        let _ = self.try_cli(&cancel);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            match self.try_cli(&["squeue", "-h", "-t", "R,CG", "-o", "%i"]) {
+                Ok(out) if !out.trim().is_empty() => {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                _ => return,
+            }
+        }
+    }
 }
 
 impl BridgeEnv {

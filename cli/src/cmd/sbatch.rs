@@ -33,25 +33,43 @@ pub struct Args {
 pub struct Prepared {
     pub opts: JobOpts,
     pub script: String,
+    /// The file the script came from, as `Command` shows it; empty for `--wrap` and stdin.
+    pub script_path: String,
     pub argv: Vec<String>,
     pub default_name: String,
 }
 
-/// Reads the script and merges its directives under the command-line options.
-pub fn prepare(args: Args, env: &[(String, String)]) -> anyhow::Result<Prepared> {
+/// Reads the script and merges its directives under the command-line options. `cwd` is
+/// where a script named without a `/` is looked for first (then `PATH` from `env`).
+pub fn prepare(args: Args, env: &[(String, String)], cwd: &Path) -> anyhow::Result<Prepared> {
     let Args { opts, script } = args;
     let mut words = script.into_iter();
-    let (text, default_name, argv) = match (&opts.wrap, words.next()) {
+    let (text, script_path, default_name, argv) = match (&opts.wrap, words.next()) {
         (Some(_), Some(extra)) => {
             bail!("--wrap takes no script file, but {extra:?} was given")
         }
-        (Some(cmd), None) => (wrap_script(cmd), "wrap".to_string(), Vec::new()),
-        (None, Some(path)) => {
-            let text = crate::client::read_file(Path::new(&path))?;
-            let name = Path::new(&path)
+        (Some(cmd), None) => (
+            wrap_script(cmd),
+            String::new(),
+            "wrap".to_string(),
+            Vec::new(),
+        ),
+        (None, Some(name)) => {
+            let path_var = env
+                .iter()
+                .find(|(k, _)| k == "PATH")
+                .map(|(_, v)| v.as_str());
+            let path = locate_script(&name, cwd, path_var);
+            let text = crate::client::read_file(&path)?;
+            let base = Path::new(&name)
                 .file_name()
-                .map_or_else(|| path.clone(), |n| n.to_string_lossy().into_owned());
-            (text, name, words.collect())
+                .map_or_else(|| name.clone(), |n| n.to_string_lossy().into_owned());
+            (
+                text,
+                path.to_string_lossy().into_owned(),
+                base,
+                words.collect(),
+            )
         }
         (None, None) => {
             let mut stdin = std::io::stdin();
@@ -62,7 +80,7 @@ pub fn prepare(args: Args, env: &[(String, String)]) -> anyhow::Result<Prepared>
             stdin
                 .read_to_string(&mut text)
                 .context("reading the batch script from standard input")?;
-            (text, "sbatch".to_string(), Vec::new())
+            (text, String::new(), "sbatch".to_string(), Vec::new())
         }
     };
     let from_script = if opts.wrap.is_some() {
@@ -73,9 +91,31 @@ pub fn prepare(args: Args, env: &[(String, String)]) -> anyhow::Result<Prepared>
     Ok(Prepared {
         opts: from_script.merge(JobOpts::from_env(env)?).merge(opts),
         script: text,
+        script_path,
         argv,
         default_name,
     })
+}
+
+/// Where sbatch reads a script from, as Slurm's sbatch finds it: a name with a `/` as
+/// given; a bare name in the working directory, else in the first `PATH` directory that
+/// has it (`sbatch myjob.sh` runs the installed `myjob.sh` from anywhere). Found in neither,
+/// the name as given, whose read then fails with the usual message.
+pub fn locate_script(name: &str, cwd: &Path, path_var: Option<&str>) -> PathBuf {
+    if name.contains('/') {
+        return PathBuf::from(name);
+    }
+    std::iter::once(cwd)
+        .chain(
+            path_var
+                .unwrap_or_default()
+                .split(':')
+                .filter(|d| !d.is_empty())
+                .map(Path::new),
+        )
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from(name))
 }
 
 /// The caller's side of a submit: environment, directory, host, clock.
@@ -87,6 +127,7 @@ pub fn submit_context() -> anyhow::Result<SubmitContext> {
             .collect(),
         cwd,
         hostname: crate::client::hostname(),
+        sid: nix::unistd::getsid(None).map_or(0, |s| u32::try_from(s.as_raw()).unwrap_or(0)),
         now: clock::now(),
         utc_offset_s: clock::local_utc_offset(),
     })
@@ -94,7 +135,7 @@ pub fn submit_context() -> anyhow::Result<SubmitContext> {
 
 pub async fn run(args: Args) -> Exit {
     let ctx = submit_context()?;
-    let mut prepared = prepare(args, &ctx.env)?;
+    let mut prepared = prepare(args, &ctx.env, &ctx.cwd)?;
     for line in prepared
         .opts
         .settle_node_count(crate::opts::NodelistOverflow::Refuse)?
@@ -106,6 +147,7 @@ pub async fn run(args: Args) -> Exit {
             .opts
             .to_spec(prepared.script, prepared.argv, &prepared.default_name, &ctx)?;
     spec.idempotency_key = idempotency_key()?;
+    spec.script_path = std::mem::take(&mut prepared.script_path);
     let mut client = Client::connect().await?;
     let resp = submit_with_retry(&mut client, spec).await?;
     for w in &resp.warnings {
@@ -189,4 +231,38 @@ fn idempotency_key() -> anyhow::Result<String> {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_script_is_found_as_slurm_finds_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (cwd, bin) = (tmp.path().join("work"), tmp.path().join("bin"));
+        for d in [&cwd, &bin] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(bin.join("installed.sh"), "#!/bin/sh\n").unwrap();
+        std::fs::write(bin.join("both.sh"), "#!/bin/sh\n").unwrap();
+        std::fs::write(cwd.join("both.sh"), "#!/bin/sh\n").unwrap();
+        // A directory of the same name on PATH is not a script.
+        std::fs::create_dir_all(tmp.path().join("other/installed.sh")).unwrap();
+        let path = format!("::{}:{}", tmp.path().join("other").display(), bin.display());
+        let find = |name: &str| locate_script(name, &cwd, Some(&path));
+
+        // The working directory wins over PATH; both give an absolute path.
+        assert_eq!(find("both.sh"), cwd.join("both.sh"));
+        assert_eq!(find("installed.sh"), bin.join("installed.sh"));
+        // A name with a slash is taken as typed, even when PATH has the base name.
+        assert_eq!(find("./installed.sh"), PathBuf::from("./installed.sh"));
+        assert_eq!(find("sub/both.sh"), PathBuf::from("sub/both.sh"));
+        // Nowhere: the name itself, so that reading it reports the name the user typed.
+        assert_eq!(find("missing.sh"), PathBuf::from("missing.sh"));
+        assert_eq!(
+            locate_script("installed.sh", &cwd, None),
+            PathBuf::from("installed.sh")
+        );
+    }
 }

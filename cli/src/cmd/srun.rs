@@ -188,7 +188,9 @@ async fn run_with_allocation(client: &mut Client, args: &Args) -> Exit {
     if layout.ntasks_per_node == 0 {
         opts.ntasks_per_node = None;
     }
-    let spec = opts.to_spec(HOLDER_SCRIPT.to_string(), Vec::new(), &name, &ctx)?;
+    let mut spec = opts.to_spec(HOLDER_SCRIPT.to_string(), Vec::new(), &name, &ctx)?;
+    // Slurm shows the program as the job's `Command` (`srun sleep 3`: `sleep`).
+    spec.script_path = args.command.first().cloned().unwrap_or_default();
     let resp = client
         .jobs
         .submit(SubmitRequest { spec: Some(spec) })

@@ -523,7 +523,8 @@ impl Field<JobView<'_>> for JobField {
             Account => or_na(j.account),
             Qos => or_na(j.qos),
             WorkDir => Cow::Borrowed(j.workdir),
-            Command => Cow::Borrowed(j.command),
+            // `(null)` for --wrap and a script from stdin, as Slurm has no file to name.
+            Command => or_na(j.command),
             Dependency => or_na(j.dependency),
             MinMemory => owned(tandem_sched::tres::format_mem_mb(j.mem_mb)),
             Comment => or_na(j.comment),

@@ -79,7 +79,10 @@ fn job(j: &JobView, ctx: &RenderCtx) -> String {
         ],
         vec![
             ("Partition", j.partition.to_string()),
-            ("AllocNode", null(j.submit_host).to_string()),
+            (
+                "AllocNode:Sid",
+                format!("{}:{}", null(j.submit_host), j.alloc_sid),
+            ),
         ],
         vec![
             ("ReqNodeList", null(j.req_nodelist).to_string()),
@@ -89,10 +92,7 @@ fn job(j: &JobView, ctx: &RenderCtx) -> String {
         vec![("NodeList", j.nodelist.to_string())],
     ];
     // The node that runs the batch script, once there is one.
-    if let Some(host) = tandem_sched::hostlist::expand(j.nodelist)
-        .ok()
-        .and_then(|h| h.into_iter().next())
-    {
+    if let Some(host) = j.batch_host() {
         lines.push(vec![("BatchHost", host)]);
     }
     lines.extend([
@@ -104,7 +104,7 @@ fn job(j: &JobView, ctx: &RenderCtx) -> String {
         ],
         vec![("TRES", j.tres.to_string())],
         vec![
-            ("MinMemoryNode", format_mem_mb(j.mem_mb)),
+            min_memory(j),
             ("Features", null(j.constraint).to_string()),
             (
                 "OverSubscribe",
@@ -126,6 +126,23 @@ fn job(j: &JobView, ctx: &RenderCtx) -> String {
         vec![("StdOut", stdout)],
     ]);
     block(&lines)
+}
+
+/// Slurm's `MinMemoryCPU` for a job that asked `--mem-per-cpu`, else `MinMemoryNode`;
+/// no memory at all is a bare `0`.
+fn min_memory(j: &JobView) -> (&'static str, String) {
+    let show = |mb: u64| {
+        if mb == 0 {
+            "0".to_string()
+        } else {
+            format_mem_mb(mb)
+        }
+    };
+    if j.mem_per_cpu_mb > 0 {
+        ("MinMemoryCPU", show(j.mem_per_cpu_mb))
+    } else {
+        ("MinMemoryNode", show(j.mem_mb))
+    }
 }
 
 /// The batch script's stdout, stderr and stdin as Slurm shows them: the submitted patterns
@@ -284,6 +301,8 @@ mod tests {
             state: JobState::Running as i32,
             nodelist: "node-[1-2]".into(),
             workdir: "/home/alice".into(),
+            submit_host: "login1".into(),
+            alloc_sid: 28358,
             ..JobInfo::default()
         };
         let j = JobView::from_job(&info, 0);
@@ -308,7 +327,7 @@ mod tests {
             vec!["RunTime", "TimeLimit"],
             vec!["SubmitTime", "EligibleTime"],
             vec!["StartTime", "EndTime", "Deadline"],
-            vec!["Partition", "AllocNode"],
+            vec!["Partition", "AllocNode:Sid"],
             vec!["ReqNodeList", "ExcNodeList"],
             vec!["NodeList"],
             vec!["BatchHost"],
@@ -340,6 +359,26 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(" JobState=RUNNING "));
+        // The reference printed `Partition=batch AllocNode:Sid=localhost:28358` and, with
+        // no memory asked, a bare `MinMemoryNode=0`.
+        assert!(
+            text.contains("\n   Partition= AllocNode:Sid=login1:28358\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\n   MinMemoryNode=0 Features=(null)"),
+            "{text}"
+        );
+        // `--mem-per-cpu=100` showed `MinMemoryCPU=100M` in its place.
+        let per_cpu = JobInfo {
+            mem_per_cpu_mb: 100,
+            ..info.clone()
+        };
+        let text_cpu = jobs(&[JobView::from_job(&per_cpu, 0)], &RenderCtx::default());
+        assert!(
+            text_cpu.contains("\n   MinMemoryCPU=100M Features="),
+            "{text_cpu}"
+        );
         // Slurm 22.05 without -o/-e/-i: `StdErr=` and `StdOut=` the default file in the
         // working directory, `StdIn=/dev/null`.
         assert!(

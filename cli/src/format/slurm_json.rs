@@ -123,6 +123,8 @@ pub struct Job<'a> {
     pub array_task_id: Option<u64>,
     /// The folded pending indices (`6-99%4`), else empty.
     pub array_task_string: &'a str,
+    /// The node that runs the batch script; empty before the job starts.
+    pub batch_host: String,
     pub command: &'a str,
     pub comment: &'a str,
     pub cpus: u32,
@@ -136,8 +138,13 @@ pub struct Job<'a> {
     /// `-x`, as a host list.
     pub excluded_nodes: &'a str,
     pub features: &'a str,
+    pub group_id: u32,
     pub job_id: u64,
     pub job_state: &'static str,
+    /// `--mem-per-cpu` in MB, `null` when the job asked memory per node.
+    pub memory_per_cpu: Option<u64>,
+    /// Memory per node in MB, `null` when asked per CPU (or not at all).
+    pub memory_per_node: Option<u64>,
     pub name: &'a str,
     pub node_count: u32,
     pub nodes: &'a str,
@@ -172,6 +179,7 @@ impl<'a> Job<'a> {
             array_job_id,
             array_task_id,
             array_task_string,
+            batch_host: v.batch_host().unwrap_or_default(),
             command: v.command,
             comment: v.comment,
             cpus: v.cpus,
@@ -183,8 +191,11 @@ impl<'a> Job<'a> {
             exit_code: wait_status(v.exit_code),
             excluded_nodes: v.exc_nodelist,
             features: v.constraint,
+            group_id: v.gid,
             job_id: v.job_id_raw,
             job_state: v.state,
+            memory_per_cpu: (v.mem_per_cpu_mb > 0).then_some(v.mem_per_cpu_mb),
+            memory_per_node: (v.mem_per_cpu_mb == 0 && v.mem_mb > 0).then_some(v.mem_mb),
             name: v.name,
             node_count: v.nodes,
             nodes: v.nodelist,
@@ -729,6 +740,7 @@ mod tests {
             name: "train".into(),
             user: "alice".into(),
             uid: 1000,
+            gid: 100,
             account: "physics".into(),
             partition: "batch".into(),
             qos: "normal".into(),
@@ -817,6 +829,12 @@ mod tests {
         assert_eq!(r["tres_req_str"], "cpu=4,mem=2G,node=1,gres/gpu=2");
         assert_eq!(r["tres_alloc_str"], "cpu=4,mem=2G,node=1,gres/gpu=2");
         assert!(r.get("state").is_none() && r.get("reason").is_none());
+        // The reference: `batch_host` the first node ("" while pending), `group_id`, and
+        // memory per node or per CPU, the other one `null`.
+        assert_eq!(r["batch_host"], "node-1");
+        assert_eq!(r["group_id"], 100);
+        assert_eq!(r["memory_per_node"], 2048);
+        assert_eq!(r["memory_per_cpu"], Value::Null);
 
         let t = &jobs[1];
         assert_eq!(
@@ -834,6 +852,15 @@ mod tests {
         assert_eq!(f["time_limit"], Value::Null, "UNLIMITED");
         assert_eq!(f["tres_alloc_str"], "", "nothing allocated while pending");
         assert_eq!(f["start_time"], 0);
+        assert_eq!(f["batch_host"], "");
+
+        let per_cpu = JobInfo {
+            mem_per_cpu_mb: 100,
+            ..job(20, JobState::Pending)
+        };
+        let v = squeue(&[per_cpu]);
+        assert_eq!(v["jobs"][0]["memory_per_cpu"], 100);
+        assert_eq!(v["jobs"][0]["memory_per_node"], Value::Null);
     }
 
     #[test]

@@ -72,6 +72,10 @@ pub struct JobView<'a> {
     pub nice: i32,
     /// `--input` as submitted; empty = none.
     pub stdin: &'a str,
+    /// Session id of the submitting process (`AllocNode:Sid`); 0 = unknown.
+    pub alloc_sid: u32,
+    /// `--mem-per-cpu`; 0 when the job asked for memory per node (or none).
+    pub mem_per_cpu_mb: u64,
 }
 
 /// Slurm's name for a state: the proto enum names are Slurm's with a prefix.
@@ -281,7 +285,16 @@ impl<'a> JobView<'a> {
             gid: j.gid,
             nice: j.nice,
             stdin: &j.stdin,
+            alloc_sid: j.alloc_sid,
+            mem_per_cpu_mb: j.mem_per_cpu_mb,
         }
+    }
+
+    /// The node that runs the batch script (the first of the job's nodes), once it has any.
+    pub fn batch_host(&self) -> Option<String> {
+        tandem_sched::hostlist::expand(self.nodelist)
+            .ok()
+            .and_then(|h| h.into_iter().next())
     }
 
     /// A step row for sacct: it inherits the job's identity and reports its own use.

@@ -28,6 +28,7 @@ fn ctx() -> SubmitContext {
         ],
         cwd: PathBuf::from("/work/alice"),
         hostname: "login-1".into(),
+        sid: 4321,
         now: 1_700_000_000,
         utc_offset_s: 0,
     }
@@ -98,6 +99,7 @@ fn short_and_long_forms_reach_the_spec() {
         ("0-99:2%4", "afterok:3:4,singleton")
     );
     assert_eq!(s.submit_host, "login-1");
+    assert_eq!(s.alloc_sid, 4321);
 }
 
 #[test]

@@ -147,6 +147,33 @@ impl Cluster {
             .unwrap_or_else(|_| panic!("sbatch printed {out:?}"))
     }
 
+    /// `sbatch --parsable ARGS` with `script` on its standard input -> job id.
+    pub fn sbatch_stdin(&self, args: &[&str], script: &str) -> u64 {
+        use std::io::Write as _;
+        let mut all = vec!["sbatch", "--parsable"];
+        all.extend_from_slice(args);
+        let mut child = self
+            .cmd(&all)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run tandem sbatch");
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(script.as_bytes())
+                .expect("write the script to sbatch");
+        }
+        let out = child.wait_with_output().expect("wait for sbatch");
+        let printed = String::from_utf8_lossy(&out.stdout);
+        printed.trim().parse().unwrap_or_else(|_| {
+            panic!(
+                "sbatch printed {printed:?}, stderr {:?}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+    }
+
     /// The accounting record of a job (any state), or None.
     pub fn job(&self, id: u64) -> Option<Value> {
         let out = self.ok(&["sacct", "-X", "-j", &id.to_string(), "--json"]);

@@ -122,6 +122,8 @@ pub fn submit_from_proto(
     text("output", &spec.stdout, MAX_PATH_BYTES)?;
     text("error", &spec.stderr, MAX_PATH_BYTES)?;
     text("input", &spec.stdin, MAX_PATH_BYTES)?;
+    text("script path", &spec.script_path, MAX_PATH_BYTES)?;
+    no_nul("script path", &spec.script_path)?;
     let warn_signal = crate::launch::WarnSignal::from_proto(
         spec.signal_number,
         spec.signal_before_s,
@@ -225,6 +227,7 @@ pub fn submit_from_proto(
     // The spec is ours now: move its payload instead of copying it.
     let payload = Payload {
         script: spec.script,
+        script_path: spec.script_path,
         argv: spec.argv,
         workdir: spec.workdir,
         environment: spec.environment.into_iter().collect(),
@@ -233,6 +236,7 @@ pub fn submit_from_proto(
         submit_host: spec.submit_host,
         comment: spec.comment,
         stdin: spec.stdin,
+        alloc_sid: spec.alloc_sid,
         open_append: spec.open_mode_append,
         signal: warn_signal,
     };
@@ -410,6 +414,8 @@ job_info_fields! {
     CANCELLED_BY = 47 "cancelled_by",
     NICE = 48 "nice",
     STDIN = 49 "stdin",
+    ALLOC_SID = 50 "alloc_sid",
+    MEM_PER_CPU_MB = 51 "mem_per_cpu_mb",
 }
 
 // A mask is one u64 with a bit per field number.
@@ -577,6 +583,8 @@ pub fn job_info_with(st: &State, job: &Job, want: JobFields) -> v1::JobInfo {
         cancelled_by: want.get(f::CANCELLED_BY, || job.cancelled_by),
         nice: want.get(f::NICE, || job.spec.nice),
         stdin: String::new(),
+        alloc_sid: 0,
+        mem_per_cpu_mb: want.get(f::MEM_PER_CPU_MB, || job.spec.mem_per_cpu_mb.unwrap_or(0)),
     }
 }
 
@@ -617,18 +625,28 @@ pub fn add_payload(info: &mut v1::JobInfo, p: &Payload, want: JobFields) {
     info.submit_host = want.get(f::SUBMIT_HOST, || p.submit_host.clone());
     info.comment = want.get(f::COMMENT, || p.comment.clone());
     info.stdin = want.get(f::STDIN, || p.stdin.clone());
-    info.command = want.get(f::COMMAND, || {
-        if p.script.is_empty() {
-            p.argv.join(" ")
-        } else {
-            // Slurm shows the script path; we keep the script text, so name its interpreter.
-            p.script.lines().next().unwrap_or_default().to_owned()
-        }
-    });
+    info.command = want.get(f::COMMAND, || command_line(p));
+    info.alloc_sid = want.get(f::ALLOC_SID, || p.alloc_sid);
+}
+
+/// Slurm's `Command` of a job: the script's path and arguments as sbatch saw them, empty
+/// (Slurm's `(null)`) for `--wrap` and a script read from standard input, the command line
+/// of a job with no script (an `srun` allocation).
+fn command_line(p: &Payload) -> String {
+    if p.script.is_empty() {
+        return p.argv.join(" ");
+    }
+    if p.script_path.is_empty() {
+        return String::new();
+    }
+    std::iter::once(p.script_path.as_str())
+        .chain(p.argv.iter().map(String::as_str))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// `JobInfo` fields kept in the stored payload rather than in memory.
-pub const PAYLOAD_FIELDS: [u32; 7] = [
+pub const PAYLOAD_FIELDS: [u32; 8] = [
     job_field::WORKDIR,
     job_field::STDOUT,
     job_field::STDERR,
@@ -636,6 +654,7 @@ pub const PAYLOAD_FIELDS: [u32; 7] = [
     job_field::SUBMIT_HOST,
     job_field::COMMENT,
     job_field::STDIN,
+    job_field::ALLOC_SID,
 ];
 
 pub fn node_info(n: &Node, address: &str, version: &str) -> v1::NodeInfo {
@@ -691,6 +710,44 @@ mod tests {
             script: "#!/bin/sh\necho hi\n".into(),
             workdir: "/tmp".into(),
             ..Default::default()
+        }
+    }
+
+    #[test]
+    fn command_is_what_slurm_shows() {
+        let p = |script: &str, path: &str, argv: &[&str]| Payload {
+            script: script.into(),
+            script_path: path.into(),
+            argv: argv.iter().map(|a| (*a).to_owned()).collect(),
+            ..Payload::default()
+        };
+        let sh = "#!/bin/sh\ntrue\n";
+        assert_eq!(
+            command_line(&p(sh, "/w/job.sh", &["a", "b c"])),
+            "/w/job.sh a b c"
+        );
+        assert_eq!(command_line(&p(sh, "./job.sh", &[])), "./job.sh");
+        // --wrap and stdin: nothing to name (Slurm's `(null)`), arguments or not.
+        assert_eq!(command_line(&p(sh, "", &[])), "");
+        // srun's allocation names its program.
+        assert_eq!(command_line(&p(sh, "sleep", &[])), "sleep");
+        // A job with no script at all shows its command line.
+        assert_eq!(command_line(&p("", "", &["hostname", "-s"])), "hostname -s");
+    }
+
+    #[test]
+    fn a_script_path_with_a_nul_or_past_path_max_is_refused() {
+        for bad_path in ["/w/a\0b".to_owned(), format!("/{}", "x".repeat(5000))] {
+            let s = v1::JobSpec {
+                script_path: bad_path,
+                ..spec()
+            };
+            let err = submit_from_proto(s, &alice(), 1000).unwrap_err();
+            assert!(
+                err.message().starts_with("script path: "),
+                "{}",
+                err.message()
+            );
         }
     }
 

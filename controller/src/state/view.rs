@@ -334,6 +334,8 @@ fn project(full: &v1::JobInfo, want: JobFields) -> v1::JobInfo {
         CANCELLED_BY => cancelled_by,
         NICE => nice,
         STDIN => stdin,
+        ALLOC_SID => alloc_sid,
+        MEM_PER_CPU_MB => mem_per_cpu_mb,
     }
 }
 
