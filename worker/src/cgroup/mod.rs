@@ -329,15 +329,18 @@ impl JobCgroup {
     /// Kills what is left of the job, waits until its cgroup is empty, removes it.
     pub async fn destroy(&self) {
         let deadline = tokio::time::Instant::now() + DESTROY_WAIT;
+        // Listing the cgroup first: most jobs have no process left by now, and one listing
+        // then does.
         loop {
-            self.kill_all();
-            if self.pids().is_empty() {
+            let pids = self.pids();
+            if pids.is_empty() {
                 break;
             }
             if tokio::time::Instant::now() >= deadline {
-                warn!(pids = ?self.pids(), "job processes survived SIGKILL; cgroup left behind");
+                warn!(?pids, "job processes survived SIGKILL; cgroup left behind");
                 return;
             }
+            self.kill_all();
             tokio::time::sleep(DESTROY_POLL).await;
         }
         if let Err(e) = self.remove() {
@@ -395,11 +398,8 @@ fn destroy_blocking(job: &JobCgroup) {
         return;
     }
     let deadline = std::time::Instant::now() + DESTROY_WAIT;
-    loop {
+    while !job.pids().is_empty() && std::time::Instant::now() < deadline {
         job.kill_all();
-        if job.pids().is_empty() || std::time::Instant::now() >= deadline {
-            break;
-        }
         std::thread::sleep(DESTROY_POLL);
     }
     if let Err(e) = job.remove() {
@@ -546,8 +546,15 @@ fn signal_pids(pids: &[i32], signal: Signal) -> usize {
 /// Removes a cgroup directory and its children, deepest first (cgroupfs removes a
 /// directory's control files with it; `rmdir` is all it takes).
 fn remove_tree(dir: &Path) -> io::Result<()> {
-    if !dir.exists() {
-        return Ok(());
+    // Almost every job leaves only its batch step's directory (steps remove their own as they
+    // end): two `rmdir`s then, and no listing, which in a cgroup directory names every
+    // control file and cost more than the removals. Anything else there makes the `rmdir`
+    // fail (EBUSY, ENOTEMPTY) and the walk below removes it.
+    let _ = fs::remove_dir(dir.join(plan::step_dir(None)));
+    match fs::remove_dir(dir) {
+        Ok(()) => return Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(_) => {}
     }
     let mut dirs = dirs_under(dir);
     dirs.reverse();
@@ -574,6 +581,19 @@ mod tests {
         assert_eq!(dirs.len(), 2);
         remove_tree(&tmp.path().join("job_3")).unwrap();
         assert!(!tmp.path().join("job_3").exists());
+        // More than the batch step (a step's own cgroups, nested): the walk removes it all.
+        for d in [
+            "job_4/step_batch",
+            "job_4/step_0/inner/deeper",
+            "job_4/step_1",
+        ] {
+            fs::create_dir_all(tmp.path().join(d)).unwrap();
+        }
+        remove_tree(&tmp.path().join("job_4")).unwrap();
+        assert!(!tmp.path().join("job_4").exists());
+        // Gone already: nothing to do.
+        remove_tree(&tmp.path().join("job_4")).unwrap();
+        remove_tree(&tmp.path().join("step_9")).unwrap();
     }
 
     #[test]
