@@ -106,43 +106,32 @@ fn hold_release_and_update() {
 #[test]
 fn export_none_hides_the_submitters_variables() {
     let c = Cluster::start(3);
-    let out = c
-        .cmd(&[
-            "sbatch",
-            "--parsable",
+    let id = c.sbatch_with(
+        &[
             "--export=NONE",
             "-o",
             "env.out",
             "--wrap",
             "echo secret=${SECRET:-unset} path=$PATH",
-        ])
-        .env("SECRET", "s3cr3t")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
+        &[("SECRET", "s3cr3t")],
+        None,
     );
-    let id: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
     c.wait_state(id, "COMPLETED", T);
     let text = c.wait_file(&c.work.join("env.out"), "secret=", T);
     assert!(text.contains("secret=unset"), "{text}");
 
-    let out = c
-        .cmd(&[
-            "sbatch",
-            "--parsable",
+    let id = c.sbatch_with(
+        &[
             "-o",
             "env2.out",
             "--export=ALL,EXTRA=1",
             "--wrap",
             "echo secret=$SECRET extra=$EXTRA",
-        ])
-        .env("SECRET", "s3cr3t")
-        .output()
-        .unwrap();
-    let id: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        ],
+        &[("SECRET", "s3cr3t")],
+        None,
+    );
     c.wait_state(id, "COMPLETED", T);
     let text = c.wait_file(&c.work.join("env2.out"), "secret=", T);
     assert!(text.contains("secret=s3cr3t extra=1"), "{text}");
@@ -261,17 +250,10 @@ fn task_variables_are_set_only_when_the_job_asked_for_tasks() {
         let mut args = vec!["-o", &out, "--wrap", probe];
         args.splice(0..0, opts.iter().copied());
         // The submitting shell's own counts (sbatch from inside an allocation) must not leak.
-        let id = c
-            .cmd(&["sbatch", "--parsable"])
-            .args(&args)
-            .env("SLURM_NTASKS", "99")
-            .env("SLURM_CPUS_PER_TASK", "99")
-            .output()
-            .unwrap();
-        assert!(
-            id.status.success(),
-            "{}",
-            String::from_utf8_lossy(&id.stderr)
+        c.sbatch_with(
+            &args,
+            &[("SLURM_NTASKS", "99"), ("SLURM_CPUS_PER_TASK", "99")],
+            None,
         );
         let text = c.wait_file(&c.work.join(&out), "end", T);
         let got = text
@@ -399,24 +381,17 @@ fn repeated_options_are_taken_as_slurms_getopt_takes_them() {
     );
     assert!(stderr.contains("nope"), "{stderr}");
 
-    let exported = c
-        .cmd(&[
-            "sbatch",
-            "--parsable",
+    c.sbatch_with(
+        &[
             "--export=A",
             "--export=B",
             "-o",
             "export.out",
-        ])
-        .args(["--wrap", "echo \"A=$A B=$B\""])
-        .env("A", "1")
-        .env("B", "2")
-        .output()
-        .unwrap();
-    assert!(
-        exported.status.success(),
-        "{}",
-        String::from_utf8_lossy(&exported.stderr)
+            "--wrap",
+            "echo \"A=$A B=$B\"",
+        ],
+        &[("A", "1"), ("B", "2")],
+        None,
     );
     let text = c.wait_file(&c.work.join("export.out"), "B=", T);
     assert_eq!(text.trim(), "A= B=2");
@@ -1008,17 +983,7 @@ fn command_names_the_script_as_slurm_does() {
     let relative = c.sbatch(&["--hold", "./job.sh", "x"]);
     assert_eq!(show(relative), "./job.sh x");
 
-    let out = c
-        .cmd(&["sbatch", "--parsable", "--hold", "tool.sh"])
-        .env("PATH", &path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let from_path: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    let from_path = c.sbatch_with(&["--hold", "tool.sh"], &[("PATH", &path)], None);
     assert_eq!(show(from_path), format!("{}/tool.sh", bin.display()));
     assert_eq!(c.squeue_job(from_path, "%j").trim(), "from-path");
 

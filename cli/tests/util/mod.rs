@@ -149,17 +149,28 @@ impl Cluster {
 
     /// `sbatch --parsable ARGS` with `script` on its standard input -> job id.
     pub fn sbatch_stdin(&self, args: &[&str], script: &str) -> u64 {
+        self.sbatch_with(args, &[], Some(script))
+    }
+
+    /// `sbatch --parsable ARGS` with `env` added to the submitter's environment and, if
+    /// given, the script on its standard input -> job id. Panics with sbatch's stderr.
+    pub fn sbatch_with(&self, args: &[&str], env: &[(&str, &str)], script: Option<&str>) -> u64 {
         use std::io::Write as _;
         let mut all = vec!["sbatch", "--parsable"];
         all.extend_from_slice(args);
         let mut child = self
             .cmd(&all)
-            .stdin(Stdio::piped())
+            .envs(env.iter().copied())
+            .stdin(if script.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .expect("run tandem sbatch");
-        if let Some(mut stdin) = child.stdin.take() {
+        if let (Some(mut stdin), Some(script)) = (child.stdin.take(), script) {
             stdin
                 .write_all(script.as_bytes())
                 .expect("write the script to sbatch");
