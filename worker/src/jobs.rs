@@ -36,7 +36,7 @@ use crate::launch::exec::Launcher;
 use crate::launch::limits::{
     DEFAULT_KILL_WAIT, Due, EndCause, Enforcer, ExitReport, Target, Warning,
 };
-use crate::launch::process::{self, BatchSpec, Confinement, RunAs};
+use crate::launch::process::{self, BatchSpec, Confinement, RunAs, confined};
 use crate::step::registry::StepRegistry;
 use crate::unix_now;
 
@@ -308,18 +308,18 @@ async fn supervise(
     };
     let started = match RunAs::decide(node.worker_uid, job.uid, job.gid) {
         Ok(run_as) => {
-            let needs_launcher = cgroup.is_some() || matches!(run_as, RunAs::User { .. });
-            let confine = node
-                .launcher
-                .as_ref()
-                .filter(|_| needs_launcher)
-                .map(|launcher| Confinement {
-                    launcher,
-                    exec_dir: &node.exec_dir,
-                    request_name: format!("job{}.batch", job.job_id),
-                    cgroup_procs,
-                    exec_failed_code: None,
-                });
+            let confine = confined(
+                cgroup.is_some(),
+                matches!(run_as, RunAs::User { .. }),
+                node.launcher.as_ref(),
+            )
+            .then(|| Confinement {
+                launcher: node.launcher.as_ref(),
+                exec_dir: &node.exec_dir,
+                request_name: format!("job{}.batch", job.job_id),
+                cgroup_procs,
+                exec_failed_code: None,
+            });
             let spec = BatchSpec {
                 job_id: job.job_id,
                 script: &job.script,

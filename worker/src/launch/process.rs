@@ -23,9 +23,11 @@
 //! With a [`Confinement`] and a user to switch to, the process starts as the launcher
 //! ([`super::exec`]), which joins the job's cgroup, sets the user's groups and ids and
 //! `exec`s the redirecting shell in place. With cgroups but the worker's own identity, the
-//! forked child joins the cgroups itself before `exec` ([`super::join`]). Without a
-//! confinement (a worker with no launcher binary), std's `uid`/`gid` switch is used, which
-//! leaves the user without supplementary groups.
+//! forked child joins the cgroups itself before `exec` ([`super::join`]), launcher binary or
+//! not. A job that needs cgroups and a user switch on a worker without the launcher binary
+//! does not start (an error, never a job outside its cgroups). Without cgroups and without
+//! the launcher, std's `uid`/`gid` switch is used, which leaves the user without
+//! supplementary groups.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
@@ -164,10 +166,20 @@ pub struct BatchSpec<'a> {
     pub confine: Option<Confinement<'a>>,
 }
 
+/// Whether a start goes through a [`Confinement`]: always with cgroups to join (a start
+/// that must also switch user then needs the launcher, see [`Confinement::command`]), and
+/// for a user switch whenever the launcher is there (it sets the user's supplementary
+/// groups, std's switch does not).
+pub fn confined(cgroups: bool, switches_user: bool, launcher: Option<&Launcher>) -> bool {
+    cgroups || (switches_user && launcher.is_some())
+}
+
 /// What the launcher does for a job's process before it execs.
 #[derive(Debug, Clone)]
 pub struct Confinement<'a> {
-    pub launcher: &'a Launcher,
+    /// `None` on a worker without the launcher binary: a start that keeps the worker's
+    /// identity still joins the cgroups (by itself); one that switches user cannot.
+    pub launcher: Option<&'a Launcher>,
     /// The worker's private directory for launch requests.
     pub exec_dir: &'a Path,
     /// Request file name, unique among the processes starting now.
@@ -198,6 +210,13 @@ impl Confinement<'_> {
             super::join::join_in_child(&mut cmd, &self.cgroup_procs)?;
             return Ok(cmd);
         }
+        let Some(launcher) = self.launcher else {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "the job runs as its user inside its cgroups, which takes the launcher \
+                 (`tandem-slurm __job-exec`), and this worker found no launcher binary",
+            ));
+        };
         let request = Request {
             cgroup_procs: self.cgroup_procs.clone(),
             user,
@@ -208,8 +227,8 @@ impl Confinement<'_> {
             exec_failed_code: self.exec_failed_code,
         };
         let path = exec::write_request(self.exec_dir, &self.request_name, &request)?;
-        let mut cmd = Command::new(&self.launcher.program);
-        cmd.args(&self.launcher.args)
+        let mut cmd = Command::new(&launcher.program);
+        cmd.args(&launcher.args)
             .arg(path)
             .env_clear()
             .stdin(Stdio::null())
@@ -604,6 +623,65 @@ pub fn prepare_spool(state_dir: &Path) -> io::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cgroups_always_confine_a_user_switch_only_with_the_launcher() {
+        let launcher = Launcher {
+            program: PathBuf::from("/usr/bin/tandem-slurm"),
+            args: vec!["__job-exec".into()],
+        };
+        for (cgroups, user, with_launcher, want) in [
+            (true, false, false, true),
+            (true, true, false, true),
+            (true, false, true, true),
+            (false, true, true, true),
+            (false, true, false, false),
+            (false, false, true, false),
+        ] {
+            let l = with_launcher.then_some(&launcher);
+            assert_eq!(
+                confined(cgroups, user, l),
+                want,
+                "{cgroups} {user} {with_launcher}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn without_the_launcher_a_job_still_joins_its_cgroups_or_does_not_start() {
+        let tmp = tempfile::tempdir().unwrap();
+        let procs = tmp.path().join("cgroup.procs");
+        fs::write(&procs, "").unwrap();
+        let confine = Confinement {
+            launcher: None,
+            exec_dir: tmp.path(),
+            request_name: "job1.batch".into(),
+            cgroup_procs: vec![procs.clone()],
+            exec_failed_code: None,
+        };
+        let env = BTreeMap::new();
+        // The worker's own identity: the child joins by itself.
+        let mut cmd = confine
+            .command(Path::new("/bin/true"), vec![], &env, tmp.path(), None)
+            .unwrap();
+        assert!(cmd.status().await.unwrap().success());
+        assert_eq!(fs::read_to_string(&procs).unwrap(), "0");
+        // A user switch inside cgroups takes the launcher: refused, not run unconfined.
+        let user = User {
+            uid: 1000,
+            gid: 1000,
+            groups: vec![1000],
+        };
+        let err = confine
+            .command(Path::new("/bin/true"), vec![], &env, tmp.path(), Some(user))
+            .unwrap_err();
+        assert!(err.to_string().contains("launcher"), "{err}");
+        assert_eq!(
+            fs::read_dir(tmp.path()).unwrap().count(),
+            1,
+            "no request written"
+        );
+    }
 
     #[test]
     fn run_as_follows_the_uids() {

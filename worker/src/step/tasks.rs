@@ -31,7 +31,7 @@ use crate::cgroup::plan::Allocation;
 use crate::cgroup::{Isolation, JobCgroup};
 use crate::launch::exec::{self, Launcher};
 use crate::launch::limits::ExitReport;
-use crate::launch::process::{Confinement, RunAs};
+use crate::launch::process::{Confinement, RunAs, confined};
 
 /// Bytes read from a task's pipe per chunk sent.
 const CHUNK: usize = 8 * 1024;
@@ -169,8 +169,12 @@ fn spawn_task(
         .argv
         .split_first()
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty argv"))?;
-    let needs_launcher = !procs.is_empty() || matches!(run_as, RunAs::User { .. });
-    if let Some(launcher) = placement.launcher.as_ref().filter(|_| needs_launcher) {
+    let launcher = placement.launcher.as_ref();
+    if confined(
+        !procs.is_empty(),
+        matches!(run_as, RunAs::User { .. }),
+        launcher,
+    ) {
         let confine = Confinement {
             launcher,
             exec_dir: &placement.exec_dir,
