@@ -84,8 +84,11 @@ mod tests {
             text.lines().skip(1).find_map(|line| {
                 let cols: Vec<&str> = line.split_whitespace().collect();
                 let local = cols.get(1)?.rsplit(':').next()?;
-                (u16::from_str_radix(local, 16).ok()? == port)
-                    .then(|| cols.get(9).map(|i| i.to_string()))?
+                let inode = cols.get(9)?;
+                // A closed connection that used the same ephemeral port may linger in
+                // TIME_WAIT, owned by no process (inode 0): not the socket looked for.
+                (u16::from_str_radix(local, 16).ok()? == port && *inode != "0")
+                    .then(|| inode.to_string())
             })
         })?;
         let pidfd = pidfd_open(getpid(), PidfdFlags::empty()).ok()?;
