@@ -26,16 +26,7 @@ pub fn join_in_child(cmd: &mut Command, procs: &[PathBuf]) -> io::Result<()> {
     if procs.is_empty() {
         return Ok(());
     }
-    // Close-on-exec (std's default): the job never sees these descriptors.
-    let files: Vec<File> = procs
-        .iter()
-        .map(|p| {
-            OpenOptions::new()
-                .write(true)
-                .open(p)
-                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))
-        })
-        .collect::<io::Result<_>>()?;
+    let files = open_procs(procs)?;
     // SAFETY: the hook runs in the child after `fork` from a multi-threaded process, where
     // only async-signal-safe work is sound: no allocation, no lock another thread could
     // hold. It iterates a `Vec` built before the fork (no allocation) and calls `write(2)`,
@@ -47,6 +38,20 @@ pub fn join_in_child(cmd: &mut Command, procs: &[PathBuf]) -> io::Result<()> {
         cmd.pre_exec(move || write_zero(&files));
     }
     Ok(())
+}
+
+/// Opens each `cgroup.procs` file for writing, close-on-exec (std's default: the job never
+/// sees these descriptors); an error names the file.
+pub fn open_procs(procs: &[PathBuf]) -> io::Result<Vec<File>> {
+    procs
+        .iter()
+        .map(|p| {
+            OpenOptions::new()
+                .write(true)
+                .open(p)
+                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))
+        })
+        .collect()
 }
 
 /// `0` in `cgroup.procs` moves the writing process (with its threads) into that cgroup.

@@ -4,6 +4,7 @@
 //! - `process`: the one place that turns a job into a process.
 //! - `exec`: the launcher that puts it in its cgroup and drops to the user before `exec`.
 //! - `join`: the cgroup join in the forked child, when there is no user to drop to.
+//! - `vfork`: the same join for a batch script without copying the worker (`CLONE_VM`).
 
 pub mod env;
 pub mod exec;
@@ -11,3 +12,4 @@ pub mod join;
 pub mod limits;
 pub mod output;
 pub mod process;
+pub mod vfork;

@@ -241,10 +241,36 @@ impl Confinement<'_> {
 /// A started batch script.
 #[derive(Debug)]
 pub struct Started {
-    pub child: Child,
+    pub child: JobProcess,
     pub pid: u32,
     /// Removed by the supervisor when the job ends.
     pub spool_dir: PathBuf,
+}
+
+/// A batch script's process: started by std (tokio), or by [`super::vfork`] when it joins
+/// cgroups with the worker's identity.
+#[derive(Debug)]
+pub enum JobProcess {
+    Std(Child),
+    Vfork(super::vfork::Process),
+}
+
+impl JobProcess {
+    /// The pid, until the process is reaped.
+    pub fn id(&self) -> Option<u32> {
+        match self {
+            JobProcess::Std(c) => c.id(),
+            JobProcess::Vfork(p) => Some(p.id()),
+        }
+    }
+
+    /// Waits for the process to end and reaps it.
+    pub async fn wait(&mut self) -> io::Result<std::process::ExitStatus> {
+        match self {
+            JobProcess::Std(c) => c.wait().await,
+            JobProcess::Vfork(p) => p.wait().await,
+        }
+    }
 }
 
 /// Resolves an output pattern to a path: `%N`/`%%` expanded, relative to the workdir.
@@ -322,7 +348,9 @@ pub async fn start(spool: &Path, spec: &BatchSpec<'_>) -> Result<Started, Launch
 
     let result = match spec.run_as {
         RunAs::Worker => start_as_worker(&script_path, spec, &streams).await,
-        RunAs::User { uid, gid } => start_as_user(&script_path, spec, uid, gid, &streams).await,
+        RunAs::User { uid, gid } => start_as_user(&script_path, spec, uid, gid, &streams)
+            .await
+            .map(JobProcess::Std),
     };
     match result {
         Ok(child) => {
@@ -469,7 +497,7 @@ async fn start_as_worker(
     script: &Path,
     spec: &BatchSpec<'_>,
     streams: &Streams<'_>,
-) -> Result<Child, LaunchError> {
+) -> Result<JobProcess, LaunchError> {
     let (out_path, err_path) = (streams.out, streams.err);
     // Opening can block (a hung network file system): off the runtime's threads.
     let (input, out, err) = {
@@ -494,7 +522,40 @@ async fn start_as_worker(
         })
     };
     let mut attempt = 0;
+    // Opened once, before the first attempt: the cgroup must be there and ours.
+    let cgroup_procs = match &spec.confine {
+        Some(c) => super::join::open_procs(&c.cgroup_procs)
+            .map_err(|source| LaunchError::Spawn { source })?,
+        None => Vec::new(),
+    };
+    let mut vfork = spec.confine.is_some();
     loop {
+        if vfork {
+            let spawned = super::vfork::spawn(&super::vfork::Spawn {
+                program: script,
+                args: &spec.argv.iter().map(Into::into).collect::<Vec<_>>(),
+                env: spec.env,
+                workdir: spec.workdir,
+                stdin: input.as_ref(),
+                stdout: &out,
+                stderr: &err,
+                cgroup_procs: &cgroup_procs,
+            });
+            match spawned {
+                Ok(p) => return Ok(JobProcess::Vfork(p)),
+                // A kernel without CLONE_PIDFD: std's way below.
+                Err(e) if e.kind() == io::ErrorKind::Unsupported => vfork = false,
+                Err(e)
+                    if e.raw_os_error() == Some(nix::errno::Errno::ETXTBSY as i32)
+                        && attempt < TEXT_BUSY_RETRIES =>
+                {
+                    attempt += 1;
+                    tokio::time::sleep(TEXT_BUSY_PAUSE * attempt).await;
+                    continue;
+                }
+                Err(source) => return Err(LaunchError::Spawn { source }),
+            }
+        }
         let mut cmd = match &spec.confine {
             Some(c) => c
                 .command(
@@ -532,7 +593,11 @@ async fn start_as_worker(
                 attempt += 1;
                 tokio::time::sleep(TEXT_BUSY_PAUSE * attempt).await;
             }
-            other => return other.map_err(|source| LaunchError::Spawn { source }),
+            other => {
+                return other
+                    .map(JobProcess::Std)
+                    .map_err(|source| LaunchError::Spawn { source });
+            }
         }
     }
 }
