@@ -428,7 +428,7 @@ async fn supervise(
     if let Some(c) = &cgroup {
         c.destroy().await;
     }
-    if let Err(e) = std::fs::remove_dir_all(&started.spool_dir) {
+    if let Err(e) = process::remove_spool(&started.spool_dir) {
         debug!(error = %e, "spool cleanup failed");
     }
 

@@ -513,16 +513,38 @@ fn dirs_under(dir: &Path) -> Vec<PathBuf> {
     let mut out = vec![dir.to_owned()];
     let mut i = 0;
     while i < out.len() {
-        if let Ok(entries) = fs::read_dir(&out[i]) {
-            for e in entries.filter_map(Result::ok) {
-                if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    out.push(e.path());
-                }
-            }
-        }
+        let children = subdirs(&out[i]);
+        out.extend(children);
         i += 1;
     }
     out
+}
+
+/// The directories in `dir`. A cgroup directory lists every control file of its
+/// controllers, so the listing is skipped where the link count tells enough: cgroupfs (like
+/// ext4 and tmpfs) counts a directory's subdirectories in it (2 + n), so 2 means none, and
+/// 3 with the batch step's directory present means that one alone: a job's usual shape.
+/// A count below 2 (file systems that do not keep it) means unknown: list.
+fn subdirs(dir: &Path) -> Vec<PathBuf> {
+    use std::os::unix::fs::MetadataExt as _;
+    let nlink = fs::metadata(dir).map_or(0, |m| m.nlink());
+    if nlink == 2 {
+        return Vec::new();
+    }
+    if nlink == 3 {
+        let batch = dir.join(plan::step_dir(None));
+        if batch.is_dir() {
+            return vec![batch];
+        }
+    }
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect()
 }
 
 /// Every pid in `cgroup.procs` of `dir` and below.
@@ -567,6 +589,49 @@ fn remove_tree(dir: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dirs_under_finds_every_shape_parents_first() {
+        let tmp = tempfile::tempdir().unwrap();
+        let under = |job: &str| -> Vec<String> {
+            dirs_under(&tmp.path().join(job))
+                .iter()
+                .map(|d| {
+                    d.strip_prefix(tmp.path())
+                        .unwrap()
+                        .to_string_lossy()
+                        .into_owned()
+                })
+                .collect()
+        };
+        for d in [
+            "batch_only/step_batch",
+            "step_only/step_0",
+            "leaf",
+            "nested/step_batch/inner",
+            "nested/step_1",
+        ] {
+            fs::create_dir_all(tmp.path().join(d)).unwrap();
+        }
+        // Files beside the directories (a cgroup's control files) are not directories.
+        fs::write(tmp.path().join("batch_only/cgroup.procs"), "").unwrap();
+        assert_eq!(under("batch_only"), ["batch_only", "batch_only/step_batch"]);
+        assert_eq!(under("step_only"), ["step_only", "step_only/step_0"]);
+        assert_eq!(under("leaf"), ["leaf"]);
+        let mut nested = under("nested");
+        assert_eq!(nested[0], "nested");
+        nested[1..3].sort();
+        assert_eq!(
+            nested,
+            [
+                "nested",
+                "nested/step_1",
+                "nested/step_batch",
+                "nested/step_batch/inner"
+            ]
+        );
+        assert_eq!(under("missing"), ["missing"]);
+    }
 
     #[test]
     fn finds_leftover_jobs_and_nested_dirs() {

@@ -109,10 +109,9 @@ impl Tree {
                 }
                 Controller::Cpu => {
                     if let Some(quota) = limits.cpu_quota_us {
-                        fs::write(
-                            dir.join("cpu.cfs_period_us"),
-                            plan::CPU_PERIOD_US.to_string(),
-                        )?;
+                        // A new cgroup's period is the kernel's default, the
+                        // `plan::CPU_PERIOD_US` the quota is counted in: only the quota
+                        // needs writing.
                         fs::write(dir.join("cpu.cfs_quota_us"), quota.to_string())?;
                     }
                 }
@@ -288,7 +287,12 @@ mod tests {
             "33554432"
         );
         assert_eq!(read("cpu/tandem/n1/job_7/cpu.cfs_quota_us"), "200000");
-        assert_eq!(read("cpu/tandem/n1/job_7/cpu.cfs_period_us"), "100000");
+        // The period is the new cgroup's default (the kernel's, which the quota assumes).
+        assert!(
+            !tmp.path()
+                .join("cpu/tandem/n1/job_7/cpu.cfs_period_us")
+                .exists()
+        );
         assert_eq!(read("devices/tandem/n1/job_7/devices.deny"), "c 195:1 rwm");
         let procs = job.add_step(None).unwrap();
         assert_eq!(procs.len(), 4);

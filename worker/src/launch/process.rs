@@ -45,6 +45,8 @@ use super::output::{PatternFields, expand};
 
 /// Slurm's default output file name.
 const DEFAULT_OUTPUT: &str = "slurm-%j.out";
+/// The batch script's file name in its spool directory (Slurm's).
+const SCRIPT_NAME: &str = "slurm_script";
 /// Shell used to open output files as the job's user.
 const REDIRECT_SHELL: &str = "/bin/sh";
 /// How long the shell may take to open the output files as the user.
@@ -369,8 +371,19 @@ pub async fn start(spool: &Path, spec: &BatchSpec<'_>) -> Result<Started, Launch
     }
 }
 
+/// Removes a job's spool directory: its script and the directory itself (two calls, where
+/// a recursive removal stats, opens and lists first), or whatever else is there.
+pub fn remove_spool(spool_dir: &Path) -> io::Result<()> {
+    let _ = fs::remove_file(spool_dir.join(SCRIPT_NAME));
+    match fs::remove_dir(spool_dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(_) => fs::remove_dir_all(spool_dir),
+        Ok(()) => Ok(()),
+    }
+}
+
 fn write_script(spool_dir: &Path, spec: &BatchSpec<'_>) -> Result<PathBuf, LaunchError> {
-    let path = spool_dir.join("slurm_script");
+    let path = spool_dir.join(SCRIPT_NAME);
     let err = |source| LaunchError::Spool {
         path: path.clone(),
         source,
@@ -688,6 +701,25 @@ pub fn prepare_spool(state_dir: &Path) -> io::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_spool_directory_goes_whatever_it_holds() {
+        let tmp = tempfile::tempdir().unwrap();
+        let usual = tmp.path().join("job1");
+        fs::create_dir(&usual).unwrap();
+        fs::write(usual.join(SCRIPT_NAME), "#!/bin/sh\n").unwrap();
+        remove_spool(&usual).unwrap();
+        assert!(!usual.exists());
+        // Something else beside the script: the recursive removal takes it.
+        let more = tmp.path().join("job2");
+        fs::create_dir_all(more.join("sub")).unwrap();
+        fs::write(more.join(SCRIPT_NAME), "").unwrap();
+        fs::write(more.join("sub/x"), "").unwrap();
+        remove_spool(&more).unwrap();
+        assert!(!more.exists());
+        // Gone already: nothing to do.
+        remove_spool(&more).unwrap();
+    }
 
     #[test]
     fn cgroups_always_confine_a_user_switch_only_with_the_launcher() {
