@@ -303,7 +303,7 @@ mod tests {
                 hostname: "login-1".into(),
                 sid: 1,
                 now: 1_700_000_000,
-                utc_offset_s: -18_000,
+                utc_offset_s: Some(-18_000),
             };
             match opts.to_spec(script.to_string(), Vec::new(), "prop.sh", &ctx) {
                 Ok(spec) => prop_assert!(spec.nodes_min <= spec.nodes_max),

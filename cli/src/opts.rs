@@ -205,8 +205,9 @@ pub struct SubmitContext {
     /// Session id of this process (`AllocNode:Sid`).
     pub sid: u32,
     pub now: i64,
-    /// Offset of the user's time zone, for `--begin` times of day.
-    pub utc_offset_s: i32,
+    /// Offset of the user's time zone, for `--begin` times of day; `None`: the local
+    /// zone's, read only when a `--begin` needs it (most submits never do).
+    pub utc_offset_s: Option<i32>,
 }
 
 /// What a command does when `-w` names more nodes than `-N` allows.
@@ -483,8 +484,13 @@ impl JobOpts {
         let gpu_type = self.gpu_type()?;
         let begin_time = match &self.begin {
             None => 0,
-            Some(b) => tandem_sched::time::parse_begin_with_offset(b, ctx.now, ctx.utc_offset_s)
-                .map_err(|e| OptsError::Begin(e.to_string()))?,
+            Some(b) => {
+                let offset = ctx
+                    .utc_offset_s
+                    .unwrap_or_else(crate::clock::local_utc_offset);
+                tandem_sched::time::parse_begin_with_offset(b, ctx.now, offset)
+                    .map_err(|e| OptsError::Begin(e.to_string()))?
+            }
         };
         let workdir = self.workdir(&ctx.cwd);
         // Relative output paths are relative to the job's working directory, not to wherever

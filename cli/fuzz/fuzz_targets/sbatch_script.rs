@@ -64,6 +64,6 @@ fn context() -> SubmitContext {
         cwd: PathBuf::from("/work/fuzz"),
         hostname: "login-1".into(),
         now: 1_700_000_000,
-        utc_offset_s: 3600,
+        utc_offset_s: Some(3600),
     }
 }

@@ -129,7 +129,7 @@ pub fn submit_context() -> anyhow::Result<SubmitContext> {
         hostname: crate::client::hostname(),
         sid: nix::unistd::getsid(None).map_or(0, |s| u32::try_from(s.as_raw()).unwrap_or(0)),
         now: clock::now(),
-        utc_offset_s: clock::local_utc_offset(),
+        utc_offset_s: None,
     })
 }
 

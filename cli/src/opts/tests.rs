@@ -30,7 +30,7 @@ fn ctx() -> SubmitContext {
         hostname: "login-1".into(),
         sid: 4321,
         now: 1_700_000_000,
-        utc_offset_s: 0,
+        utc_offset_s: Some(0),
     }
 }
 
