@@ -523,6 +523,28 @@ mod tests {
         file: File,
     }
 
+    impl Out {
+        /// `program args` with `env` in `/`, stdin from `/dev/null`, both streams to this
+        /// file, no cgroup.
+        fn spec<'a>(
+            &'a self,
+            program: &'a str,
+            args: &'a [std::ffi::OsString],
+            env: &'a BTreeMap<String, String>,
+        ) -> Spawn<'a> {
+            Spawn {
+                program: Path::new(program),
+                args,
+                env,
+                workdir: Path::new("/"),
+                stdin: None,
+                stdout: &self.file,
+                stderr: &self.file,
+                cgroup_procs: &[],
+            }
+        }
+    }
+
     fn out() -> Out {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("out");
@@ -580,17 +602,7 @@ mod tests {
         let o = out();
         // The program reads its own status (a shell would change its mask while it waits).
         let args = vec!["/proc/self/status".into()];
-        let mut p = spawn(&Spawn {
-            program: Path::new("/bin/cat"),
-            args: &args,
-            env: &env(&[("PATH", "/usr/bin:/bin")]),
-            workdir: Path::new("/"),
-            stdin: None,
-            stdout: &o.file,
-            stderr: &o.file,
-            cgroup_procs: &[],
-        })
-        .unwrap();
+        let mut p = spawn(&o.spec("/bin/cat", &args, &env(&[("PATH", "/usr/bin:/bin")]))).unwrap();
         assert!(p.wait().await.unwrap().success());
         let text = std::fs::read_to_string(&o.path).unwrap();
         let field = |name: &str| {
@@ -630,14 +642,8 @@ mod tests {
             paths[1].display()
         ));
         let mut p = spawn(&Spawn {
-            program: Path::new("/bin/sh"),
-            args: &args,
-            env: &env(&[("PATH", "/usr/bin:/bin")]),
-            workdir: Path::new("/"),
-            stdin: None,
-            stdout: &o.file,
-            stderr: &o.file,
             cgroup_procs: &files,
+            ..o.spec("/bin/sh", &args, &env(&[("PATH", "/usr/bin:/bin")]))
         })
         .unwrap();
         assert!(p.wait().await.unwrap().success());
@@ -653,14 +659,8 @@ mod tests {
         let ro = File::open("/dev/null").unwrap();
         let args = sh(&format!("touch {}", marker.display()));
         let err = spawn(&Spawn {
-            program: Path::new("/bin/sh"),
-            args: &args,
-            env: &BTreeMap::new(),
-            workdir: Path::new("/"),
-            stdin: None,
-            stdout: &o.file,
-            stderr: &o.file,
             cgroup_procs: std::slice::from_ref(&ro),
+            ..o.spec("/bin/sh", &args, &BTreeMap::new())
         })
         .unwrap_err();
         assert_eq!(err.raw_os_error(), None, "wrapped with the stage: {err}");
@@ -675,14 +675,8 @@ mod tests {
         let o = out();
         let no_env = BTreeMap::new();
         let spec = |program: &'static str, workdir: &'static str| Spawn {
-            program: Path::new(program),
-            args: &[],
-            env: &no_env,
             workdir: Path::new(workdir),
-            stdin: None,
-            stdout: &o.file,
-            stderr: &o.file,
-            cgroup_procs: &[],
+            ..o.spec(program, &[], &no_env)
         };
         let err = spawn(&spec("/nonexistent/program", "/")).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::ENOENT), "{err}");
@@ -698,17 +692,7 @@ mod tests {
     #[tokio::test]
     async fn a_nul_in_the_environment_is_refused_before_any_process_starts() {
         let o = out();
-        let err = spawn(&Spawn {
-            program: Path::new("/bin/true"),
-            args: &[],
-            env: &env(&[("BAD", "a\0b")]),
-            workdir: Path::new("/"),
-            stdin: None,
-            stdout: &o.file,
-            stderr: &o.file,
-            cgroup_procs: &[],
-        })
-        .unwrap_err();
+        let err = spawn(&o.spec("/bin/true", &[], &env(&[("BAD", "a\0b")]))).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
     }
 
@@ -716,17 +700,7 @@ mod tests {
     async fn a_killed_program_reports_its_signal() {
         let o = out();
         let args = sh("kill -TERM $$");
-        let mut p = spawn(&Spawn {
-            program: Path::new("/bin/sh"),
-            args: &args,
-            env: &BTreeMap::new(),
-            workdir: Path::new("/"),
-            stdin: None,
-            stdout: &o.file,
-            stderr: &o.file,
-            cgroup_procs: &[],
-        })
-        .unwrap();
+        let mut p = spawn(&o.spec("/bin/sh", &args, &BTreeMap::new())).unwrap();
         let status = p.wait().await.unwrap();
         assert_eq!(status.signal(), Some(libc::SIGTERM));
         let mut s = String::new();
