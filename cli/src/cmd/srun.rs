@@ -157,13 +157,19 @@ fn refuse_batch_only(opts: &JobOpts) -> anyhow::Result<()> {
 }
 
 /// The batch script of an allocation made by srun: it holds the nodes until srun signals
-/// it, then ends COMPLETED (USR1: the step succeeded) or FAILED (USR2: it did not), so sacct
-/// tells the two apart as Slurm's does.
+/// it, then ends COMPLETED (URG: the step succeeded) or FAILED (WINCH: it did not), so sacct
+/// tells the two apart as Slurm's does. Both signals are ignored by default, so one that
+/// arrives before the shell has read its `trap` lines is lost rather than fatal (a
+/// `USR1` there ended the job FAILED, killed by the signal); srun sends it again until the
+/// job is over.
 const HOLDER_SCRIPT: &str = "#!/bin/sh\n\
 # Holds the allocation for srun's step; srun signals the end.\n\
-trap 'kill $! 2>/dev/null; exit 0' USR1\n\
-trap 'kill $! 2>/dev/null; exit 1' USR2\n\
+trap 'kill $! 2>/dev/null; exit 0' URG\n\
+trap 'kill $! 2>/dev/null; exit 1' WINCH\n\
 while :; do sleep 3600 & wait $!; done\n";
+
+/// How long srun keeps signalling the holder before it cancels the job outright.
+const RELEASE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Outside an allocation: a job whose batch script holds the allocation while the step
 /// runs, ended through a signal when the step is over.
@@ -208,28 +214,32 @@ async fn run_with_allocation(client: &mut Client, args: &Args) -> Exit {
     result
 }
 
-/// Ends the holder job: a signal to its script, then a plain cancel if it lingers.
+/// Ends the holder job: a signal to its script, repeated until the job is over (the first
+/// can land before the shell has set its traps), then a plain cancel if it lingers.
 async fn release_allocation(client: &mut Client, job_id: u64, success: bool) {
     let job = || JobRef {
         job_id,
         array_tasks: String::new(),
     };
     let signal = if success {
-        nix::sys::signal::Signal::SIGUSR1
+        nix::sys::signal::Signal::SIGURG
     } else {
-        nix::sys::signal::Signal::SIGUSR2
+        nix::sys::signal::Signal::SIGWINCH
     };
-    let _ = client
-        .jobs
-        .cancel(CancelRequest {
-            jobs: vec![job()],
-            signal: signal as i32,
-            batch_only: true,
-            ..CancelRequest::default()
-        })
-        .await;
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    let deadline = tokio::time::Instant::now() + RELEASE_DEADLINE;
+    let mut pause = std::time::Duration::from_millis(10);
     while tokio::time::Instant::now() < deadline {
+        let _ = client
+            .jobs
+            .cancel(CancelRequest {
+                jobs: vec![job()],
+                signal: signal as i32,
+                batch_only: true,
+                ..CancelRequest::default()
+            })
+            .await;
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(std::time::Duration::from_millis(200));
         let done = client
             .jobs
             .list_jobs(ListJobsRequest {
@@ -248,7 +258,6 @@ async fn release_allocation(client: &mut Client, job_id: u64, success: bool) {
         if done {
             return;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     let _ = client
         .jobs
@@ -622,6 +631,43 @@ fn write_labelled<W: std::io::Write>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Starts the holder script and signals it at once, before the shell can have read its
+    /// traps, then again every few milliseconds as `release_allocation` does: the script
+    /// must end with the step's verdict, never killed by the signal.
+    fn holder_ends_with(signal: nix::sys::signal::Signal) -> std::process::ExitStatus {
+        use std::os::unix::process::ExitStatusExt;
+        let mut child = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(HOLDER_SCRIPT)
+            .spawn()
+            .unwrap();
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        for _ in 0..500 {
+            let _ = nix::sys::signal::kill(pid, signal);
+            if let Some(status) = child.try_wait().unwrap() {
+                assert_eq!(status.signal(), None, "the holder died of {signal}");
+                return status;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let _ = child.kill();
+        panic!("the holder outlived {signal} sent for 2.5 s");
+    }
+
+    #[test]
+    fn the_holder_takes_its_verdict_even_before_it_set_its_traps() {
+        for _ in 0..5 {
+            assert_eq!(
+                holder_ends_with(nix::sys::signal::Signal::SIGURG).code(),
+                Some(0)
+            );
+            assert_eq!(
+                holder_ends_with(nix::sys::signal::Signal::SIGWINCH).code(),
+                Some(1)
+            );
+        }
+    }
 
     #[test]
     fn batch_only_options_are_refused_not_ignored() {
