@@ -99,6 +99,7 @@ pub struct Metrics {
     cycle_last_us: Gauge,
     jobs_started: Counter,
     jobs_submitted: Counter,
+    store_commits: Counter,
     seen: Mutex<Seen>,
     snapshots: watch::Sender<Arc<Snapshot>>,
 }
@@ -193,6 +194,12 @@ impl Metrics {
         reg.register("jobs_started", "Jobs started", jobs_started.clone());
         let jobs_submitted = Counter::default();
         reg.register("jobs_submitted", "Jobs accepted", jobs_submitted.clone());
+        let store_commits = Counter::default();
+        reg.register(
+            "store_commits",
+            "Transactions committed to the state store (each one fsync with --durability full)",
+            store_commits.clone(),
+        );
         let (snapshots, _) = watch::channel(Arc::new(Snapshot::default()));
         Self {
             part,
@@ -229,6 +236,7 @@ impl Metrics {
             cycle_seconds,
             jobs_started,
             jobs_submitted,
+            store_commits,
             seen: Mutex::new(Seen::default()),
             snapshots,
             registry: r,
@@ -244,6 +252,11 @@ impl Metrics {
 
     pub fn submitted(&self, n: u64) {
         self.jobs_submitted.inc_by(n);
+    }
+
+    /// The counter the committer counts its transactions on.
+    pub fn store_commits(&self) -> Counter {
+        self.store_commits.clone()
     }
 
     /// Receives every snapshot published from now on (the current one at once).

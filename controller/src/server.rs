@@ -61,11 +61,12 @@ pub async fn run(
     .map_err(|e| Error::Stopped(format!("start-up task failed: {e}")))??;
     let key = Arc::new(key);
     let reader = Arc::new(Mutex::new(store.open_reader()?));
-    let (committer, commit_join) = Committer::spawn(store).map_err(|source| Error::Thread {
-        what: "committer",
-        source,
-    })?;
     let metrics = Arc::new(Metrics::new());
+    let (committer, commit_join) =
+        Committer::spawn(store, metrics.store_commits()).map_err(|source| Error::Thread {
+            what: "committer",
+            source,
+        })?;
     let metrics_task = match config.metrics_listen {
         Some(addr) => {
             let l = net::bind(addr)

@@ -287,6 +287,7 @@ pub fn spawn(
         next_tick: now,
         next_purge: now + Duration::from_secs(10),
         next_periodic_pass: now,
+        last_pass: Duration::ZERO,
         timeout_signalled: HashSet::new(),
         placeholders: placeholders::Placeholders::default(),
         stopping: false,
@@ -336,6 +337,8 @@ struct Actor {
     /// long queue this spares a pass over every pending job per submit.
     pass_if_capacity: bool,
     next_pass_at: Instant,
+    /// How long the last pass took: a pass joins a flush only while passes are quick.
+    last_pass: Duration,
     next_tick: Instant,
     next_purge: Instant,
     next_periodic_pass: Instant,
@@ -389,9 +392,13 @@ impl Actor {
                 self.launch_failed(job, error);
                 applied += 1;
             }
-            // 2. flush
+            // 2. flush, with the pass when it can share the commit (see `pass_joins_flush`)
             if applied > 0 {
-                let rows = self.flush();
+                let rows = if self.pass_joins_flush() {
+                    self.pass()
+                } else {
+                    self.flush()
+                };
                 debug!(
                     commands = applied,
                     rows,
@@ -406,10 +413,7 @@ impl Actor {
                 self.next_tick = Instant::now() + TICK;
             }
             // 3. pass
-            if self.pass_if_capacity && !self.pass_wanted {
-                self.pass_wanted = self.capacity_available();
-            }
-            self.pass_if_capacity = false;
+            self.settle_pass_wanted();
             if self.pass_wanted && Instant::now() >= self.next_pass_at {
                 self.pass();
             }

@@ -1033,3 +1033,51 @@ async fn remove_node_refuses_busy_nodes_unless_forced_and_requeues() {
     assert_eq!(again.unknown, vec![host]);
     ctl.stop().await;
 }
+
+/// A submit that the scheduler can start at once commits together with its start: one
+/// transaction (one fsync) per job in a stream of submits, where the pass after each submit
+/// used to commit the start on its own. The reply still comes only once both are durable.
+#[tokio::test]
+async fn a_submit_commits_together_with_the_start_it_allows() {
+    use support::metrics::{free_addr, scrape};
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = free_addr();
+    let ctl = Controller::start(dir.path(), |cfg| {
+        cfg.metrics_listen = Some(metrics);
+        // Every pass joins, even on a slow debug build.
+        cfg.quick_pass = Duration::from_secs(1);
+    })
+    .await;
+    let mut w = FakeWorker::attach(&ctl, "n1", 64, vec![]).await;
+    let mut jobs = ctl.jobs(&alice()).await;
+    let commits = || async { scrape(metrics).await["tandem_store_commits_total"] };
+    let before = commits().await;
+    let started = std::time::Instant::now();
+    const JOBS: u64 = 20;
+    let mut ids = Vec::new();
+    for i in 0..JOBS {
+        let id = submit(&mut jobs, spec(&format!("j{i}"))).await;
+        assert_eq!(w.expect_launch().await.job_id, id);
+        ids.push(id);
+    }
+    let during = commits().await - before;
+    // The actor's tick (every 200 ms) may commit on its own; at most one commit each.
+    let ticks = (started.elapsed().as_millis() / 200) as f64 + 1.0;
+    assert!(
+        during <= JOBS as f64 + ticks,
+        "{during} commits for {JOBS} submits in {:?}",
+        started.elapsed()
+    );
+    ctl.stop().await;
+    // What was acknowledged is durable: every job is RUNNING after a restart.
+    let ctl = Controller::start(dir.path(), |_| {}).await;
+    let mut jobs = ctl.jobs(&alice()).await;
+    for id in ids {
+        assert_eq!(
+            job(&mut jobs, id).await.map(|j| j.state),
+            Some(v1::JobState::Running as i32),
+            "job {id}"
+        );
+    }
+    ctl.stop().await;
+}

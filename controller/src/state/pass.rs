@@ -4,7 +4,33 @@
 use super::*;
 
 impl Actor {
-    pub(super) fn pass(&mut self) {
+    /// Turns "only submits happened" into a wanted pass if some node has room for them.
+    pub(super) fn settle_pass_wanted(&mut self) {
+        if self.pass_if_capacity && !self.pass_wanted {
+            self.pass_wanted = self.capacity_available();
+        }
+        self.pass_if_capacity = false;
+    }
+
+    /// Whether the pass due now runs before the drained commands are flushed, so that its
+    /// writes (the starts a submit allows) share their transaction: one commit, one fsync,
+    /// for a submit and its start, where flushing first made two, the second queued behind
+    /// the first (Slurm, too, starts a job from inside its submit RPC when it can). The
+    /// commands' callers then also wait for the pass, so only while passes are quick
+    /// (`Config::quick_pass`, well under a commit), and never when a tick is due: the tick
+    /// runs first so that nodes lost now are not scheduled on.
+    pub(super) fn pass_joins_flush(&mut self) -> bool {
+        let now = Instant::now();
+        if now >= self.next_tick || self.last_pass > self.cfg.quick_pass {
+            return false;
+        }
+        self.settle_pass_wanted();
+        self.pass_wanted && now >= self.next_pass_at
+    }
+
+    /// Runs a scheduling pass and flushes its writes with whatever is pending; returns the
+    /// rows flushed.
+    pub(super) fn pass(&mut self) -> usize {
         self.pass_wanted = false;
         let started = Instant::now();
         let now = self.now();
@@ -53,6 +79,7 @@ impl Actor {
         // Cap scheduling at half the actor's time: the next pass waits as long as this
         // one took.
         self.next_pass_at = Instant::now() + total;
+        self.last_pass = total;
         if n_starts > 0 || !plan.preemptions.is_empty() || sched_us > 10_000 {
             info!(
                 considered = plan.stats.considered,
@@ -81,6 +108,7 @@ impl Actor {
             );
         }
         self.publish_demand();
+        rows
     }
 
     /// Whether any node could take more work now.

@@ -60,8 +60,10 @@ pub struct Checkpoints {
     /// Frames in the WAL after the last commit.
     pages: Arc<AtomicI32>,
     /// After a RESTART that found a reader in the way: frames the WAL must reach before the
-    /// writer tries again, so a long reader does not cost every commit a wait.
-    retry_at: AtomicI32,
+    /// writer tries again, so a long reader does not cost every commit a wait. Shared with
+    /// the WAL hook, which does not wake the thread for a commit after which the writer
+    /// restarts the log itself.
+    retry_at: Arc<AtomicI32>,
     policy: Policy,
 }
 
@@ -79,6 +81,8 @@ impl Checkpoints {
             .map_err(StoreError::Thread)?;
         let pages = Arc::new(AtomicI32::new(0));
         let seen = pages.clone();
+        let retry_at = Arc::new(AtomicI32::new(0));
+        let restart_at = retry_at.clone();
         // Frames in the WAL when the thread was last woken: each checkpoint fsyncs, so
         // not after every commit.
         let mut woken_at = 0;
@@ -88,7 +92,12 @@ impl Checkpoints {
                 // The log started over.
                 woken_at = 0;
             }
-            if now - woken_at >= policy.passive_pages {
+            // The writer runs a RESTART after this commit (`restart_if_over`): a PASSIVE
+            // pass started now would hold the log it needs, and on a slow disk outlast
+            // its short wait, at every retry, as retries and wake-ups fall on the same
+            // commits (one passive interval apart).
+            let restarting = now >= policy.restart_pages.max(restart_at.load(Ordering::Relaxed));
+            if !restarting && now - woken_at >= policy.passive_pages {
                 // Full: a wake-up is pending already. Disconnected: the thread is gone, and
                 // `restart_if_over` still bounds the WAL.
                 let _ = tx.try_send(now);
@@ -98,7 +107,7 @@ impl Checkpoints {
         Ok(Self {
             handle,
             pages,
-            retry_at: AtomicI32::new(0),
+            retry_at,
             policy,
         })
     }

@@ -24,11 +24,11 @@
 //! effect sets no wait. Effects that are not replies (launches, watch updates) count too, so
 //! after a pass that launched many jobs the wait may run to its deadline: bounded, as above.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, mpsc};
+use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use prometheus_client::metrics::counter::Counter;
 use tracing::{debug, error, warn};
 
 use super::checkpoint::{Checkpoints, Policy};
@@ -54,21 +54,23 @@ struct Queued {
 #[derive(Clone)]
 pub struct Committer {
     tx: mpsc::Sender<Queued>,
-    /// Transactions committed so far (for metrics and to show grouping in tests).
-    transactions: Arc<AtomicU64>,
+    /// Transactions committed so far (`tandem_store_commits_total`).
+    commits: Counter,
 }
 
 impl Committer {
     /// Starts the committer thread; it ends when every handle is dropped (after draining
     /// the queue) or after a failed commit.
-    pub fn spawn(store: Store) -> std::io::Result<(Self, JoinHandle<Result<(), StoreError>>)> {
+    pub fn spawn(
+        store: Store,
+        commits: Counter,
+    ) -> std::io::Result<(Self, JoinHandle<Result<(), StoreError>>)> {
         let (tx, rx) = mpsc::channel();
-        let transactions = Arc::new(AtomicU64::new(0));
-        let counter = transactions.clone();
+        let counter = commits.clone();
         let handle = std::thread::Builder::new()
             .name("tandem-commit".into())
             .spawn(move || commit_loop(store, rx, &counter))?;
-        Ok((Self { tx, transactions }, handle))
+        Ok((Self { tx, commits }, handle))
     }
 
     /// Queues a batch; its effects run after it is durable. An empty batch still runs its
@@ -80,7 +82,7 @@ impl Committer {
     }
 
     pub fn transactions(&self) -> u64 {
-        self.transactions.load(Ordering::Relaxed)
+        self.commits.get()
     }
 }
 
@@ -159,7 +161,7 @@ fn next_group(
 fn commit_loop(
     mut store: Store,
     rx: mpsc::Receiver<Queued>,
-    transactions: &AtomicU64,
+    transactions: &Counter,
 ) -> Result<(), StoreError> {
     // Checkpoints leave the commit path only where commits do not fsync. With `--durability
     // full` every commit waits for the disk anyway, and a checkpoint's fsyncs on another
@@ -188,7 +190,7 @@ fn commit_loop(
 fn commit_groups(
     store: &mut Store,
     rx: &mpsc::Receiver<Queued>,
-    transactions: &AtomicU64,
+    transactions: &Counter,
     checkpoints: Option<&Checkpoints>,
 ) -> Result<(), StoreError> {
     let mut group: Vec<Queued> = Vec::new();
@@ -204,7 +206,7 @@ fn commit_groups(
         let result = if writes.is_empty() {
             Ok(())
         } else {
-            transactions.fetch_add(1, Ordering::Relaxed);
+            transactions.inc();
             store.commit(&writes)
         };
         let took = started.elapsed();
@@ -245,12 +247,13 @@ fn commit_groups(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Mutex;
+    use std::sync::{Arc, Mutex};
 
     #[test]
     fn concurrent_batches_share_transactions_and_all_survive_reopen() {
         let dir = tempfile::tempdir().unwrap();
-        let (c, handle) = Committer::spawn(Store::open(dir.path()).unwrap()).unwrap();
+        let (c, handle) =
+            Committer::spawn(Store::open(dir.path()).unwrap(), Counter::default()).unwrap();
         // Hold the committer in its first effect so that what the threads queue meanwhile
         // must go out together.
         let (gate_tx, gate_rx) = mpsc::channel::<()>();
@@ -281,10 +284,10 @@ mod tests {
             t.join().unwrap();
         }
         gate_tx.send(()).unwrap();
-        let counter = c.transactions.clone();
+        let counter = c.commits.clone();
         drop(c);
         handle.join().unwrap().unwrap();
-        let tx_count = counter.load(Ordering::Relaxed);
+        let tx_count = counter.get();
         // 800 batches in far fewer transactions (one, as they were all queued).
         assert!(tx_count <= 2, "{tx_count} transactions for 800 batches");
         let loaded = Store::open(dir.path()).unwrap().load().unwrap();
@@ -363,7 +366,7 @@ mod tests {
     fn effects_run_after_commit_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        let (c, handle) = Committer::spawn(store).unwrap();
+        let (c, handle) = Committer::spawn(store, Counter::default()).unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
         for i in 1..=50u64 {
             let seen = seen.clone();

@@ -14,6 +14,7 @@ use tandem_proto::v1::jobs_client::JobsClient;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+pub mod metrics;
 pub mod worker;
 
 pub const WAIT: Duration = Duration::from_secs(10);
