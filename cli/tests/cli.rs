@@ -61,3 +61,24 @@ fn no_cluster_is_a_clear_error() {
         .unwrap();
     assert_one_line_error(&out, "squeue", "tandem up");
 }
+
+/// The Slurm commands' binary is linked at a fixed address (`build.rs`: no relocations for
+/// the loader at every call); the daemons' binary stays position-independent.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[test]
+fn only_the_commands_binary_is_position_dependent() {
+    // e_type, the 16-bit little-endian field at offset 16 of an x86-64/aarch64 ELF header.
+    let e_type = |path: &str| {
+        use std::io::Read;
+        let mut bytes = [0u8; 18];
+        std::fs::File::open(path)
+            .and_then(|mut f| f.read_exact(&mut bytes))
+            .unwrap();
+        assert_eq!(&bytes[..4], b"\x7fELF", "{path}");
+        u16::from_le_bytes([bytes[16], bytes[17]])
+    };
+    const ET_EXEC: u16 = 2;
+    const ET_DYN: u16 = 3;
+    assert_eq!(e_type(env!("CARGO_BIN_EXE_tandem-slurm")), ET_EXEC);
+    assert_eq!(e_type(TANDEM), ET_DYN);
+}
