@@ -1,5 +1,7 @@
 //! Finding the cluster and talking to it as the current user.
 
+use std::sync::OnceLock;
+
 use anyhow::Context as _;
 use tandem_proto::auth::{ClientAuth, Identity};
 use tandem_proto::endpoint::{self, AuthChannel, Endpoint, MAX_RESPONSE_BYTES};
@@ -16,9 +18,11 @@ pub struct Client {
     pub nodes: NodesClient<AuthChannel>,
     pub accounting: AccountingClient<AuthChannel>,
     /// Whom the controller knows this process as: the agent's word when it issued a
-    /// credential, the process's own uid, gid and name on the local socket (where the
-    /// controller reads the same from the kernel).
-    pub identity: Identity,
+    /// credential; on the local socket (where the controller reads the caller from the
+    /// kernel) the process's own uid, gid and name, looked up only when a command asks
+    /// ([`Client::identity`]): the password-database lookup was a twentieth of an
+    /// `sbatch`, which never needs it.
+    identity: OnceLock<Identity>,
     pub cluster_name: String,
     pub controller: String,
     endpoint: Endpoint,
@@ -41,11 +45,13 @@ impl Client {
             match net::connect_local(socket).await {
                 Ok(channel) => {
                     crate::timing::mark("connected");
-                    let identity = current_identity();
-                    let auth = ClientAuth::unattached(identity.clone());
+                    // Nothing of it is sent on this socket: the name stays unresolved.
+                    let uid = nix::unistd::getuid().as_raw();
+                    let gid = nix::unistd::getgid().as_raw();
+                    let auth = ClientAuth::unattached(Identity::user(String::new(), uid, gid));
                     return Ok(Client::over(
                         InterceptedService::new(channel, auth),
-                        identity,
+                        OnceLock::new(),
                         ep,
                         None,
                     ));
@@ -58,7 +64,7 @@ impl Client {
         }
         let auth = ep.client_auth(&current_identity())?;
         crate::timing::mark("credential");
-        let identity = auth.identity().clone();
+        let identity = OnceLock::from(auth.identity().clone());
         let security = ep.security()?;
         let channel = endpoint::connect_with(&ep.controller, &security, auth.clone()).await?;
         crate::timing::mark("connected");
@@ -67,7 +73,7 @@ impl Client {
 
     fn over(
         channel: AuthChannel,
-        identity: Identity,
+        identity: OnceLock<Identity>,
         endpoint: Endpoint,
         access: Option<(ClientAuth, ClientSecurity)>,
     ) -> Client {
@@ -84,6 +90,11 @@ impl Client {
         }
     }
 
+    /// Whom the controller knows this process as (see the field).
+    pub fn identity(&self) -> &Identity {
+        self.identity.get_or_init(current_identity)
+    }
+
     /// The credential and TLS set-up for the workers' step services (srun): the ones the
     /// controller connection used, or, after the local socket, fresh ones (made once).
     pub fn worker_access(&mut self) -> anyhow::Result<(ClientAuth, ClientSecurity)> {
@@ -91,7 +102,7 @@ impl Client {
             return Ok(access.clone());
         }
         let access = (
-            self.endpoint.client_auth(&self.identity)?,
+            self.endpoint.client_auth(self.identity())?,
             self.endpoint.security()?,
         );
         self.access = Some(access.clone());

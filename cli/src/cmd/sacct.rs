@@ -102,8 +102,8 @@ pub async fn run(args: Args) -> Exit {
     };
     let mut client = Client::connect().await?;
     let mut users = super::split_commas(&args.users);
-    if users.is_empty() && !args.all_users && jobs.is_empty() && !client.identity.is_admin() {
-        users.push(client.identity.user.clone());
+    if users.is_empty() && !args.all_users && jobs.is_empty() && !client.identity().is_admin() {
+        users.push(client.identity().user.clone());
     }
     let req = ListJobRecordsRequest {
         jobs,

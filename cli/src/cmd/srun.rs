@@ -372,8 +372,8 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args, alloc: Allocati
             gpus: target.gpus.clone(),
             node_index: step_node_id(&step.targets, target),
             launch_token: step.launch_token.clone(),
-            uid: client.identity.uid,
-            gid: client.identity.gid,
+            uid: client.identity().uid,
+            gid: client.identity().gid,
             ntasks_total: step.ntasks,
         };
         let tx = tx.clone();

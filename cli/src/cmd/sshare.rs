@@ -55,7 +55,7 @@ pub async fn run(args: Args) -> Exit {
         .list_shares(v1::ListSharesRequest {})
         .await
         .rpc()?;
-    let me = client.identity.user.clone();
+    let me = client.identity().user.clone();
     let rows = select(&resp.rows, &accounts, &users, args.all, &me);
     let text = if args.json {
         let mut s = serde_json::to_string_pretty(&to_json(&rows))?;
