@@ -544,9 +544,13 @@ fn a_worker_credential_speaks_only_for_its_node() {
     });
     let after = c.job(id).unwrap();
     assert_eq!(job_state(&c, id), "RUNNING", "{after}");
-    assert_eq!(
-        after["time"]["start"], before["time"]["start"],
-        "start time rewritten"
+    // node-1's own start report may land after `before` was read, a second later where the
+    // controller's launch and the worker's start fall in different seconds; node-9's (start
+    // time 1) must change nothing.
+    let start = |j: &serde_json::Value| j["time"]["start"].as_i64().unwrap_or_default();
+    assert!(
+        (0..=2).contains(&(start(&after) - start(&before))),
+        "start time rewritten: {before} -> {after}"
     );
 }
 
