@@ -195,6 +195,25 @@ pub enum Export {
     None,
 }
 
+impl std::fmt::Display for Export {
+    /// As `--export` takes it (`NONE`, `ALL,FOO=1`, `FOO,BAR=2`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (all, list) = match self {
+            Export::None => return f.write_str("NONE"),
+            Export::All(list) => (true, list),
+            Export::Only(list) => (false, list),
+        };
+        let items = all
+            .then(|| "ALL".to_owned())
+            .into_iter()
+            .chain(list.iter().map(|(k, v)| match v {
+                Some(v) => format!("{k}={v}"),
+                None => k.clone(),
+            }));
+        f.write_str(&items.collect::<Vec<_>>().join(","))
+    }
+}
+
 /// What the translation to a [`JobSpec`] needs from the outside world.
 #[derive(Debug, Clone)]
 pub struct SubmitContext {
@@ -457,6 +476,37 @@ impl JobOpts {
         }
     }
 
+    /// The variables Slurm's sbatch adds to the environment it sends, repeating the request
+    /// as it was made: `SLURM_GPUS` for `--gpus`, `SLURM_GPUS_PER_NODE` for
+    /// `--gpus-per-node` (not `--gres`), `SLURM_GPUS_PER_TASK` for `--gpus-per-task`; and
+    /// for an `--export` other than `ALL`, `SLURM_EXPORT_ENV` (which an `srun` inside the
+    /// job takes as its own `--export`) and `SLURM_GET_USER_ENV=1`.
+    fn request_environment(
+        &self,
+        mut env: BTreeMap<String, String>,
+    ) -> std::collections::HashMap<String, String> {
+        if let Some(export) = &self.export
+            && *export != Export::All(Vec::new())
+        {
+            env.insert("SLURM_EXPORT_ENV".to_owned(), export.to_string());
+            env.insert("SLURM_GET_USER_ENV".to_owned(), "1".to_owned());
+        }
+        for (name, req) in [
+            ("SLURM_GPUS", &self.gpus),
+            ("SLURM_GPUS_PER_NODE", &self.gpus_per_node),
+            ("SLURM_GPUS_PER_TASK", &self.gpus_per_task),
+        ] {
+            if let Some(r) = req {
+                let value = match &r.gpu_type {
+                    Some(t) => format!("{t}:{}", r.count),
+                    None => r.count.to_string(),
+                };
+                env.insert(name.to_owned(), value);
+            }
+        }
+        env.into_iter().collect()
+    }
+
     /// Validates the merged options and builds the spec. `script` is the batch script text
     /// (already checked for `#!`), `default_name` the name used without `-J`.
     pub fn to_spec(
@@ -513,12 +563,10 @@ impl JobOpts {
             script,
             argv,
             workdir: workdir.to_string_lossy().into_owned(),
-            environment: build_environment(
+            environment: self.request_environment(build_environment(
                 self.export.as_ref().unwrap_or(&Export::All(Vec::new())),
                 &ctx.env,
-            )
-            .into_iter()
-            .collect(),
+            )),
             stdout: path_in_workdir(&self.output),
             stderr: path_in_workdir(&self.error),
             partition: self.partition.clone().unwrap_or_default(),
@@ -757,7 +805,7 @@ fn parse_gres(s: &str) -> Result<GpuReq, String> {
     found.ok_or_else(|| format!("invalid --gres={s:?}"))
 }
 
-fn parse_export(s: &str) -> Result<Export, String> {
+pub(crate) fn parse_export(s: &str) -> Result<Export, String> {
     let items: Vec<&str> = s.split(',').map(str::trim).collect();
     if items.len() == 1 && items[0].eq_ignore_ascii_case("NONE") {
         return Ok(Export::None);

@@ -998,3 +998,153 @@ fn command_names_the_script_as_slurm_does() {
     let missing = c.run(&["sbatch", "--hold", "nowhere.sh"]);
     util::assert_one_line_error(&missing, "sbatch", "Unable to open file nowhere.sh");
 }
+
+/// The variables a batch script sees about its GPUs, its task ids and how it was submitted,
+/// as Slurm 22.05 sets them (reference cluster, nodes with 8 GPUs; here 2, 4 CPUs). The
+/// submitting shell has a device list and `FOO=x` exported:
+///
+/// ```text
+/// (no options)          no CUDA/ROCR/GPU_DEVICE_ORDINAL, no SLURM_GPUS_ON_NODE, SLURM_GTIDS=0
+/// --gpus=2              CUDA_VISIBLE_DEVICES=0,1 GPU_DEVICE_ORDINAL=0,1 ROCR_VISIBLE_DEVICES=0,1
+///                       SLURM_GPUS=2 SLURM_GPUS_ON_NODE=2
+/// --gres=gpu:1          SLURM_GPUS_ON_NODE=1, no SLURM_GPUS
+/// --gpus-per-node=1 -N2 SLURM_GPUS_PER_NODE=1, no SLURM_GPUS
+/// --gpus-per-task=1 -n2 SLURM_GPUS_PER_TASK=1 SLURM_GPUS_ON_NODE=2
+/// --exclusive           every GPU of the node listed, no SLURM_GPUS
+/// --export=NONE         SLURM_EXPORT_ENV=NONE SLURM_GET_USER_ENV=1, no FOO
+/// --export=ALL,FOO=1    SLURM_EXPORT_ENV=ALL,FOO=1 SLURM_GET_USER_ENV=1 FOO=1
+/// nice -n 5 sbatch      SLURM_PRIO_PROCESS=5 (0 otherwise, under every --export)
+/// ```
+#[test]
+fn gpu_task_and_export_variables_match_slurms() {
+    let c = Cluster::start(2);
+    let vars = [
+        "CUDA_VISIBLE_DEVICES",
+        "GPU_DEVICE_ORDINAL",
+        "ROCR_VISIBLE_DEVICES",
+        "SLURM_GPUS_ON_NODE",
+        "SLURM_GPUS",
+        "SLURM_GPUS_PER_NODE",
+        "SLURM_GPUS_PER_TASK",
+        "SLURM_GTIDS",
+        "SLURM_EXPORT_ENV",
+        "SLURM_GET_USER_ENV",
+        "SLURM_PRIO_PROCESS",
+        "FOO",
+    ];
+    let probe = format!(
+        "for v in {}; do eval \"echo $v=\\${{$v--}}\"; done; echo end",
+        vars.join(" ")
+    );
+    let submitter = [
+        ("CUDA_VISIBLE_DEVICES", "1"),
+        ("ROCR_VISIBLE_DEVICES", "1"),
+        ("FOO", "x"),
+    ];
+    let none = "CUDA_VISIBLE_DEVICES=- GPU_DEVICE_ORDINAL=- ROCR_VISIBLE_DEVICES=- \
+                SLURM_GPUS_ON_NODE=-";
+    let request = "SLURM_GPUS=- SLURM_GPUS_PER_NODE=- SLURM_GPUS_PER_TASK=-";
+    let plain = "SLURM_GTIDS=0 SLURM_EXPORT_ENV=- SLURM_GET_USER_ENV=- SLURM_PRIO_PROCESS=0 FOO=x";
+    let both = "CUDA_VISIBLE_DEVICES=0,1 GPU_DEVICE_ORDINAL=0,1 ROCR_VISIBLE_DEVICES=0,1 \
+                SLURM_GPUS_ON_NODE=2";
+    let cases: Vec<(&[&str], String)> = vec![
+        (&[], format!("{none} {request} {plain}")),
+        (
+            &["--gpus=2"],
+            format!("{both} SLURM_GPUS=2 SLURM_GPUS_PER_NODE=- SLURM_GPUS_PER_TASK=- {plain}"),
+        ),
+        (
+            &["--gres=gpu:1"],
+            format!(
+                "CUDA_VISIBLE_DEVICES=0 GPU_DEVICE_ORDINAL=0 ROCR_VISIBLE_DEVICES=0 \
+                 SLURM_GPUS_ON_NODE=1 {request} {plain}"
+            ),
+        ),
+        (
+            &["--gpus-per-node=1", "-N2"],
+            format!(
+                "CUDA_VISIBLE_DEVICES=0 GPU_DEVICE_ORDINAL=0 ROCR_VISIBLE_DEVICES=0 \
+                 SLURM_GPUS_ON_NODE=1 SLURM_GPUS=- SLURM_GPUS_PER_NODE=1 \
+                 SLURM_GPUS_PER_TASK=- {plain}"
+            ),
+        ),
+        (
+            &["--gpus-per-task=1", "-n2"],
+            format!("{both} SLURM_GPUS=- SLURM_GPUS_PER_NODE=- SLURM_GPUS_PER_TASK=1 {plain}"),
+        ),
+        (&["--exclusive"], format!("{both} {request} {plain}")),
+        (
+            &["--export=NONE"],
+            format!(
+                "{none} {request} SLURM_GTIDS=0 SLURM_EXPORT_ENV=NONE SLURM_GET_USER_ENV=1 \
+                 SLURM_PRIO_PROCESS=0 FOO=-"
+            ),
+        ),
+        (
+            &["--export=ALL,FOO=1"],
+            format!(
+                "{none} {request} SLURM_GTIDS=0 SLURM_EXPORT_ENV=ALL,FOO=1 \
+                 SLURM_GET_USER_ENV=1 SLURM_PRIO_PROCESS=0 FOO=1"
+            ),
+        ),
+    ];
+    let read = |out: &str| {
+        let text = c.wait_file(&c.work.join(out), "end", T);
+        text.lines()
+            .filter(|l| *l != "end")
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    for (i, (opts, want)) in cases.iter().enumerate() {
+        let out = format!("vars-{i}.out");
+        let mut args = vec!["-o", &out, "--wrap", &probe];
+        args.splice(0..0, opts.iter().copied());
+        c.sbatch_with(&args, &submitter, None);
+        assert_eq!(read(&out), *want, "sbatch {opts:?}");
+    }
+
+    // The nice value sbatch ran at travels; the job itself is not reniced.
+    let status = std::process::Command::new("nice")
+        .args([
+            "-n",
+            "5",
+            util::TANDEM,
+            "sbatch",
+            "-o",
+            "nice.out",
+            "--wrap",
+        ])
+        .arg("echo SLURM_PRIO_PROCESS=$SLURM_PRIO_PROCESS nice=$(nice); echo end")
+        .env("TANDEM_CONFIG", c.cluster_file())
+        .current_dir(&c.work)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("run nice sbatch");
+    assert!(status.success());
+    assert_eq!(read("nice.out"), "SLURM_PRIO_PROCESS=5 nice=0");
+
+    // Steps: each task's global ids on its node; an `srun` inside a job submitted with a
+    // list to export exports that list too (Slurm's `SLURM_EXPORT_ENV`), unless told
+    // `--export=ALL`. (The list names the cluster file, which this test's cluster is found
+    // by; Slurm's jobs find theirs through `SLURM_CONF`.)
+    let script = format!(
+        "#!/bin/sh\n\
+         FOO=y {t} srun -N1 -n1 /bin/sh -c 'echo inner FOO=${{FOO--}}'\n\
+         FOO=y {t} srun -N1 -n1 --export=ALL /bin/sh -c 'echo all FOO=${{FOO--}}'\n\
+         {t} srun -N2 -n3 /bin/sh -c 'echo $SLURM_PROCID:$SLURM_GTIDS' | sort | tr '\\n' ' '\n\
+         echo; echo end\n",
+        t = util::TANDEM
+    );
+    c.sbatch_with(
+        &[
+            "-N2",
+            "-n3",
+            "--export=TANDEM_CONFIG,PATH",
+            "-o",
+            "steps.out",
+        ],
+        &submitter,
+        Some(&script),
+    );
+    assert_eq!(read("steps.out"), "inner FOO=- all FOO=y 0:0,1 1:0,1 2:2 ");
+}

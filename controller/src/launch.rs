@@ -313,8 +313,10 @@ pub fn job_environment(
         set("SLURM_ARRAY_TASK_MAX", a.max.to_string());
         set("SLURM_ARRAY_TASK_STEP", a.step.to_string());
     }
+    // `SLURM_GPUS`, `SLURM_GPUS_PER_NODE` and `SLURM_GPUS_PER_TASK` repeat the request, and
+    // only where it was made: sbatch sets them, as Slurm's does (an `--exclusive` job holds
+    // every GPU of its nodes and has none of them).
     if facts.gpus_total > 0 {
-        set("SLURM_GPUS", facts.gpus_total.to_string());
         set(
             "SLURM_JOB_GPUS",
             facts
@@ -495,7 +497,6 @@ mod tests {
             ("SLURM_JOB_USER", "alice"),
             ("SLURM_JOB_UID", "1000"),
             ("SLURM_JOB_GID", "100"),
-            ("SLURM_GPUS", "16"),
             ("SLURM_JOB_GPUS", "0,1,2,3,4,5,6,7"),
             ("SLURM_JOB_END_TIME", "1060"),
         ];
@@ -504,6 +505,10 @@ mod tests {
         }
         assert!(!env.contains_key("SLURM_ARRAY_JOB_ID"));
         assert!(!env.contains_key("SLURM_RESTART_COUNT"), "a first run");
+        assert!(
+            !env.contains_key("SLURM_GPUS"),
+            "the request's, set by sbatch"
+        );
     }
 
     #[test]

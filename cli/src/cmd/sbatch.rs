@@ -121,10 +121,16 @@ pub fn locate_script(name: &str, cwd: &Path, path_var: Option<&str>) -> PathBuf 
 /// The caller's side of a submit: environment, directory, host, clock.
 pub fn submit_context() -> anyhow::Result<SubmitContext> {
     let cwd: PathBuf = std::env::current_dir().context("cannot read the current directory")?;
+    let mut env: Vec<(String, String)> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect();
+    // Slurm's sbatch puts its own scheduling priority (nice value) into the environment it
+    // sends, so the job sees it under every `--export` (a `SLURM_` variable).
+    if let Ok(nice) = rustix::process::getpriority_process(None) {
+        env.push(("SLURM_PRIO_PROCESS".into(), nice.to_string()));
+    }
     Ok(SubmitContext {
-        env: std::env::vars_os()
-            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-            .collect(),
+        env,
         cwd,
         hostname: crate::client::hostname(),
         sid: nix::unistd::getsid(None).map_or(0, |s| u32::try_from(s.as_raw()).unwrap_or(0)),

@@ -61,6 +61,14 @@ pub async fn run(mut args: Args) -> Exit {
     }
 }
 
+/// `SLURM_EXPORT_ENV` of the environment srun runs in, parsed as `--export`.
+fn inherited_export(env: &[(String, String)]) -> Option<Result<crate::opts::Export, String>> {
+    env.iter()
+        .rev()
+        .find(|(k, _)| k == "SLURM_EXPORT_ENV")
+        .map(|(_, v)| crate::opts::parse_export(v))
+}
+
 /// The step's `-N`, `-n` and `--ntasks-per-node` as Slurm's srun settles them; 0 = not
 /// given (the controller's defaults apply).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -339,10 +347,14 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args, alloc: Allocati
         // requested than permitted`.
         .with_context(|| format!("Unable to create step for job {job_id}"))?;
     crate::timing::mark("step-created");
-    let export = opts
-        .export
-        .clone()
-        .unwrap_or(crate::opts::Export::All(Vec::new()));
+    // Without `--export`, Slurm's srun takes `SLURM_EXPORT_ENV`, which sbatch sets for a
+    // job submitted with an `--export` other than ALL: a step inherits the batch script's
+    // export mode.
+    let export = match (&opts.export, inherited_export(&ctx.env)) {
+        (Some(e), _) => e.clone(),
+        (None, Some(e)) => e.map_err(|e| anyhow::anyhow!("SLURM_EXPORT_ENV: {e}"))?,
+        (None, None) => crate::opts::Export::All(Vec::new()),
+    };
     let mut env: HashMap<String, String> = crate::opts::build_environment(&export, &ctx.env)
         .into_iter()
         .collect();

@@ -48,16 +48,19 @@ pub fn batch_env(
     env.insert("SLURM_NODEID".into(), "0".into());
     env.insert("SLURM_PROCID".into(), "0".into());
     env.insert("SLURM_LOCALID".into(), "0".into());
+    env.insert("SLURM_GTIDS".into(), "0".into());
     env.insert("ENVIRONMENT".into(), "BATCH".into());
     env
 }
 
-/// Environment of one step task (`srun`).
+/// Environment of one step task (`srun`). `node_tasks` are the global ranks of the step's
+/// tasks on this node (`SLURM_GTIDS`).
 pub fn task_env(
     step_env: &HashMap<String, String>,
     node: &NodeLocal<'_>,
     gpus: &[u32],
     place: TaskPlace,
+    node_tasks: &[u32],
 ) -> BTreeMap<String, String> {
     let mut env: BTreeMap<String, String> = step_env
         .iter()
@@ -77,6 +80,7 @@ pub fn task_env(
     set("SLURM_LOCALID", place.local_id.to_string());
     set("SLURM_NODEID", place.node_id.to_string());
     set("SLURM_STEP_NODEID", place.node_id.to_string());
+    set("SLURM_GTIDS", join(node_tasks));
     if place.ntasks > 0 {
         set("SLURM_STEP_NUM_TASKS", place.ntasks.to_string());
     }
@@ -94,30 +98,40 @@ fn set_node_vars(env: &mut BTreeMap<String, String>, node: &NodeLocal<'_>, gpus:
         .or_insert_with(|| node.cpus.to_string());
     env.entry("TMPDIR".into())
         .or_insert_with(|| DEFAULT_TMPDIR.to_owned());
-    env.insert("SLURM_GPUS_ON_NODE".into(), gpus.len().to_string());
     if gpus.is_empty() {
-        // Without GPUs on this node the submit host's device list would point at devices the
-        // job does not hold; Slurm with a GPU gres sets it, so an empty allocation hides all.
-        if env.contains_key("CUDA_VISIBLE_DEVICES") {
-            env.insert("CUDA_VISIBLE_DEVICES".into(), String::new());
+        // As Slurm 22.05: a job holding no GPU on this node gets no device list at all, not
+        // the submit host's (which would name devices the job does not hold) and not an
+        // empty one. The devices cgroup is what keeps it off the node's GPUs.
+        for k in DEVICE_LISTS
+            .iter()
+            .chain(&["SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS"])
+        {
+            env.remove(*k);
         }
     } else {
         let list = join(gpus);
+        env.insert("SLURM_GPUS_ON_NODE".into(), gpus.len().to_string());
         // Indices are NVML's, in PCI bus order; CUDA numbers fastest-first unless told
         // otherwise, which would hand a job another job's device on a mixed node.
         env.entry("CUDA_DEVICE_ORDER".into())
             .or_insert_with(|| "PCI_BUS_ID".to_owned());
-        env.insert("CUDA_VISIBLE_DEVICES".into(), list.clone());
-        env.insert("GPU_DEVICE_ORDINAL".into(), list.clone());
+        for k in DEVICE_LISTS {
+            env.insert(k.into(), list.clone());
+        }
         env.insert("SLURM_JOB_GPUS".into(), list);
     }
 }
 
-fn join(gpus: &[u32]) -> String {
-    gpus.iter()
-        .map(u32::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
+/// The device lists Slurm's GPU plugin sets for CUDA, OpenCL and ROCm (all three, as with
+/// no `Flags=` in gres.conf).
+const DEVICE_LISTS: [&str; 3] = [
+    "CUDA_VISIBLE_DEVICES",
+    "GPU_DEVICE_ORDINAL",
+    "ROCR_VISIBLE_DEVICES",
+];
+
+fn join(ids: &[u32]) -> String {
+    ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
 }
 
 #[cfg(test)]
@@ -154,7 +168,10 @@ mod tests {
             ("SLURM_LOCALID", "0"),
             ("SLURM_GPUS_ON_NODE", "2"),
             ("CUDA_VISIBLE_DEVICES", "2,3"),
+            ("GPU_DEVICE_ORDINAL", "2,3"),
+            ("ROCR_VISIBLE_DEVICES", "2,3"),
             ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
+            ("SLURM_GTIDS", "0"),
             ("SLURM_JOB_GPUS", "2,3"),
             ("SLURM_CPUS_ON_NODE", "64"),
             ("SLURM_TOPOLOGY_ADDR", "gpu-02"),
@@ -174,6 +191,9 @@ mod tests {
                 ("SLURM_CPUS_ON_NODE", "8"),
                 ("TMPDIR", "/scratch/alice"),
                 ("CUDA_VISIBLE_DEVICES", "0,1,2,3"),
+                ("ROCR_VISIBLE_DEVICES", "0,1,2,3"),
+                ("SLURM_GPUS_ON_NODE", "4"),
+                ("SLURM_JOB_GPUS", "0,1,2,3"),
             ]),
             &node(),
             &[],
@@ -181,13 +201,17 @@ mod tests {
         assert_eq!(env["SLURMD_NODENAME"], "gpu-02");
         assert_eq!(env["SLURM_CPUS_ON_NODE"], "8", "controller's job size wins");
         assert_eq!(env["TMPDIR"], "/scratch/alice");
-        assert_eq!(env["SLURM_GPUS_ON_NODE"], "0");
-        assert_eq!(
-            env["CUDA_VISIBLE_DEVICES"], "",
-            "no GPUs held: none visible"
-        );
-        assert!(!env.contains_key("SLURM_JOB_GPUS"));
-        assert!(!env.contains_key("CUDA_DEVICE_ORDER"));
+        // No GPU held: no device list and no GPU count, as Slurm 22.05 (not the submit
+        // host's, which name devices this job does not hold).
+        for k in [
+            "SLURM_GPUS_ON_NODE",
+            "SLURM_JOB_GPUS",
+            "CUDA_VISIBLE_DEVICES",
+            "ROCR_VISIBLE_DEVICES",
+            "CUDA_DEVICE_ORDER",
+        ] {
+            assert!(!env.contains_key(k), "{k}");
+        }
     }
 
     #[test]
@@ -211,6 +235,7 @@ mod tests {
             &node(),
             &[4],
             place,
+            &[4, 5],
         );
         let want = [
             ("SLURM_PROCID", "5"),
@@ -222,6 +247,7 @@ mod tests {
             ("SLURM_STEP_NUM_TASKS", "8"),
             ("CUDA_VISIBLE_DEVICES", "4"),
             ("SLURM_STEP_GPUS", "4"),
+            ("SLURM_GTIDS", "4,5"),
         ];
         for (k, v) in want {
             assert_eq!(env.get(k).map(String::as_str), Some(v), "{k}");

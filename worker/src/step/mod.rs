@@ -126,6 +126,7 @@ impl StepLauncher for StepService {
                         node_id: r.node_index,
                         ntasks: r.ntasks_total,
                     },
+                    &r.task_ids,
                 ),
             })
             .collect();
