@@ -16,6 +16,22 @@ pub fn local_utc_offset() -> i32 {
     local_zone().to_offset(jiff::Timestamp::now()).seconds()
 }
 
+/// The first line of `squeue -l` and `sinfo -l`: the time of the listing, as Slurm prints
+/// it (`Fri Dec 04 05:26:09 2026`), in the local zone.
+pub fn long_listing_time(now: i64) -> String {
+    listing_time_in(now, &local_zone())
+}
+
+fn listing_time_in(now: i64, zone: &TimeZone) -> String {
+    jiff::Timestamp::from_second(now)
+        .map(|t| {
+            t.to_zoned(zone.clone())
+                .strftime("%a %b %d %H:%M:%S %Y")
+                .to_string()
+        })
+        .unwrap_or_default()
+}
+
 /// The local time zone.
 ///
 /// jiff's `TimeZone::try_system` names the zone by looking the target of `/etc/localtime` up
@@ -36,6 +52,17 @@ fn local_zone() -> TimeZone {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listing_time_reads_as_slurms() {
+        let utc = TimeZone::UTC;
+        assert_eq!(
+            listing_time_in(1_796_361_969, &utc),
+            "Fri Dec 04 05:26:09 2026"
+        );
+        let east = TimeZone::fixed(jiff::tz::offset(2));
+        assert_eq!(listing_time_in(0, &east), "Thu Jan 01 02:00:00 1970");
+    }
 
     #[test]
     fn local_offset_matches_jiffs_system_zone() {

@@ -1148,3 +1148,48 @@ fn gpu_task_and_export_variables_match_slurms() {
     );
     assert_eq!(read("steps.out"), "inner FOO=- all FOO=y 0:0,1 1:0,1 2:2 ");
 }
+
+/// Slurm 22.05's long listings open with the time (`Fri Dec 04 05:26:09 2026`), not under
+/// `-h`; with `-o` they are refused: `squeue: fatal: Options -o(--format) and -l(--long)
+/// are mutually exclusive. Please remove one and retry.` (sinfo likewise). `sinfo -s`
+/// sums a partition's nodes by state.
+#[test]
+fn long_listings_and_summaries_read_as_slurms() {
+    let c = Cluster::start(2);
+    c.sbatch(&["--hold", "--wrap", "true"]);
+    let is_listing_time = |line: &str| {
+        let t: Vec<&str> = line.split(' ').collect();
+        t.len() == 5
+            && ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"].contains(&t[0])
+            && t[1].len() == 3
+            && t[2].len() == 2
+            && t[3].len() == 8
+            && t[3]
+                .split(':')
+                .all(|x| x.len() == 2 && x.parse::<u8>().is_ok())
+            && t[4].len() == 4
+            && t[4].parse::<u16>().is_ok()
+    };
+    for cmd in ["squeue", "sinfo"] {
+        let long = c.ok(&[cmd, "-l"]);
+        let lines: Vec<&str> = long.lines().collect();
+        assert!(is_listing_time(lines[0]), "{cmd} -l:\n{long}");
+        assert!(lines[1].contains("PARTITION"), "{cmd} -l:\n{long}");
+        let bare = c.ok(&[cmd, "-l", "-h"]);
+        assert!(
+            !bare.lines().any(is_listing_time) && bare.lines().count() == 1,
+            "{cmd} -l -h:\n{bare}"
+        );
+        let out = c.run(&[cmd, "-l", "-o", "%P"]);
+        util::assert_one_line_error(
+            &out,
+            cmd,
+            "Options -o(--format) and -l(--long) are mutually exclusive",
+        );
+    }
+    assert_eq!(
+        c.ok(&["sinfo", "-s"]),
+        "PARTITION AVAIL  TIMELIMIT   NODES(A/I/O/T) NODELIST\n\
+         batch*       up   infinite          0/2/0/2 node-[1-2]\n"
+    );
+}

@@ -5,7 +5,9 @@ use tandem_proto::v1::{ListNodesRequest, ListPartitionsRequest};
 
 use crate::Exit;
 use crate::client::{Client, RpcResult as _};
-use crate::format::columns::{SINFO_LONG, SINFO_NODES, SINFO_NODES_LONG, SinfoRow, sinfo_format};
+use crate::format::columns::{
+    SINFO_LONG, SINFO_NODES, SINFO_NODES_LONG, SINFO_SUMMARY, SinfoRow, sinfo_format,
+};
 use crate::format::view::{NodeView, PartitionView};
 use crate::format::{Columns, Human, Json, Output};
 
@@ -22,6 +24,9 @@ pub struct Args {
     /// Long format.
     #[arg(short = 'l', long)]
     pub long: bool,
+    /// One line per partition: node counts by state (allocated/idle/other/total).
+    #[arg(short = 's', long = "summarize")]
+    pub summarize: bool,
     /// Only these partitions.
     #[arg(short = 'p', long = "partition", value_name = "PARTITIONS", action = clap::ArgAction::Set)]
     pub partitions: Vec<String>,
@@ -43,12 +48,20 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> Exit {
-    let spec = match (&args.format, args.node_oriented, args.long) {
-        (Some(f), _, _) => f.clone(),
-        (None, true, true) => SINFO_NODES_LONG.to_string(),
-        (None, true, false) => SINFO_NODES.to_string(),
-        (None, false, true) => SINFO_LONG.to_string(),
-        (None, false, false) => crate::format::columns::SINFO_DEFAULT.to_string(),
+    if args.long && args.format.is_some() {
+        // Slurm's words (it exits there too).
+        anyhow::bail!(
+            "Options -o(--format) and -l(--long) are mutually exclusive. Please remove one \
+             and retry."
+        );
+    }
+    let spec = match (&args.format, args.summarize, args.node_oriented, args.long) {
+        (Some(f), ..) => f.clone(),
+        (None, true, ..) => SINFO_SUMMARY.to_string(),
+        (None, false, true, true) => SINFO_NODES_LONG.to_string(),
+        (None, false, true, false) => SINFO_NODES.to_string(),
+        (None, false, false, true) => SINFO_LONG.to_string(),
+        (None, false, false, false) => crate::format::columns::SINFO_DEFAULT.to_string(),
     };
     let by_mode = sinfo_format(&spec)?.shows_mode();
     let output: Box<dyn Output> = if args.json {
@@ -84,28 +97,48 @@ pub async fn run(args: Args) -> Exit {
         .into_iter()
         .map(|s| s.to_ascii_lowercase())
         .collect();
-    let rows = group(
-        &parts,
-        &nodes,
-        &wanted_parts,
-        &wanted_states,
-        args.node_oriented,
-        by_mode,
-    );
-    crate::emit(&output.sinfo(&rows)?)?;
+    let grouping = match (args.node_oriented, args.summarize) {
+        (true, _) => Grouping::Node,
+        (false, true) => Grouping::Partition,
+        (false, false) if by_mode => Grouping::StateAndMode,
+        (false, false) => Grouping::State,
+    };
+    let rows = group(&parts, &nodes, &wanted_parts, &wanted_states, grouping);
+    let mut text = output.sinfo(&rows)?;
+    if args.long && !args.noheader && !args.json {
+        text.insert_str(
+            0,
+            &format!("{}\n", crate::clock::long_listing_time(crate::clock::now())),
+        );
+    }
+    crate::emit(&text)?;
     Ok(0)
 }
 
-/// Rows in partition order; within a partition, one row per node state (and mode, with
-/// `by_mode`) in first-seen order, or one per node with `node_oriented`.
+/// What one row of `sinfo` stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grouping {
+    /// The nodes of a partition in one state (Slurm's default).
+    State,
+    /// The same, split by mode too (a format that prints `%k`).
+    StateAndMode,
+    /// A whole partition (`-s`).
+    Partition,
+    /// One node (`-N`).
+    Node,
+}
+
+/// Rows in partition order; within a partition, one row per node state (and mode) in
+/// first-seen order, one for the whole partition, or one per node.
 pub fn group(
     parts: &[PartitionView],
     nodes: &[NodeView],
     wanted_parts: &[String],
     wanted_states: &[String],
-    node_oriented: bool,
-    by_mode: bool,
+    grouping: Grouping,
 ) -> Vec<SinfoRow> {
+    let node_oriented = grouping == Grouping::Node;
+    let by_mode = grouping == Grouping::StateAndMode;
     let state_ok = |n: &NodeView| {
         wanted_states.is_empty()
             || wanted_states
@@ -131,7 +164,10 @@ pub fn group(
         }
         let mut groups: Vec<((String, &str), Vec<NodeView>)> = Vec::new();
         for n in members {
-            let key = (n.state_compact(), if by_mode { n.mode } else { "" });
+            let key = match grouping {
+                Grouping::Partition => (String::new(), ""),
+                _ => (n.state_compact(), if by_mode { n.mode } else { "" }),
+            };
             match groups.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, g)) => g.push(n.clone()),
                 None => groups.push((key, vec![n.clone()])),
@@ -172,7 +208,7 @@ fn name_key(name: &str) -> (&str, u64, &str) {
 mod tests {
     use super::*;
     use crate::format::columns::RenderCtx;
-    use crate::format::columns::SINFO_DEFAULT;
+    use crate::format::columns::{SINFO_DEFAULT, SINFO_LONG, SINFO_NODES, SINFO_SUMMARY};
     use tandem_proto::v1::{NodeInfo, PartitionInfo, Tres};
 
     fn node(name: &str, state: &str) -> NodeView {
@@ -190,6 +226,66 @@ mod tests {
         })
     }
 
+    /// Slurm 22.05, one partition `batch` (default, up, no limits) of idle nodes n1-n2,
+    /// `sinfo -s`, `sinfo -s -N`, `sinfo -N` and `sinfo -l` (after its date line;
+    /// `sinfo -N` pads its last column, which Tandem does not):
+    ///
+    /// ```text
+    /// PARTITION AVAIL  TIMELIMIT   NODES(A/I/O/T) NODELIST
+    /// batch*       up   infinite          0/2/0/2 n[1-2]
+    /// batch*       up   infinite          0/1/0/1 n1
+    /// NODELIST   NODES PARTITION STATE
+    /// n1             1    batch* idle
+    /// PARTITION AVAIL  TIMELIMIT   JOB_SIZE ROOT OVERSUBS     GROUPS  NODES       STATE NODELIST
+    /// batch*       up   infinite 1-infinite   no       NO        all      2        idle n[1-2]
+    /// ```
+    #[test]
+    fn summary_node_and_long_views_read_as_slurms() {
+        let p = PartitionView::from_partition(&PartitionInfo {
+            name: "batch".into(),
+            is_default: true,
+            state: "UP".into(),
+            nodes: vec!["n1".into(), "n2".into()],
+            ..PartitionInfo::default()
+        });
+        let nodes = vec![node("n1", "IDLE"), node("n2", "IDLE")];
+        let ctx = RenderCtx::default();
+        let render = |spec: &str, grouping: Grouping| {
+            let f = sinfo_format(spec).unwrap();
+            let rows = group(std::slice::from_ref(&p), &nodes, &[], &[], grouping);
+            std::iter::once(f.header())
+                .chain(rows.iter().map(|r| f.row(r, &ctx)))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            render(SINFO_SUMMARY, Grouping::Partition),
+            [
+                "PARTITION AVAIL  TIMELIMIT   NODES(A/I/O/T) NODELIST",
+                "batch*       up   infinite          0/2/0/2 n[1-2]",
+            ]
+        );
+        assert_eq!(
+            render(SINFO_SUMMARY, Grouping::Node)[1],
+            "batch*       up   infinite          0/1/0/1 n1"
+        );
+        assert_eq!(
+            render(SINFO_NODES, Grouping::Node)[..2],
+            [
+                "NODELIST   NODES PARTITION STATE",
+                "n1             1    batch* idle"
+            ]
+        );
+        assert_eq!(
+            render(SINFO_LONG, Grouping::State),
+            [
+                "PARTITION AVAIL  TIMELIMIT   JOB_SIZE ROOT OVERSUBS     GROUPS  NODES       \
+                 STATE NODELIST",
+                "batch*       up   infinite 1-infinite   no       NO        all      2        \
+                 idle n[1-2]",
+            ]
+        );
+    }
+
     #[test]
     fn default_view_groups_nodes_by_state() {
         let p = PartitionView::from_partition(&PartitionInfo {
@@ -205,7 +301,7 @@ mod tests {
             node("node-3", "ALLOCATED"),
             node("node-4", "IDLE"),
         ];
-        let rows = group(&[p], &nodes, &[], &[], false, false);
+        let rows = group(&[p], &nodes, &[], &[], Grouping::State);
         let f = sinfo_format(SINFO_DEFAULT).unwrap();
         let ctx = RenderCtx::default();
         assert_eq!(
@@ -225,8 +321,7 @@ mod tests {
             &nodes,
             &[],
             &["idle".into()],
-            true,
-            false,
+            Grouping::Node,
         );
         assert_eq!(idle_only.len(), 2);
     }
@@ -250,7 +345,7 @@ mod tests {
             node("node-9", "IDLE"),
             node("node-2", "IDLE"),
         ];
-        let rows = group(&parts, &nodes, &[], &[], true, false);
+        let rows = group(&parts, &nodes, &[], &[], Grouping::Node);
         let got: Vec<(String, String)> = rows
             .iter()
             .map(|r| (r.nodes[0].name.clone(), r.partition.name.clone()))
@@ -293,7 +388,13 @@ mod tests {
         assert!(!sinfo_format(SINFO_DEFAULT).unwrap().shows_mode());
         assert_eq!(f.header(), "PARTITION STATE  MODE NODELIST");
         let ctx = RenderCtx::default();
-        let rows = group(std::slice::from_ref(&p), &nodes, &[], &[], false, true);
+        let rows = group(
+            std::slice::from_ref(&p),
+            &nodes,
+            &[],
+            &[],
+            Grouping::StateAndMode,
+        );
         let lines: Vec<String> = rows.iter().map(|r| f.row(r, &ctx)).collect();
         assert_eq!(
             lines,
@@ -301,13 +402,13 @@ mod tests {
         );
         // Without the column, one idle row, as before.
         assert_eq!(
-            group(std::slice::from_ref(&p), &nodes, &[], &[], false, false).len(),
+            group(std::slice::from_ref(&p), &nodes, &[], &[], Grouping::State).len(),
             1
         );
         // `sinfo -N -l` shows each node's mode.
         let long = sinfo_format(crate::format::columns::SINFO_NODES_LONG).unwrap();
         assert!(long.header().contains("MODE"), "{}", long.header());
-        let rows = group(&[p], &nodes, &[], &[], true, true);
+        let rows = group(&[p], &nodes, &[], &[], Grouping::Node);
         assert!(long.row(&rows[0], &ctx).contains(" kube "));
         assert!(long.row(&rows[1], &ctx).contains("batch "));
     }

@@ -102,10 +102,15 @@ pub async fn run(args: Args) -> Exit {
     let mut jobs: Vec<&JobInfo> = resp.jobs.iter().collect();
     sort(&mut jobs, &keys, resp.now);
     let mut out = std::io::stdout().lock();
-    match output
-        .write_jobs(&jobs, resp.now, &mut out)
-        .and_then(|()| Ok(out.flush()?))
-    {
+    let dated = args.long && !args.noheader && !args.json;
+    let written = (|| -> anyhow::Result<()> {
+        if dated {
+            writeln!(out, "{}", crate::clock::long_listing_time(resp.now))?;
+        }
+        output.write_jobs(&jobs, resp.now, &mut out)?;
+        Ok(out.flush()?)
+    })();
+    match written {
         // `squeue | head` closes the pipe early: the reader has what it wanted.
         Err(e)
             if e.downcast_ref::<std::io::Error>()
@@ -119,6 +124,13 @@ pub async fn run(args: Args) -> Exit {
 
 /// How the jobs are printed, and the `JobInfo` fields that needs (none named: all of them).
 fn output_of(args: &Args) -> anyhow::Result<(Box<dyn Output>, Vec<String>)> {
+    if args.long && (args.format.is_some() || args.named.is_some()) {
+        // Slurm's words (it exits there too).
+        anyhow::bail!(
+            "Options -o(--format) and -l(--long) are mutually exclusive. Please remove one \
+             and retry."
+        );
+    }
     if args.json {
         return Ok((Box::new(Json), Vec::new()));
     }

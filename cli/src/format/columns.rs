@@ -592,11 +592,21 @@ pub enum SinfoField {
     /// Tandem's time partition: `batch` or `kube` (`%k`; a letter Slurm's sinfo leaves
     /// unused).
     Mode,
+    /// Nodes a job may have (`%s`, `1-infinite`).
+    JobSize,
+    /// Root-only partition (`%r`): never in Tandem.
+    Root,
+    /// CPU oversubscription (`%h`): never in Tandem.
+    Oversubscribe,
+    /// Groups allowed (`%g`): Tandem limits partitions by account, not group.
+    Groups,
 }
 
 pub const SINFO_DEFAULT: &str = "%#P %.5a %.10l %.6D %.6t %N";
-pub const SINFO_LONG: &str = "%#P %.5a %.10l %.6D %.11T %N";
-pub const SINFO_NODES: &str = "%#N %.6D %#P %6t";
+pub const SINFO_LONG: &str = "%#P %.5a %.10l %.10s %.4r %.8h %.10g %.6D %.11T %N";
+/// Slurm 22.05 right-aligns the partition here (`      n1  1    batch* idle`).
+pub const SINFO_NODES: &str = "%#N %.6D %.#P %6t";
+pub const SINFO_SUMMARY: &str = "%#P %.5a %.10l %.16F %N";
 pub const SINFO_NODES_LONG: &str = "%#N %.6D %#P %.11T %.5k %.4c %.6m %.10G %.8f %E";
 
 impl SinfoField {
@@ -619,6 +629,10 @@ impl SinfoField {
             'f' => Features,
             'E' => Reason,
             'k' => Mode,
+            's' => JobSize,
+            'r' => Root,
+            'h' => Oversubscribe,
+            'g' => Groups,
             _ => return None,
         })
     }
@@ -642,6 +656,10 @@ impl Field<SinfoRow> for SinfoField {
             Features => "AVAIL_FEATURES",
             Reason => "REASON",
             Mode => "MODE",
+            JobSize => "JOB_SIZE",
+            Root => "ROOT",
+            Oversubscribe => "OVERSUBS",
+            Groups => "GROUPS",
         }
     }
 
@@ -706,6 +724,13 @@ impl Field<SinfoRow> for SinfoField {
                 }
             }),
             Mode => r.first().map_or("n/a", |n| n.mode).to_string(),
+            JobSize => match r.partition.max_nodes {
+                None => "1-infinite".to_string(),
+                Some(n) => format!("1-{n}"),
+            },
+            Root => "no".to_string(),
+            Oversubscribe => "NO".to_string(),
+            Groups => "all".to_string(),
         }
     }
 }

@@ -1023,8 +1023,7 @@ mod tests {
             &nodes,
             &[],
             &[],
-            false,
-            false,
+            crate::cmd::sinfo::Grouping::State,
         );
         let v = parse(&Json.sinfo(&rows).unwrap());
         assert!(v.get("sinfo").is_none());
