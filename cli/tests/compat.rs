@@ -1193,3 +1193,74 @@ fn long_listings_and_summaries_read_as_slurms() {
          batch*       up   infinite          0/2/0/2 node-[1-2]\n"
     );
 }
+
+/// `squeue --start` and a pending job's `scontrol show job`, as Slurm 22.05 shows a job
+/// behind a running one (`-N8 --exclusive -t 10` running, `-N8 -t 5` pending, one held):
+///
+/// ```text
+///              JOBID PARTITION     NAME     USER ST          START_TIME  NODES SCHEDNODES           NODELIST(REASON)
+///                 42     batch      big     root PD 2026-12-04T05:40:01      8 n[1-8]               (Resources)
+///                 44     batch     held     root PD                 N/A      1 (null)               (JobHeldUser)
+///    StartTime=2026-12-04T05:40:01 EndTime=2026-12-04T05:45:01 Deadline=N/A
+///    NodeList= SchedNodeList=n[1-8]
+/// ```
+///
+/// Pending jobs only, soonest first, the start the backfill plan holds for them (the
+/// running job's start plus its limit) and its nodes.
+#[test]
+fn squeue_start_shows_the_plans_start_and_nodes() {
+    let c = Cluster::start(2);
+    let running = c.sbatch(&["-N2", "--exclusive", "-t", "10", "--wrap", "sleep 600"]);
+    c.wait_state(running, "RUNNING", T);
+    let held = c.sbatch(&["--hold", "-J", "held", "--wrap", "true"]);
+    let big = c.sbatch(&["-N2", "-t", "5", "-J", "big", "--wrap", "true"]);
+    let started = c.squeue_job(running, "%S");
+    let at = |t: &str, minutes: i64| {
+        let t: jiff::civil::DateTime = t.trim().parse().expect("a squeue time");
+        t.checked_add(jiff::Span::new().minutes(minutes))
+            .unwrap()
+            .strftime("%Y-%m-%dT%H:%M:%S")
+            .to_string()
+    };
+    let text = poll("the plan's start of the pending job", || {
+        let out = c.ok(&["squeue", "--start"]);
+        (!out.contains(" N/A      2 ")).then_some(out)
+    });
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "             JOBID PARTITION     NAME     USER ST          START_TIME  NODES \
+             SCHEDNODES           NODELIST(REASON)",
+            &format!(
+                "{big:>18}     batch      big     root PD {}      2 node-[1-2]           \
+                 (Resources)",
+                at(&started, 10)
+            ),
+            &format!(
+                "{held:>18}     batch     held     root PD                 N/A      1 \
+                 (null)               (JobHeldUser)"
+            ),
+        ],
+        "{text}"
+    );
+    let show = c.ok(&["scontrol", "show", "job", &big.to_string()]);
+    assert!(
+        show.contains(&format!(
+            "   StartTime={} EndTime={} Deadline=N/A\n",
+            at(&started, 10),
+            at(&started, 15)
+        )),
+        "{show}"
+    );
+    assert!(
+        show.contains("   NodeList= SchedNodeList=node-[1-2]\n"),
+        "{show}"
+    );
+    let held_show = c.ok(&["scontrol", "show", "job", &held.to_string()]);
+    assert!(
+        held_show.contains("   StartTime=Unknown EndTime=Unknown Deadline=N/A\n")
+            && held_show.contains("   NodeList=\n"),
+        "{held_show}"
+    );
+}

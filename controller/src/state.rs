@@ -288,6 +288,7 @@ pub fn spawn(
         next_purge: now + Duration::from_secs(10),
         next_periodic_pass: now,
         last_pass: Duration::ZERO,
+        planned: HashMap::new(),
         timeout_signalled: HashSet::new(),
         placeholders: placeholders::Placeholders::default(),
         stopping: false,
@@ -342,6 +343,9 @@ struct Actor {
     next_tick: Instant,
     next_purge: Instant,
     next_periodic_pass: Instant,
+    /// The last pass's backfill plan: when and where each pending job it reserved for is
+    /// expected to start (squeue --start).
+    planned: HashMap<JobId, (i64, Arc<str>)>,
     /// Jobs past their time limit the controller already asked to end.
     timeout_signalled: HashSet<JobId>,
     /// Live placeholder jobs by pod-group UID, and the bridges watching them.

@@ -7,7 +7,7 @@ use tandem_proto::v1::{JobInfo, ListJobsRequest};
 
 use crate::Exit;
 use crate::client::{Client, RpcResult as _};
-use crate::format::columns::{JobField, SQUEUE_LONG, squeue_format, squeue_named};
+use crate::format::columns::{JobField, SQUEUE_LONG, SQUEUE_START, squeue_format, squeue_named};
 use crate::format::view::{elapsed_s, state_name};
 use crate::format::{Columns, Human, Json, Output};
 
@@ -68,6 +68,10 @@ pub struct Args {
         allow_hyphen_values = true
     )]
     pub sort: Option<String>,
+    /// Pending jobs with the scheduler's expected start and nodes (N/A: no estimate yet),
+    /// soonest first.
+    #[arg(long = "start")]
+    pub start: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -86,10 +90,14 @@ pub async fn run(args: Args) -> Exit {
         jobs: crate::jobref::parse_list(&args.jobs.join(",")).map_err(anyhow::Error::msg)?,
         users,
         partitions: super::split_commas(&args.partitions),
-        states: super::parse_states(&args.states)?
-            .into_iter()
-            .map(|s| s as i32)
-            .collect(),
+        states: if args.start && args.states.is_empty() {
+            vec![tandem_proto::v1::JobState::Pending as i32]
+        } else {
+            super::parse_states(&args.states)?
+                .into_iter()
+                .map(|s| s as i32)
+                .collect()
+        },
         names: super::split_commas(&args.names),
         accounts: super::split_commas(&args.accounts),
         include_finished: false,
@@ -101,6 +109,13 @@ pub async fn run(args: Args) -> Exit {
     let resp = client.jobs.list_jobs(req).await.rpc()?;
     let mut jobs: Vec<&JobInfo> = resp.jobs.iter().collect();
     sort(&mut jobs, &keys, resp.now);
+    if args.start && keys.is_empty() {
+        // Soonest expected start first, jobs without an estimate last (in id order).
+        jobs.sort_by_key(|j| {
+            let t = shown_start(j);
+            (t <= 0, t)
+        });
+    }
     let mut out = std::io::stdout().lock();
     let dated = args.long && !args.noheader && !args.json;
     let written = (|| -> anyhow::Result<()> {
@@ -143,6 +158,7 @@ fn output_of(args: &Args) -> anyhow::Result<(Box<dyn Output>, Vec<String>)> {
             squeue_named(n)?;
             Some(Columns::Named(n.clone()))
         }
+        (None, None, _) if args.start => Some(Columns::Percent(SQUEUE_START.to_string())),
         (None, None, true) => Some(Columns::Percent(SQUEUE_LONG.to_string())),
         (None, None, false) => None,
     };
@@ -189,6 +205,15 @@ fn sort_keys(keys: Option<&str>) -> anyhow::Result<Vec<(bool, char)>> {
     Ok(parsed)
 }
 
+/// The start `%S` shows: a pending job's expected start, else when it started.
+fn shown_start(j: &JobInfo) -> i64 {
+    if j.state() == tandem_proto::v1::JobState::Pending {
+        j.expected_start
+    } else {
+        j.start_time
+    }
+}
+
 /// Sorts by job id, then by `keys` (from [`sort_keys`]). Works on the wire records: a view
 /// per job would cost more than the sort.
 fn sort(jobs: &mut [&JobInfo], keys: &[(bool, char)], now: i64) {
@@ -218,7 +243,7 @@ fn sort(jobs: &mut [&JobInfo], keys: &[(bool, char)], now: i64) {
                 'Q' => a.priority.cmp(&b.priority),
                 'M' => elapsed(a).cmp(&elapsed(b)),
                 // Unset times (0) first, as None sorts before Some.
-                'S' => a.start_time.max(0).cmp(&b.start_time.max(0)),
+                'S' => shown_start(a).max(0).cmp(&shown_start(b).max(0)),
                 'V' => a.submit_time.max(0).cmp(&b.submit_time.max(0)),
                 _ => a.num_nodes.cmp(&b.num_nodes),
             };

@@ -319,10 +319,13 @@ pub enum JobField {
     ReqNodes,
     /// `%x`: the nodes excluded with `-x`.
     ExcNodes,
+    /// `%Y`: the nodes the scheduler's plan holds for a pending job.
+    SchedNodes,
 }
 
 pub const SQUEUE_DEFAULT: &str = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R";
 pub const SQUEUE_LONG: &str = "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R";
+pub const SQUEUE_START: &str = "%.18i %.9P %.8j %.8u %.2t %.19S %.6D %20Y %R";
 
 impl JobField {
     pub fn from_letter(c: char) -> Option<JobField> {
@@ -361,6 +364,7 @@ impl JobField {
             'f' => Features,
             'n' => ReqNodes,
             'x' => ExcNodes,
+            'Y' => SchedNodes,
             _ => return None,
         })
     }
@@ -378,7 +382,8 @@ impl JobField {
             TimeUsed => &["start_time", "end_time"],
             TimeLimit => &["time_limit_s"],
             TimeLeft => &["time_limit_s", "start_time", "end_time"],
-            StartTime => &["start_time"],
+            StartTime => &["start_time", "expected_start"],
+            SchedNodes => &["sched_nodes"],
             EndTime => &["end_time"],
             Nodes => &["num_nodes"],
             ReasonOrNodes => &["reason", "nodelist"],
@@ -437,6 +442,7 @@ impl JobField {
             "comment" => Comment,
             "feature" | "features" => Features,
             "reqnodes" => ReqNodes,
+            "schednodes" => SchedNodes,
             _ => return None,
         })
     }
@@ -479,6 +485,7 @@ impl Field<JobView<'_>> for JobField {
             Features => "FEATURES",
             ReqNodes => "REQ_NODES",
             ExcNodes => "EXC_NODES",
+            SchedNodes => "SCHEDNODES",
         }
     }
 
@@ -511,9 +518,13 @@ impl Field<JobView<'_>> for JobField {
             Cpus => owned(j.cpus.to_string()),
             TresPerNode => owned(j.tres_per_node().unwrap_or_else(|| "N/A".to_string())),
             Priority => owned(j.priority.to_string()),
+            // A pending job's is the plan's expected start, N/A without one.
             StartTime => owned(match (j.start_time, j.is_pending()) {
-                (None, true) => "N/A".to_string(),
-                (t, _) => timestamp(t, ctx.utc_offset_s),
+                (_, true) => j.expected_start.map_or_else(
+                    || "N/A".to_string(),
+                    |t| timestamp(Some(t), ctx.utc_offset_s),
+                ),
+                (t, false) => timestamp(t, ctx.utc_offset_s),
             }),
             SubmitTime => owned(timestamp(j.submit_time, ctx.utc_offset_s)),
             EndTime => owned(match j.end_time {
@@ -532,6 +543,7 @@ impl Field<JobView<'_>> for JobField {
             // Slurm 22.05 printed nothing, not `N/A`, for a job without `-w` or `-x`.
             ReqNodes => Cow::Borrowed(j.req_nodelist),
             ExcNodes => Cow::Borrowed(j.exc_nodelist),
+            SchedNodes => or_na(j.sched_nodes),
         }
     }
 }
@@ -1119,10 +1131,10 @@ mod tests {
         let row = f.row(&view(1, JobState::Running, ""), &RenderCtx::default());
         assert_eq!(row, "1|a-ver|alice     |%");
         assert_eq!(
-            squeue_format("%i %Y").unwrap_err(),
+            squeue_format("%i %W").unwrap_err(),
             FormatError::UnknownField {
-                spec: "%i %Y".into(),
-                field: "%Y".into()
+                spec: "%i %W".into(),
+                field: "%W".into()
             }
         );
         assert!(matches!(

@@ -72,11 +72,24 @@ fn job(j: &JobView, ctx: &RenderCtx) -> String {
             ("SubmitTime", ts(j.submit_time)),
             ("EligibleTime", ts(j.eligible_time)),
         ],
-        vec![
-            ("StartTime", ts(j.start_time)),
-            ("EndTime", ts(j.end_time)),
-            ("Deadline", "N/A".to_string()),
-        ],
+        // A pending job's are the plan's: its expected start, and that plus its limit.
+        if j.is_pending() {
+            let end = j
+                .expected_start
+                .zip(j.time_limit_s)
+                .map(|(t, limit)| t.saturating_add(i64::try_from(limit).unwrap_or(i64::MAX)));
+            vec![
+                ("StartTime", ts(j.expected_start)),
+                ("EndTime", ts(end)),
+                ("Deadline", "N/A".to_string()),
+            ]
+        } else {
+            vec![
+                ("StartTime", ts(j.start_time)),
+                ("EndTime", ts(j.end_time)),
+                ("Deadline", "N/A".to_string()),
+            ]
+        },
         vec![
             ("Partition", j.partition.to_string()),
             (
@@ -88,8 +101,16 @@ fn job(j: &JobView, ctx: &RenderCtx) -> String {
             ("ReqNodeList", null(j.req_nodelist).to_string()),
             ("ExcNodeList", null(j.exc_nodelist).to_string()),
         ],
-        // Slurm 22.05 leaves it empty, not `(null)`, until the job has nodes.
-        vec![("NodeList", j.nodelist.to_string())],
+        // Slurm 22.05 leaves it empty, not `(null)`, until the job has nodes; the nodes the
+        // plan holds for a pending job follow.
+        if j.sched_nodes.is_empty() {
+            vec![("NodeList", j.nodelist.to_string())]
+        } else {
+            vec![
+                ("NodeList", j.nodelist.to_string()),
+                ("SchedNodeList", j.sched_nodes.to_string()),
+            ]
+        },
     ];
     // The node that runs the batch script, once there is one.
     if let Some(host) = j.batch_host() {

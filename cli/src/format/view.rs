@@ -59,6 +59,10 @@ pub struct JobView<'a> {
     pub dependency: &'a str,
     pub comment: &'a str,
     pub constraint: &'a str,
+    /// Pending: when and where the scheduler's plan expects the job to start (`squeue
+    /// --start`, scontrol's `StartTime` and `SchedNodeList`); `None` and empty without one.
+    pub expected_start: Option<i64>,
+    pub sched_nodes: &'a str,
     /// `-w` and `-x` as sorted host lists, empty when not given.
     pub req_nodelist: &'a str,
     pub exc_nodelist: &'a str,
@@ -275,6 +279,8 @@ impl<'a> JobView<'a> {
             dependency: &j.dependency,
             comment: &j.comment,
             constraint: &j.constraint,
+            expected_start: opt_time(j.expected_start),
+            sched_nodes: &j.sched_nodes,
             req_nodelist: &j.req_nodelist,
             exc_nodelist: &j.exc_nodelist,
             cancelled_by: j.cancelled_by,
@@ -337,6 +343,8 @@ impl<'a> JobView<'a> {
             },
             derived_exit_code: None,
             cancelled_by: None,
+            expected_start: None,
+            sched_nodes: "",
             ..job.clone()
         }
     }

@@ -416,6 +416,8 @@ job_info_fields! {
     STDIN = 49 "stdin",
     ALLOC_SID = 50 "alloc_sid",
     MEM_PER_CPU_MB = 51 "mem_per_cpu_mb",
+    EXPECTED_START = 52 "expected_start",
+    SCHED_NODES = 53 "sched_nodes",
 }
 
 // A mask is one u64 with a bit per field number.
@@ -585,6 +587,9 @@ pub fn job_info_with(st: &State, job: &Job, want: JobFields) -> v1::JobInfo {
         stdin: String::new(),
         alloc_sid: 0,
         mem_per_cpu_mb: want.get(f::MEM_PER_CPU_MB, || job.spec.mem_per_cpu_mb.unwrap_or(0)),
+        // The pass's plan, not the job's: the read view adds them with the pending facts.
+        expected_start: 0,
+        sched_nodes: String::new(),
     }
 }
 

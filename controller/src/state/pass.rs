@@ -68,6 +68,21 @@ impl Actor {
                 }
             }
         }
+        self.planned = plan
+            .reservations
+            .iter()
+            .map(|r| {
+                let names: Vec<&str> = r
+                    .nodes
+                    .iter()
+                    .filter_map(|n| self.st.node(*n).map(|x| x.name.as_str()))
+                    .collect();
+                (
+                    r.job,
+                    (r.start, Arc::from(tandem_sched::hostlist::compress(&names))),
+                )
+            })
+            .collect();
         let dispatch_us = started.elapsed().as_micros() as u64 - sched_us;
         // After the starts: only placeholders still pending have a reason to announce.
         self.placeholder_reasons();

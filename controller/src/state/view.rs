@@ -63,11 +63,20 @@ struct JobEntry {
     version: u64,
 }
 
-/// Priorities and reasons of pending jobs as of one pass, sorted by job id.
+/// Priorities, reasons and planned starts of pending jobs as of one pass, sorted by job id.
 #[derive(Default)]
 struct PendingFacts {
     version: u64,
-    rows: Vec<(u64, u64, &'static str)>,
+    rows: Vec<PendingFact>,
+}
+
+struct PendingFact {
+    job: u64,
+    priority: u64,
+    reason: &'static str,
+    /// The backfill plan's start and nodes (0 and empty without one).
+    expected_start: i64,
+    sched_nodes: Arc<str>,
 }
 
 impl ReadView {
@@ -93,13 +102,19 @@ impl ReadView {
         let mut info = project(&e.info, want);
         if e.state == JobState::Pending && self.facts.version > e.version {
             let id = e.info.job_id;
-            if let Ok(i) = self.facts.rows.binary_search_by_key(&id, |r| r.0) {
-                let (_, priority, reason) = self.facts.rows[i];
+            if let Ok(i) = self.facts.rows.binary_search_by_key(&id, |r| r.job) {
+                let fact = &self.facts.rows[i];
                 if want.has(f::PRIORITY) {
-                    info.priority = priority;
+                    info.priority = fact.priority;
                 }
                 if want.has(f::REASON) {
-                    reason.clone_into(&mut info.reason);
+                    fact.reason.clone_into(&mut info.reason);
+                }
+                if want.has(f::EXPECTED_START) {
+                    info.expected_start = fact.expected_start;
+                }
+                if want.has(f::SCHED_NODES) {
+                    info.sched_nodes = fact.sched_nodes.to_string();
                 }
             }
         }
@@ -336,6 +351,8 @@ fn project(full: &v1::JobInfo, want: JobFields) -> v1::JobInfo {
         STDIN => stdin,
         ALLOC_SID => alloc_sid,
         MEM_PER_CPU_MB => mem_per_cpu_mb,
+        EXPECTED_START => expected_start,
+        SCHED_NODES => sched_nodes,
     }
 }
 
@@ -472,10 +489,23 @@ impl Actor {
         // A fresh version, so that these facts win over entries built before them and lose
         // to entries built after.
         let version = self.view.current.version + 1;
+        let no_nodes: Arc<str> = Arc::from("");
         let rows = self
             .st
             .pending_jobs()
-            .map(|j| (j.id.0, j.priority, convert::reason_name(j)))
+            .map(|j| {
+                let (expected_start, sched_nodes) = self
+                    .planned
+                    .get(&j.id)
+                    .map_or((0, no_nodes.clone()), |(t, n)| (*t, n.clone()));
+                PendingFact {
+                    job: j.id.0,
+                    priority: j.priority,
+                    reason: convert::reason_name(j),
+                    expected_start,
+                    sched_nodes,
+                }
+            })
             .collect();
         self.view.current.version = version;
         self.view.current.facts = Arc::new(PendingFacts { version, rows });
