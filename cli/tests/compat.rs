@@ -1264,3 +1264,42 @@ fn squeue_start_shows_the_plans_start_and_nodes() {
         "{held_show}"
     );
 }
+
+/// A job's `.batch` step holds what the job holds on its first node, not the whole
+/// allocation. Slurm 22.05, `sbatch -N8 --exclusive` on 64-CPU, 8-GPU nodes,
+/// `sacct -P -o JobID,AllocCPUS,AllocTRES,NNodes`:
+///
+/// ```text
+/// 41|512|billing=512,cpu=512,gres/gpu=64,node=8|8
+/// 41.batch|64|cpu=64,gres/gpu=8,mem=0,node=1|1
+/// ```
+#[test]
+fn the_batch_step_holds_the_first_nodes_share() {
+    let c = Cluster::start(2);
+    let id = c.sbatch(&["-N2", "--exclusive", "--wrap", "true"]);
+    c.wait_end(id, T);
+    let out = c.ok(&[
+        "sacct",
+        "-n",
+        "-P",
+        "-j",
+        &id.to_string(),
+        "-o",
+        "JobID,AllocCPUS,NNodes",
+    ]);
+    assert_eq!(out, format!("{id}|8|2\n{id}.batch|4|1\n"));
+    let tres = c.ok(&[
+        "sacct",
+        "-n",
+        "-P",
+        "-j",
+        &id.to_string(),
+        "-o",
+        "AllocTRES",
+    ]);
+    let batch = tres.lines().nth(1).unwrap_or_default();
+    assert!(
+        batch.contains("cpu=4") && batch.contains("gres/gpu=2") && batch.contains("node=1"),
+        "{tres}"
+    );
+}

@@ -167,8 +167,17 @@ impl Actor {
 /// The accounting row of one run.
 fn record_row(job: &Job, run: u32, info: &v1::JobInfo, batch_host: &str) -> JobRecordRow {
     let mut info = info.clone();
-    // sacct's `JOBID.batch` line: the batch script's own step.
+    // sacct's `JOBID.batch` line: the batch script's own step, on the first node with what
+    // the job holds there (Slurm 22.05: `-N8 --exclusive` on 64-CPU nodes is 512 CPUs,
+    // its `.batch` 64).
     if info.start_time > 0 {
+        let gpu_type = info.tres.as_ref().map(|t| t.gpu_type.clone());
+        let batch_tres = job
+            .alloc
+            .as_ref()
+            .and_then(|a| a.nodes.first())
+            .map(|n| convert::tres(&n.tres(), gpu_type.as_deref()))
+            .or_else(|| info.tres.clone());
         info.steps.insert(
             0,
             v1::StepInfo {
@@ -181,7 +190,7 @@ fn record_row(job: &Job, run: u32, info: &v1::JobInfo, batch_host: &str) -> JobR
                 end_time: info.end_time,
                 exit_code: info.exit_code,
                 signal: info.exit_signal,
-                tres: info.tres.clone(),
+                tres: batch_tres,
             },
         );
     }
