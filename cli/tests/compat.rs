@@ -1303,3 +1303,68 @@ fn the_batch_step_holds_the_first_nodes_share() {
         "{tres}"
     );
 }
+
+/// Slurm 22.05's scancel on a job that has ended or does not exist says nothing and exits 0
+/// (with `-v` it says why); signalling one is an error (exit 1 here; Slurm exits with its
+/// error number):
+///
+/// ```text
+/// $ scancel 49; echo $?                      (49 completed)
+/// 0
+/// $ scancel -v 99999
+/// scancel: Terminating job 99999
+/// scancel: error: Kill job error on job id 99999: Invalid job id specified
+/// $ scancel -s USR1 99999
+/// scancel: error: Kill job error on job id 99999: Invalid job id specified
+/// $ scancel -s USR1 50                       (50 held)
+/// scancel: error: Kill job error on job id 50: Job can not be altered now, try again later
+/// ```
+#[test]
+fn scancel_of_an_ended_or_unknown_job_is_quiet_as_slurms() {
+    let c = Cluster::start(1);
+    let done = c.sbatch(&["--wrap", "true"]);
+    c.wait_end(done, T);
+    let held = c.sbatch(&["--hold", "--wrap", "true"]);
+    let run = |args: &[&str]| {
+        let out = c.run(args);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let done = done.to_string();
+    let held = held.to_string();
+    assert_eq!(run(&["scancel", &done]), (Some(0), String::new()));
+    assert_eq!(run(&["scancel", "99999"]), (Some(0), String::new()));
+    assert_eq!(
+        run(&["scancel", "-v", "99999", &done]),
+        (
+            Some(0),
+            format!(
+                "scancel: Terminating job 99999\nscancel: Terminating job {done}\n\
+                 scancel: error: Kill job error on job id 99999: Invalid job id specified\n\
+                 scancel: error: Kill job error on job id {done}: Job/step already completing \
+                 or completed\n"
+            )
+        )
+    );
+    assert_eq!(
+        run(&["scancel", "-s", "USR1", "99999"]),
+        (
+            Some(1),
+            "scancel: error: Kill job error on job id 99999: Invalid job id specified\n".into()
+        )
+    );
+    assert_eq!(
+        run(&["scancel", "-s", "USR1", &held]),
+        (
+            Some(1),
+            format!(
+                "scancel: error: Kill job error on job id {held}: Job can not be altered now, \
+                 try again later\n"
+            )
+        )
+    );
+    // The held job is still there to cancel, quietly.
+    assert_eq!(run(&["scancel", &held]), (Some(0), String::new()));
+}

@@ -4,7 +4,7 @@ use std::str::FromStr;
 
 use anyhow::bail;
 use clap::Parser;
-use tandem_proto::v1::CancelRequest;
+use tandem_proto::v1::{CancelFailureKind, CancelRequest};
 
 use crate::Exit;
 use crate::client::{Client, RpcResult as _};
@@ -40,6 +40,10 @@ pub struct Args {
     /// Only the current user's jobs.
     #[arg(long)]
     pub me: bool,
+    /// Say what is being done, and why a job was not cancelled even when that is not an
+    /// error (it had ended, or never existed).
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
+    pub verbose: u8,
 }
 
 pub async fn run(args: Args) -> Exit {
@@ -78,12 +82,49 @@ pub async fn run(args: Args) -> Exit {
         signal,
         batch_only: args.batch,
     };
+    if args.verbose > 0 {
+        for j in &args.jobs {
+            eprintln!("scancel: Terminating job {j}");
+        }
+    }
     let mut client = Client::connect().await?;
     let resp = client.jobs.cancel(req).await.rpc()?;
-    for e in &resp.errors {
-        eprintln!("scancel: error: {e}");
+    if resp.failures.len() != resp.errors.len() {
+        // A controller that does not classify its failures: every one is an error.
+        for e in &resp.errors {
+            eprintln!("scancel: error: {e}");
+        }
+        return Ok(u8::from(!resp.errors.is_empty()));
     }
-    Ok(if resp.errors.is_empty() { 0 } else { 1 })
+    let mut failed = false;
+    for (f, text) in resp.failures.iter().zip(&resp.errors) {
+        let kind = CancelFailureKind::try_from(f.kind).unwrap_or_default();
+        let Some((why, error)) = failure_line(kind, signal != 0) else {
+            eprintln!("scancel: error: {text}");
+            failed = true;
+            continue;
+        };
+        if error || args.verbose > 0 {
+            eprintln!("scancel: error: Kill job error on job id {}: {why}", f.job);
+        }
+        failed |= error;
+    }
+    Ok(u8::from(failed))
+}
+
+/// Slurm 22.05's words for a job scancel could not end or signal, and whether it is an
+/// error. Cancelling a job that has ended or does not exist is not: scancel says so only
+/// with `-v` and exits 0 (a clean-up that cancels a job that just finished must not fail);
+/// signalling one is. `None`: no Slurm wording, the controller's text is shown.
+fn failure_line(kind: CancelFailureKind, signal: bool) -> Option<(&'static str, bool)> {
+    Some(match kind {
+        CancelFailureKind::NotFound => ("Invalid job id specified", signal),
+        CancelFailureKind::Ended if signal => ("Invalid job id specified", true),
+        CancelFailureKind::Ended => ("Job/step already completing or completed", false),
+        CancelFailureKind::Denied => ("Access/permission denied", true),
+        CancelFailureKind::NotRunning => ("Job can not be altered now, try again later", true),
+        CancelFailureKind::Unspecified => return None,
+    })
 }
 
 /// `TERM`, `SIGTERM`, `15`.
@@ -108,6 +149,28 @@ pub fn parse_signal(s: &str) -> anyhow::Result<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ended_or_unknown_jobs_are_errors_only_when_signalled() {
+        use CancelFailureKind::*;
+        assert_eq!(
+            failure_line(NotFound, false),
+            Some(("Invalid job id specified", false))
+        );
+        assert_eq!(
+            failure_line(Ended, false),
+            Some(("Job/step already completing or completed", false))
+        );
+        assert_eq!(
+            failure_line(Ended, true),
+            Some(("Invalid job id specified", true))
+        );
+        assert_eq!(
+            failure_line(Denied, false),
+            Some(("Access/permission denied", true))
+        );
+        assert_eq!(failure_line(Unspecified, false), None);
+    }
 
     #[test]
     fn signals_by_name_and_number() {

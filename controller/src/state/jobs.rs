@@ -2,6 +2,7 @@
 //! squeue's listing and `WatchJob`.
 
 use super::*;
+use tandem_sched::state::JobError;
 
 impl Actor {
     pub(super) fn submit(
@@ -115,16 +116,29 @@ impl Actor {
         let now = self.now();
         let by = Self::requester(who);
         let mut resp = v1::CancelResponse::default();
+        let fail = |resp: &mut v1::CancelResponse, sel: &JobSelector, kind, text: String| {
+            resp.errors.push(text);
+            resp.failures.push(v1::CancelFailure {
+                job: sel.to_string(),
+                kind: kind as i32,
+            });
+        };
         for sel in targets {
             let Some(job) = self.st.job(sel.job) else {
-                resp.errors.push(format!("Invalid job id specified: {sel}"));
+                fail(
+                    &mut resp,
+                    &sel,
+                    v1::CancelFailureKind::NotFound,
+                    format!("Invalid job id specified: {sel}"),
+                );
                 continue;
             };
             if !authz::may_control_job(who, job.spec.uid) {
-                resp.errors.push(format!(
+                let text = format!(
                     "Access/permission denied for job {sel} (owned by {})",
                     job.spec.user
-                ));
+                );
+                fail(&mut resp, &sel, v1::CancelFailureKind::Denied, text);
                 continue;
             }
             if req.signal != 0 {
@@ -136,8 +150,13 @@ impl Actor {
                     .map(|s| (*s).to_owned())
                     .collect();
                 if job.state != JobState::Running || nodes.is_empty() {
-                    resp.errors
-                        .push(format!("Job {sel} is not running; cannot signal it"));
+                    let kind = if job.state.is_terminal() {
+                        v1::CancelFailureKind::Ended
+                    } else {
+                        v1::CancelFailureKind::NotRunning
+                    };
+                    let text = format!("Job {sel} is not running; cannot signal it");
+                    fail(&mut resp, &sel, kind, text);
                     continue;
                 }
                 let targets: Vec<String> = if req.batch_only {
@@ -156,7 +175,17 @@ impl Actor {
                     self.apply_effects(effects);
                     resp.cancelled.push(sel.job.0);
                 }
-                Err(e) => resp.errors.push(e.to_string()),
+                Err(e) => {
+                    let kind = match &e {
+                        JobError::NotFound(_) | JobError::BadSelector(_) => {
+                            v1::CancelFailureKind::NotFound
+                        }
+                        JobError::InvalidState { .. } => v1::CancelFailureKind::Ended,
+                        JobError::PermissionDenied { .. } => v1::CancelFailureKind::Denied,
+                        JobError::Invalid { .. } => v1::CancelFailureKind::Unspecified,
+                    };
+                    fail(&mut resp, &sel, kind, e.to_string());
+                }
             }
         }
         if !resp.cancelled.is_empty() {
