@@ -1368,3 +1368,38 @@ fn scancel_of_an_ended_or_unknown_job_is_quiet_as_slurms() {
     // The held job is still there to cancel, quietly.
     assert_eq!(run(&["scancel", &held]), (Some(0), String::new()));
 }
+
+/// Slurm 22.05 keeps an ended job for `MinJobAge` (300 s): `squeue` leaves it out, `-t CD`
+/// and `-t all` show it, `-j` of it prints the header alone; `-j` of an id it does not
+/// know is an error (`slurm_load_jobs error: Invalid job id specified`, exit 1), but not
+/// within a list of ids:
+///
+/// ```text
+/// $ squeue -t all
+///              JOBID PARTITION     NAME     USER ST       TIME  NODES NODELIST(REASON)
+///                 51     batch     wrap     root CD       0:00      1 n1
+/// ```
+#[test]
+fn squeue_shows_ended_jobs_when_asked_and_refuses_an_unknown_id() {
+    let c = Cluster::start(1);
+    let done = c.sbatch(&["--wrap", "true"]);
+    c.wait_end(done, T);
+    let id = done.to_string();
+    let header = "             JOBID PARTITION     NAME     USER ST       TIME  NODES \
+                  NODELIST(REASON)\n";
+    assert_eq!(c.ok(&["squeue"]), header);
+    for states in ["CD", "all", "COMPLETED,PD"] {
+        assert_eq!(
+            c.ok(&["squeue", "-h", "-t", states, "-o", "%i %t"]),
+            format!("{id} CD\n"),
+            "-t {states}"
+        );
+    }
+    assert_eq!(c.ok(&["squeue", "-j", &id]), header);
+    util::assert_one_line_error(
+        &c.run(&["squeue", "-j", "99999"]),
+        "squeue",
+        "Invalid job id specified",
+    );
+    assert_eq!(c.ok(&["squeue", "-j", &format!("{id},99999")]), header);
+}

@@ -86,28 +86,42 @@ pub async fn run(args: Args) -> Exit {
     if args.me {
         users.push(crate::client::user_name());
     }
+    let jobs = crate::jobref::parse_list(&args.jobs.join(",")).map_err(anyhow::Error::msg)?;
+    let states = super::parse_states(&args.states)?;
+    // Slurm's squeue shows finished jobs the controller still holds (its MinJobAge) when
+    // asked for their states (`-t CD`, `-t all`), and tells one job id it does not know
+    // from one that has ended: the first is an error, the second an empty listing.
+    let all_states = super::split_commas(&args.states)
+        .iter()
+        .any(|s| s.eq_ignore_ascii_case("all"));
+    let single = jobs.len() == 1 && args.states.is_empty() && !args.start;
+    let include_finished = all_states || states.iter().any(|s| finished(*s)) || single;
     let req = ListJobsRequest {
-        jobs: crate::jobref::parse_list(&args.jobs.join(",")).map_err(anyhow::Error::msg)?,
+        jobs,
         users,
         partitions: super::split_commas(&args.partitions),
         states: if args.start && args.states.is_empty() {
             vec![tandem_proto::v1::JobState::Pending as i32]
         } else {
-            super::parse_states(&args.states)?
-                .into_iter()
-                .map(|s| s as i32)
-                .collect()
+            states.into_iter().map(|s| s as i32).collect()
         },
         names: super::split_commas(&args.names),
         accounts: super::split_commas(&args.accounts),
-        include_finished: false,
+        include_finished,
         fold_arrays: !args.array,
         fields,
     };
     let keys = sort_keys(args.sort.as_deref())?;
     let mut client = Client::connect().await?;
     let resp = client.jobs.list_jobs(req).await.rpc()?;
-    let mut jobs: Vec<&JobInfo> = resp.jobs.iter().collect();
+    if single && resp.jobs.is_empty() {
+        anyhow::bail!("Invalid job id specified");
+    }
+    let mut jobs: Vec<&JobInfo> = resp
+        .jobs
+        .iter()
+        .filter(|j| !single || !finished(j.state()))
+        .collect();
     sort(&mut jobs, &keys, resp.now);
     if args.start && keys.is_empty() {
         // Soonest expected start first, jobs without an estimate last (in id order).
@@ -203,6 +217,15 @@ fn sort_keys(keys: Option<&str>) -> anyhow::Result<Vec<(bool, char)>> {
         parsed.push((desc, c));
     }
     Ok(parsed)
+}
+
+/// A state the job does not leave (squeue lists it only when asked to).
+fn finished(state: tandem_proto::v1::JobState) -> bool {
+    use tandem_proto::v1::JobState::*;
+    !matches!(
+        state,
+        Unspecified | Pending | Running | Suspended | Completing | Requeued
+    )
 }
 
 /// The start `%S` shows: a pending job's expected start, else when it started.
