@@ -236,9 +236,19 @@ fn slurm_command_name(c: &SlurmCommand) -> &'static str {
     }
 }
 
+/// What the Slurm commands answer to `-V`/`--version`: the Slurm release whose behaviour
+/// they follow (checked against it side by side), first, as scripts that parse Slurm's
+/// `slurm 22.05.8` expect it, then what they really are.
+pub const SLURM_VERSION_LINE: &str =
+    concat!("slurm 22.05.8 (tandem ", env!("CARGO_PKG_VERSION"), ")");
+
 /// Help and version go to stdout with success; real parse errors become one line.
 fn clap_exit(name: &str, e: clap::Error) -> ExitCode {
     use clap::error::ErrorKind;
+    if e.kind() == ErrorKind::DisplayVersion && SLURM_COMMANDS.contains(&name) {
+        println!("{SLURM_VERSION_LINE}");
+        return ExitCode::SUCCESS;
+    }
     match e.kind() {
         ErrorKind::DisplayHelp
         | ErrorKind::DisplayVersion

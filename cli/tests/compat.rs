@@ -1403,3 +1403,44 @@ fn squeue_shows_ended_jobs_when_asked_and_refuses_an_unknown_id() {
     );
     assert_eq!(c.ok(&["squeue", "-j", &format!("{id},99999")]), header);
 }
+
+/// Every command answers `-V`/`--version` as Slurm's do (`slurm-wlm 22.05.8` from Debian's
+/// packages, `slurm 22.05.8` upstream), with what it really is after; `scontrol ping` says
+/// `Slurmctld(primary) at HOST is UP`, or `DOWN` with exit 1 once the controller is gone.
+#[test]
+fn version_and_ping_answer_as_slurms() {
+    let c = Cluster::start(1);
+    for cmd in tandem_cli::SLURM_COMMANDS {
+        for flag in ["-V", "--version"] {
+            assert_eq!(
+                c.ok(&[cmd, flag]),
+                format!("{}\n", tandem_cli::SLURM_VERSION_LINE),
+                "{cmd} {flag}"
+            );
+        }
+    }
+    assert!(tandem_cli::SLURM_VERSION_LINE.starts_with("slurm 22.05.8 (tandem "));
+    assert_eq!(
+        c.ok(&["scontrol", "ping"]),
+        "Slurmctld(primary) at 127.0.0.1 is UP\n"
+    );
+    let pid = std::fs::read_to_string(c.state_dir().join("controller.pid")).unwrap();
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", pid.trim()])
+        .status()
+        .expect("kill the controller");
+    assert!(killed.success());
+    let deadline = Instant::now() + T;
+    let out = loop {
+        let out = c.run(&["scontrol", "ping"]);
+        if out.status.code() != Some(0) || Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "Slurmctld(primary) at 127.0.0.1 is DOWN\n"
+    );
+}

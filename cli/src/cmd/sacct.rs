@@ -12,7 +12,12 @@ use crate::format::{Columns, Human, Json, Output};
 
 /// Show accounting data of jobs and steps.
 #[derive(Debug, Parser)]
-#[command(name = "sacct", infer_long_args = true, disable_help_flag = false)]
+#[command(
+    name = "sacct",
+    version,
+    infer_long_args = true,
+    disable_help_flag = false
+)]
 pub struct Args {
     /// Only these jobs: 12, 12_3 (comma list). Without -S, any age.
     #[arg(short = 'j', long = "jobs", value_name = "IDS")]

@@ -19,7 +19,7 @@ use crate::{clock, directives};
 
 /// Submit a batch script to the cluster.
 #[derive(Debug, Parser)]
-#[command(name = "sbatch", infer_long_args = true)]
+#[command(name = "sbatch", version, infer_long_args = true)]
 pub struct Args {
     #[command(flatten)]
     pub opts: JobOpts,

@@ -11,7 +11,7 @@ use crate::client::{Client, RpcResult as _};
 
 /// Cancel jobs, array tasks or whole arrays, or send them a signal.
 #[derive(Debug, Parser)]
-#[command(name = "scancel", infer_long_args = true)]
+#[command(name = "scancel", version, infer_long_args = true)]
 pub struct Args {
     /// Jobs: 12, 12_3, 12_[3-5].
     #[arg(value_name = "JOB")]

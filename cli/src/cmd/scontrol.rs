@@ -19,7 +19,7 @@ use crate::format::{Human, Json, Output};
 
 /// Show and change jobs, nodes and partitions.
 #[derive(Debug, Parser)]
-#[command(name = "scontrol", infer_long_args = true)]
+#[command(name = "scontrol", version, infer_long_args = true)]
 pub struct Args {
     /// Print JSON (show only).
     #[arg(long)]
@@ -55,6 +55,7 @@ pub enum Request {
         state: String,
         reason: String,
     },
+    Ping,
 }
 
 fn is(word: &str, full: &str, min: usize) -> bool {
@@ -130,6 +131,9 @@ pub fn parse(words: &[String], env_nodelist: Option<String>) -> anyhow::Result<R
     }
     if is(first, "update", 2) {
         return parse_update(rest);
+    }
+    if is(first, "ping", 2) {
+        return Ok(Request::Ping);
     }
     bail!("invalid command {first:?}")
 }
@@ -216,6 +220,37 @@ fn take_json(words: &[String]) -> (bool, Vec<String>) {
     (rest.len() != words.len(), rest)
 }
 
+/// `scontrol ping`, in Slurm's words: `Slurmctld(primary) at HOST is UP` (exit 0) or `is
+/// DOWN` (exit 1) when the controller does not answer a listing. Tandem has no backup
+/// controller to report.
+async fn ping() -> Exit {
+    let ep = tandem_proto::endpoint::discover()?;
+    let host = controller_host(&ep.controller);
+    let up = match Client::connect().await {
+        Ok(mut client) => client
+            .nodes
+            .list_partitions(tandem_proto::v1::ListPartitionsRequest {})
+            .await
+            .is_ok(),
+        Err(_) => false,
+    };
+    println!(
+        "Slurmctld(primary) at {host} is {}",
+        if up { "UP" } else { "DOWN" }
+    );
+    Ok(u8::from(!up))
+}
+
+/// The host of a controller address (`https://ctl.example:6817` -> `ctl.example`).
+fn controller_host(address: &str) -> &str {
+    let rest = address.split_once("://").map_or(address, |(_, r)| r);
+    let authority = rest.split('/').next().unwrap_or(rest);
+    match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(v6),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    }
+}
+
 pub async fn run(args: Args) -> Exit {
     let (json_word, words) = take_json(&args.words);
     let req = parse(&words, std::env::var("SLURM_JOB_NODELIST").ok())?;
@@ -237,6 +272,7 @@ pub async fn run(args: Args) -> Exit {
             crate::emit(&format!("{}\n", tandem_sched::hostlist::compress(&names)))?;
             return Ok(0);
         }
+        Request::Ping => return ping().await,
         _ => {}
     }
     let mut client = Client::connect().await?;
@@ -329,7 +365,7 @@ pub async fn run(args: Args) -> Exit {
                 .await
                 .rpc()?;
         }
-        Request::Hostnames(_) | Request::Hostlist(_) => {}
+        Request::Hostnames(_) | Request::Hostlist(_) | Request::Ping => {}
     }
     Ok(0)
 }
@@ -356,6 +392,15 @@ mod tests {
 
     fn w(s: &str) -> Vec<String> {
         s.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn ping_names_the_controllers_host() {
+        assert_eq!(controller_host("https://ctl.example:6817"), "ctl.example");
+        assert_eq!(controller_host("http://127.0.0.1:1"), "127.0.0.1");
+        assert_eq!(controller_host("https://[::1]:6817/"), "::1");
+        assert_eq!(controller_host("ctl"), "ctl");
+        assert_eq!(parse(&["ping".into()], None).unwrap(), Request::Ping);
     }
 
     #[test]

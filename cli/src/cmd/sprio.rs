@@ -17,7 +17,7 @@ use crate::format::table::Align;
 
 /// Show the factors of pending jobs' scheduling priorities.
 #[derive(Debug, Parser)]
-#[command(name = "sprio", disable_help_flag = true)]
+#[command(name = "sprio", version, disable_help_flag = true)]
 pub struct Args {
     /// Print help (-h is --noheader, as in Slurm).
     #[arg(long, action = clap::ArgAction::Help)]

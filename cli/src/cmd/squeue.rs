@@ -13,7 +13,12 @@ use crate::format::{Columns, Human, Json, Output};
 
 /// Show queued and running jobs.
 #[derive(Debug, Parser)]
-#[command(name = "squeue", infer_long_args = true, disable_help_flag = true)]
+#[command(
+    name = "squeue",
+    version,
+    infer_long_args = true,
+    disable_help_flag = true
+)]
 pub struct Args {
     /// Print help (-h is --noheader, as in Slurm).
     #[arg(long, action = clap::ArgAction::Help)]

@@ -27,7 +27,7 @@ use crate::opts::JobOpts;
 
 /// Run a parallel job step.
 #[derive(Debug, Parser)]
-#[command(name = "srun", infer_long_args = true)]
+#[command(name = "srun", version, infer_long_args = true)]
 pub struct Args {
     #[command(flatten)]
     pub opts: JobOpts,

@@ -15,7 +15,7 @@ use crate::format::table::Align;
 
 /// Show the shares, usage and fair-share factor of each association.
 #[derive(Debug, Parser)]
-#[command(name = "sshare", disable_help_flag = true)]
+#[command(name = "sshare", version, disable_help_flag = true)]
 pub struct Args {
     /// Print help.
     #[arg(long, action = clap::ArgAction::Help)]

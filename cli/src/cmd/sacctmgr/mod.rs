@@ -38,7 +38,7 @@ use crate::cmd::acct_table::Layout;
 
 /// View and change accounts, users (associations) and QOS.
 #[derive(Debug, Parser)]
-#[command(name = "sacctmgr", disable_help_flag = true)]
+#[command(name = "sacctmgr", version, disable_help_flag = true)]
 pub struct Args {
     /// Print help.
     #[arg(long, action = clap::ArgAction::Help)]
