@@ -1444,3 +1444,41 @@ fn version_and_ping_answer_as_slurms() {
         "Slurmctld(primary) at 127.0.0.1 is DOWN\n"
     );
 }
+
+/// A `-u` the password database does not know, as Slurm 22.05 answers it: squeue says
+/// `squeue: error: Invalid user: X` and lists the other users' jobs (none if it knew none),
+/// exiting 0; `sacct: error: Invalid user id: X` and `scancel: error: Invalid user name: X`
+/// exit 1. A numeric uid stands for its user.
+#[test]
+fn unknown_users_are_reported_as_slurms() {
+    let c = Cluster::start(1);
+    let held = c.sbatch(&["--hold", "--wrap", "true"]).to_string();
+    let me = tandem_cli::client::user_name();
+    let uid = nix::unistd::getuid().as_raw().to_string();
+    let squeue = |users: &str| {
+        let out = c.run(&["squeue", "-h", "-o", "%i", "-u", users]);
+        assert_eq!(out.status.code(), Some(0), "squeue -u {users}");
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let invalid = "squeue: error: Invalid user: nosuchuser\n".to_string();
+    assert_eq!(squeue("nosuchuser"), (String::new(), invalid.clone()));
+    assert_eq!(
+        squeue(&format!("nosuchuser,{me}")),
+        (format!("{held}\n"), invalid)
+    );
+    assert_eq!(squeue(&uid), (format!("{held}\n"), String::new()));
+    util::assert_one_line_error(
+        &c.run(&["sacct", "-u", "nosuchuser"]),
+        "sacct",
+        "Invalid user id: nosuchuser",
+    );
+    util::assert_one_line_error(
+        &c.run(&["scancel", "-u", "nosuchuser"]),
+        "scancel",
+        "Invalid user name: nosuchuser",
+    );
+    assert_eq!(c.squeue_job(held.parse().unwrap(), "%t"), "PD");
+}

@@ -32,6 +32,26 @@ pub(crate) fn split_commas(values: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// `-u` lists as Slurm's commands take them: names the password database knows, and
+/// numeric uids as their names. Returns the names and the entries it does not know, which
+/// each command reports in Slurm's words.
+pub(crate) fn resolve_users(values: &[String]) -> (Vec<String>, Vec<String>) {
+    use nix::unistd::{Uid, User};
+    let mut known = Vec::new();
+    let mut unknown = Vec::new();
+    for u in split_commas(values) {
+        let found = match u.parse::<u32>() {
+            Ok(uid) => User::from_uid(Uid::from_raw(uid)).ok().flatten(),
+            Err(_) => User::from_name(&u).ok().flatten(),
+        };
+        match found {
+            Some(user) => known.push(user.name),
+            None => unknown.push(u),
+        }
+    }
+    (known, unknown)
+}
+
 /// Job states from `-t`/`--states` lists; `all` means no filter.
 pub(crate) fn parse_states(values: &[String]) -> anyhow::Result<Vec<tandem_proto::v1::JobState>> {
     let mut out = Vec::new();

@@ -105,8 +105,11 @@ pub async fn run(args: Args) -> Exit {
         Some(s) => parse_when(s, now, offset).context("invalid --endtime")?,
         None => 0,
     };
+    let (mut users, unknown) = super::resolve_users(&args.users);
+    if let Some(u) = unknown.first() {
+        anyhow::bail!("Invalid user id: {u}");
+    }
     let mut client = Client::connect().await?;
-    let mut users = super::split_commas(&args.users);
     if users.is_empty() && !args.all_users && jobs.is_empty() && !client.identity().is_admin() {
         users.push(client.identity().user.clone());
     }

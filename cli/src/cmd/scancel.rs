@@ -52,7 +52,13 @@ pub async fn run(args: Args) -> Exit {
         jobs.extend(crate::jobref::parse_list(j).map_err(anyhow::Error::msg)?);
     }
     let user = match (args.user, args.me) {
-        (Some(u), _) => u,
+        (Some(u), _) => {
+            let (known, unknown) = super::resolve_users(std::slice::from_ref(&u));
+            if let Some(u) = unknown.first() {
+                bail!("Invalid user name: {u}");
+            }
+            known.into_iter().next().unwrap_or(u)
+        }
         (None, true) => crate::client::user_name(),
         (None, false) => String::new(),
     };

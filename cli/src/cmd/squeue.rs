@@ -87,7 +87,16 @@ pub struct Args {
 
 pub async fn run(args: Args) -> Exit {
     let (output, fields) = output_of(&args)?;
-    let mut users = super::split_commas(&args.users);
+    // Slurm's squeue reports a user it does not know and lists the others' jobs (none when
+    // it knew none of them), exiting 0.
+    let (mut users, unknown) = super::resolve_users(&args.users);
+    for u in &unknown {
+        eprintln!("squeue: error: Invalid user: {u}");
+    }
+    if users.is_empty() {
+        // Names no job has: the controller lists nothing rather than everything.
+        users = unknown;
+    }
     if args.me {
         users.push(crate::client::user_name());
     }
