@@ -1482,3 +1482,46 @@ fn unknown_users_are_reported_as_slurms() {
     );
     assert_eq!(c.squeue_job(held.parse().unwrap(), "%t"), "PD");
 }
+
+/// srun reports tasks that failed, per node and outcome, as Slurm 22.05's does:
+///
+/// ```text
+/// $ srun -n2 sh -c 'exit 3'
+/// srun: error: n1: tasks 0-1: Exited with exit code 3
+/// $ srun -n1 nosuchcmd
+/// srun: error: n1: task 0: Exited with exit code 2
+/// slurmstepd-n1: error: execve(): nosuchcmd: No such file or directory
+/// $ srun --pty -n1 echo hi < /dev/null
+/// srun: error: ioctl(TIOCGWINSZ): Inappropriate ioctl for device
+/// srun: error: Not using a pseudo-terminal, disregarding --pty option
+/// hi
+/// ```
+#[test]
+fn srun_reports_failed_tasks_as_slurms() {
+    let c = Cluster::start(1);
+    let out = c.run(&["srun", "-n2", "sh", "-c", "exit 3"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "srun: error: node-1: tasks 0-1: Exited with exit code 3\n"
+    );
+    let out = c.run(&["srun", "-n1", "nosuchcmd"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("error: execve(): nosuchcmd: No such file or directory\n")
+            && err.contains("srun: error: node-1: task 0: Exited with exit code 2\n"),
+        "{err}"
+    );
+    let ok = c.run(&["srun", "-n2", "true"]);
+    assert!(ok.status.success() && ok.stderr.is_empty(), "{ok:?}");
+    // `--pty` without a terminal is disregarded, in Slurm's words.
+    let pty = c.run(&["srun", "--pty", "-n1", "echo", "hi"]);
+    assert!(pty.status.success(), "{pty:?}");
+    assert_eq!(String::from_utf8_lossy(&pty.stdout), "hi\n");
+    assert_eq!(
+        String::from_utf8_lossy(&pty.stderr),
+        "srun: error: ioctl(TIOCGWINSZ): Inappropriate ioctl for device\n\
+         srun: error: Not using a pseudo-terminal, disregarding --pty option\n"
+    );
+}

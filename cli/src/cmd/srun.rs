@@ -6,7 +6,7 @@
 //! allocation it submits a job for the command, waits for it to start, and then runs the
 //! step inside it, as Slurm's srun does.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
@@ -23,6 +23,7 @@ use tandem_controller::launch::compress_counts;
 
 use crate::Exit;
 use crate::client::{Client, RpcResult as _};
+use crate::format::task_exits::{TaskEnd, failure_lines};
 use crate::opts::JobOpts;
 
 /// Run a parallel job step.
@@ -34,6 +35,10 @@ pub struct Args {
     /// Prefix each output line with the task id.
     #[arg(short = 'l', long)]
     pub label: bool,
+    /// Run task 0 in a pseudo-terminal. Not built yet: refused from a terminal; with
+    /// input that is not a terminal ignored, as Slurm ignores it there.
+    #[arg(long)]
+    pub pty: bool,
     /// The command and its arguments.
     #[arg(value_name = "COMMAND", required = true, trailing_var_arg = true)]
     pub command: Vec<String>,
@@ -41,6 +46,18 @@ pub struct Args {
 
 pub async fn run(mut args: Args) -> Exit {
     refuse_batch_only(&args.opts)?;
+    if args.pty {
+        use std::io::IsTerminal as _;
+        if std::io::stdin().is_terminal() {
+            bail!(
+                "--pty: interactive terminals are not supported yet (run the command \
+                 without --pty, or use sbatch)"
+            );
+        }
+        // Slurm 22.05's words for the same case.
+        eprintln!("srun: error: ioctl(TIOCGWINSZ): Inappropriate ioctl for device");
+        eprintln!("srun: error: Not using a pseudo-terminal, disregarding --pty option");
+    }
     // Inside an allocation as outside: `srun -N1 -w n1,n2` says Slurm's error line and runs
     // on n1; `srun -n1 -w n1,n2` warns and runs on n1.
     for line in args
@@ -423,6 +440,7 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args, alloc: Allocati
     let mut worst: (i32, i32) = (0, 0);
     let mut partial: HashMap<(u32, bool), Vec<u8>> = HashMap::new();
     let mut running = Running::new(&step.targets);
+    let mut ends: BTreeMap<u32, TaskEnd> = BTreeMap::new();
     // Until every task has reported its exit (a worker sends a task's exit after all of its
     // output), or until every stream has ended (a node failed, or a task never reported).
     while !running.all_exited() {
@@ -441,6 +459,13 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args, alloc: Allocati
                     worst.1 = e.signal;
                 }
                 worst.0 = worst.0.max(e.exit_code);
+                ends.insert(
+                    task,
+                    TaskEnd {
+                        exit_code: e.exit_code,
+                        signal: e.signal,
+                    },
+                );
                 running.exited(task);
             }
         }
@@ -457,6 +482,14 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args, alloc: Allocati
         }
     }
     stdout.flush()?;
+    let nodes: Vec<(&str, &[u32])> = step
+        .targets
+        .iter()
+        .map(|t| (t.node.as_str(), t.task_ids.as_slice()))
+        .collect();
+    for line in failure_lines(&nodes, &ends) {
+        writeln!(stderr, "{line}")?;
+    }
     stderr.flush()?;
     drop((stdout, stderr));
     crate::timing::mark("tasks-ended");

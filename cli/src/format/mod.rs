@@ -8,6 +8,7 @@
 //! - `table.rs`: padding and cutting cells.
 //! - `detail.rs`: `scontrol show` key=value blocks.
 //! - `slurm_json.rs`: `--json` in Slurm 22.05's shapes.
+//! - `task_exits.rs`: srun's lines for tasks that failed.
 //!
 //! Both implementations read the same views, so `--json` and `-o` cannot drift apart.
 
@@ -15,6 +16,7 @@ pub mod columns;
 pub mod detail;
 pub mod slurm_json;
 pub mod table;
+pub mod task_exits;
 pub mod view;
 
 use std::io::Write;

@@ -119,10 +119,13 @@ pub fn start_step(
             }
             Err(e) => {
                 let program = t.argv.first().map(String::as_str).unwrap_or_default();
-                let text = format!(
-                    "tandem: error: task {}: execve(): {program}: {e}\n",
-                    t.task_id
+                // Slurm's step daemon's words (`execve(): nosuchcmd: No such file or
+                // directory`), the errno's text without Rust's "(os error 2)".
+                let why = e.raw_os_error().map_or_else(
+                    || e.to_string(),
+                    |n| nix::errno::Errno::from_raw(n).desc().to_owned(),
                 );
+                let text = format!("tandem-worker: error: execve(): {program}: {why}\n");
                 let tx = tx.clone();
                 let task_id = t.task_id;
                 pumps.spawn(async move {
