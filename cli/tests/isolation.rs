@@ -122,3 +122,48 @@ fn scancel_kills_a_child_that_called_setsid() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// sacct's CPU and memory figures come from the job's cgroup as it ended: the allocation
+/// line's TotalCPU is the whole job's, the `.batch` line's TotalCPU and MaxRSS the batch
+/// script's (Slurm 22.05 with cgroup accounting leaves MaxRSS blank on the allocation line).
+#[test]
+fn sacct_reports_the_cpu_and_peak_memory_the_cgroup_measured() {
+    if !cgroups_or_skip("sacct_reports_the_cpu_and_peak_memory_the_cgroup_measured") {
+        return;
+    }
+    let c = Cluster::start(1);
+    // `tail` holds a newline-free 32 MiB in memory; the loop burns a little CPU.
+    let id = c.sbatch(&[
+        "--wrap",
+        "head -c 33554432 /dev/zero | tail >/dev/null; \
+         i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done",
+    ]);
+    c.wait_end(id, T);
+    let out = c.ok(&[
+        "sacct",
+        "-n",
+        "-P",
+        "-j",
+        &id.to_string(),
+        "-o",
+        "JobID,TotalCPU,MaxRSS,UserCPU",
+    ]);
+    let rows: Vec<Vec<&str>> = out.lines().map(|l| l.split('|').collect()).collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    let (job, batch) = (&rows[0], &rows[1]);
+    assert_eq!(batch[0], format!("{id}.batch"), "{out}");
+    assert_ne!(job[1], "00:00:00", "the job used CPU: {out}");
+    assert_ne!(batch[3], "00:00:00", "the script used user CPU: {out}");
+    assert_eq!(job[2], "", "no MaxRSS on the allocation line: {out}");
+    let kib = |v: &str| -> u64 {
+        let (n, unit) = v.split_at(v.len().saturating_sub(1));
+        let n: u64 = n.parse().unwrap_or_else(|_| panic!("MaxRSS {v:?}"));
+        n * match unit {
+            "K" => 1,
+            "M" => 1024,
+            "G" => 1024 * 1024,
+            _ => panic!("MaxRSS unit {v:?}"),
+        }
+    };
+    assert!(kib(batch[2]) >= 32 * 1024, "peak under 32 MiB: {out}");
+}

@@ -289,6 +289,7 @@ pub fn spawn(
         next_periodic_pass: now,
         last_pass: Duration::ZERO,
         planned: HashMap::new(),
+        ended_usage: None,
         timeout_signalled: HashSet::new(),
         placeholders: placeholders::Placeholders::default(),
         stopping: false,
@@ -343,6 +344,9 @@ struct Actor {
     next_tick: Instant,
     next_purge: Instant,
     next_periodic_pass: Instant,
+    /// What the worker measured of the run whose end is being applied (see `job_ended`):
+    /// its accounting record carries it.
+    ended_usage: Option<MeasuredUsage>,
     /// The last pass's backfill plan: when and where each pending job it reserved for is
     /// expected to start (squeue --start).
     planned: HashMap<JobId, (i64, Arc<str>)>,
@@ -353,6 +357,15 @@ struct Actor {
     stopping: bool,
     /// What listings read, published after every flush.
     view: ViewPublisher,
+}
+
+/// A job's CPU time and peak memory as its worker measured them when it ended.
+struct MeasuredUsage {
+    job: JobId,
+    /// The batch script's own cgroup (sacct's `.batch`).
+    batch: Option<v1::ResourceUsage>,
+    /// The whole job (the allocation line).
+    whole: Option<v1::ResourceUsage>,
 }
 
 /// How often timers (node timeouts, purge) are looked at.

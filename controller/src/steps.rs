@@ -45,6 +45,8 @@ impl StepRec {
                 gpus: self.gpus,
                 ..Default::default()
             }),
+            // srun steps are not measured yet: sacct leaves their usage blank.
+            usage: None,
         }
     }
 }

@@ -425,6 +425,21 @@ async fn supervise(
     inner.steps.signal_job(job.job_id, Signal::SIGKILL);
     // The kernel counted OOM kills in the job's cgroup; read before it is removed.
     let out_of_memory = cgroup.as_ref().is_some_and(JobCgroup::out_of_memory);
+    // So are the job's CPU time and peak memory, and its batch script's (sacct's .batch).
+    // Where the cgroup does not count CPU, the script's own (wait4: it and the children
+    // it waited for) stands in for both.
+    let waited = started.child.cpu_usec();
+    let measured = |scope: Option<Option<u32>>| {
+        let u = cgroup.as_ref().map(|c| c.usage(scope)).unwrap_or_default();
+        let cpu = u.cpu_usec.or(waited)?;
+        Some(tandem_proto::v1::ResourceUsage {
+            user_cpu_usec: cpu.0,
+            system_cpu_usec: cpu.1,
+            max_rss_bytes: u.max_rss_bytes,
+        })
+    };
+    ended.batch_usage = measured(Some(None));
+    ended.job_usage = measured(None);
     if let Some(c) = &cgroup {
         c.destroy().await;
     }

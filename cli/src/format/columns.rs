@@ -801,6 +801,17 @@ pub enum AcctField {
     Priority,
     Constraints,
     Restarts,
+    /// `NCPUS` and `NNodes`: AllocCPUS and AllocNodes under Slurm's other names.
+    NCpus,
+    NNodes,
+    /// Elapsed times allocated CPUs.
+    CpuTime,
+    /// CPU the processes used (user + system), and each part.
+    TotalCpu,
+    UserCpu,
+    SystemCpu,
+    /// Peak memory of a step (blank on the allocation line, as Slurm leaves it).
+    MaxRss,
 }
 
 pub const SACCT_DEFAULT: &str = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode";
@@ -814,8 +825,15 @@ impl AcctField {
             "jobname" => JobName,
             "partition" => Partition,
             "account" => Account,
-            "alloccpus" | "ncpus" => AllocCpus,
-            "allocnodes" | "nnodes" => AllocNodes,
+            "alloccpus" => AllocCpus,
+            "allocnodes" => AllocNodes,
+            "ncpus" => NCpus,
+            "nnodes" => NNodes,
+            "cputime" => CpuTime,
+            "totalcpu" => TotalCpu,
+            "usercpu" => UserCpu,
+            "systemcpu" => SystemCpu,
+            "maxrss" => MaxRss,
             "alloctres" => AllocTres,
             "state" => State,
             "exitcode" => ExitCode,
@@ -853,6 +871,7 @@ impl AcctField {
             NodeList => 15,
             User | Uid => 9,
             WorkDir => 30,
+            NNodes => 8,
             _ => 10,
         }
     }
@@ -899,6 +918,13 @@ impl Field<JobView<'_>> for AcctField {
             Priority => "Priority",
             Constraints => "Constraints",
             Restarts => "Restarts",
+            NCpus => "NCPUS",
+            NNodes => "NNodes",
+            CpuTime => "CPUTime",
+            TotalCpu => "TotalCPU",
+            UserCpu => "UserCPU",
+            SystemCpu => "SystemCPU",
+            MaxRss => "MaxRSS",
         }
     }
 
@@ -916,8 +942,21 @@ impl Field<JobView<'_>> for AcctField {
             JobName => j.name.to_string(),
             Partition => job_only(&|| j.partition.to_string()),
             Account => j.account.to_string(),
-            AllocCpus => j.cpus.to_string(),
-            AllocNodes => j.nodes.to_string(),
+            AllocCpus | NCpus => j.cpus.to_string(),
+            AllocNodes | NNodes => j.nodes.to_string(),
+            CpuTime => {
+                tandem_sched::time::format_elapsed(j.elapsed_s.saturating_mul(u64::from(j.cpus)))
+            }
+            TotalCpu => cpu_time(
+                j.usage
+                    .map_or(0, |u| u.user_cpu_usec.saturating_add(u.system_cpu_usec)),
+            ),
+            UserCpu => cpu_time(j.usage.map_or(0, |u| u.user_cpu_usec)),
+            SystemCpu => cpu_time(j.usage.map_or(0, |u| u.system_cpu_usec)),
+            MaxRss => match j.usage {
+                Some(u) if step && u.max_rss_bytes > 0 => kib_with_unit(u.max_rss_bytes / 1024),
+                _ => String::new(),
+            },
             AllocTres => j.tres.to_string(),
             State => match j.cancelled_by {
                 // Slurm 22.05's allocation line of a cancelled job: `CANCELLED by 1000`
@@ -963,6 +1002,40 @@ impl Field<JobView<'_>> for AcctField {
             Restarts => job_only(&|| j.restarts.to_string()),
         }
     }
+}
+
+/// sacct's CPU times (Slurm's `_elapsed_time`): `D-HH:MM:SS` past a day, `HH:MM:SS` past
+/// an hour, else `MM:SS.mmm`, or `00:MM:SS` without milliseconds.
+fn cpu_time(usec: u64) -> String {
+    let secs = usec / 1_000_000;
+    let ms = usec % 1_000_000 / 1000;
+    let (d, h, m, s) = (
+        secs / 86_400,
+        secs % 86_400 / 3600,
+        secs % 3600 / 60,
+        secs % 60,
+    );
+    if d > 0 {
+        format!("{d}-{h:02}:{m:02}:{s:02}")
+    } else if h > 0 {
+        format!("{h:02}:{m:02}:{s:02}")
+    } else if ms > 0 {
+        format!("{m:02}:{s:02}.{ms:03}")
+    } else {
+        format!("00:{m:02}:{s:02}")
+    }
+}
+
+/// A size in KiB as sacct prints it: a larger unit only where it divides exactly
+/// (`2236K`, `2048K` -> `2M`).
+fn kib_with_unit(kib: u64) -> String {
+    const UNITS: [&str; 5] = ["K", "M", "G", "T", "P"];
+    let (mut n, mut i) = (kib, 0);
+    while n > 0 && n % 1024 == 0 && i + 1 < UNITS.len() {
+        n /= 1024;
+        i += 1;
+    }
+    format!("{n}{}", UNITS[i])
 }
 
 pub fn sacct_format(spec: &str) -> Result<Format<AcctField>, FormatError> {
@@ -1051,6 +1124,20 @@ mod tests {
         JobInfo::decode(kept.as_slice()).unwrap()
     }
 
+    /// Slurm 22.05's sacct: `00:00:00` for no CPU, `00:01.234`, `01:02:03`; MaxRSS `2236K`,
+    /// `2M` for 2048K.
+    #[test]
+    fn cpu_times_and_sizes_read_as_sacct_prints_them() {
+        assert_eq!(cpu_time(0), "00:00:00");
+        assert_eq!(cpu_time(1_234_000), "00:01.234");
+        assert_eq!(cpu_time(61_000_000), "00:01:01");
+        assert_eq!(cpu_time(3_723_000_000), "01:02:03");
+        assert_eq!(cpu_time(90_000_000_000), "1-01:00:00");
+        assert_eq!(kib_with_unit(2236), "2236K");
+        assert_eq!(kib_with_unit(2048), "2M");
+        assert_eq!(kib_with_unit(3 * 1024 * 1024), "3G");
+        assert_eq!(kib_with_unit(0), "0K");
+    }
     #[test]
     fn every_squeue_column_renders_from_the_fields_it_asks_for() {
         let full = JobInfo {

@@ -887,6 +887,7 @@ mod tests {
                     gpus: 0,
                     gpu_type: String::new(),
                 }),
+                usage: None,
             }],
             ..job(9, JobState::Failed)
         };

@@ -80,6 +80,8 @@ pub struct JobView<'a> {
     pub alloc_sid: u32,
     /// `--mem-per-cpu`; 0 when the job asked for memory per node (or none).
     pub mem_per_cpu_mb: u64,
+    /// CPU time and peak memory the worker measured as the job or step ended.
+    pub usage: Option<&'a tandem_proto::v1::ResourceUsage>,
 }
 
 /// Slurm's name for a state: the proto enum names are Slurm's with a prefix.
@@ -293,6 +295,7 @@ impl<'a> JobView<'a> {
             stdin: &j.stdin,
             alloc_sid: j.alloc_sid,
             mem_per_cpu_mb: j.mem_per_cpu_mb,
+            usage: j.usage.as_ref(),
         }
     }
 
@@ -345,6 +348,7 @@ impl<'a> JobView<'a> {
             cancelled_by: None,
             expected_start: None,
             sched_nodes: "",
+            usage: s.usage.as_ref(),
             ..job.clone()
         }
     }

@@ -418,6 +418,7 @@ job_info_fields! {
     MEM_PER_CPU_MB = 51 "mem_per_cpu_mb",
     EXPECTED_START = 52 "expected_start",
     SCHED_NODES = 53 "sched_nodes",
+    USAGE = 54 "usage",
 }
 
 // A mask is one u64 with a bit per field number.
@@ -590,6 +591,8 @@ pub fn job_info_with(st: &State, job: &Job, want: JobFields) -> v1::JobInfo {
         // The pass's plan, not the job's: the read view adds them with the pending facts.
         expected_start: 0,
         sched_nodes: String::new(),
+        // Measured as a run ends: accounting records only.
+        usage: None,
     }
 }
 

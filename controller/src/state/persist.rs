@@ -27,13 +27,16 @@ impl Actor {
         if rec.requeued {
             info.reason = String::new();
         }
+        let measured = self.ended_usage.as_ref().filter(|u| u.job == rec.job);
+        info.usage = measured.and_then(|u| u.whole);
+        let batch_usage = measured.and_then(|u| u.batch);
         let batch_host = names.first().copied().unwrap_or_default().to_owned();
         let run = if rec.requeued {
             job.restarts.saturating_sub(1)
         } else {
             job.restarts
         };
-        let row = record_row(job, run, &info, &batch_host);
+        let row = record_row(job, run, &info, &batch_host, batch_usage);
         self.batch.records.push(row);
         if rec.requeued && self.steps.remove(&rec.job).is_some() {
             self.batch.removed_steps.push(rec.job.0);
@@ -82,7 +85,9 @@ impl Actor {
                     };
                 if recordable {
                     let info = self.job_info(job);
-                    batch.records.push(record_row(job, job.restarts, &info, ""));
+                    batch
+                        .records
+                        .push(record_row(job, job.restarts, &info, "", None));
                 }
                 if self.steps.remove(id).is_some() {
                     batch.removed_steps.push(id.0);
@@ -165,7 +170,13 @@ impl Actor {
 }
 
 /// The accounting row of one run.
-fn record_row(job: &Job, run: u32, info: &v1::JobInfo, batch_host: &str) -> JobRecordRow {
+fn record_row(
+    job: &Job,
+    run: u32,
+    info: &v1::JobInfo,
+    batch_host: &str,
+    batch_usage: Option<v1::ResourceUsage>,
+) -> JobRecordRow {
     let mut info = info.clone();
     // sacct's `JOBID.batch` line: the batch script's own step, on the first node with what
     // the job holds there (Slurm 22.05: `-N8 --exclusive` on 64-CPU nodes is 512 CPUs,
@@ -191,6 +202,7 @@ fn record_row(job: &Job, run: u32, info: &v1::JobInfo, batch_host: &str) -> JobR
                 exit_code: info.exit_code,
                 signal: info.exit_signal,
                 tres: batch_tres,
+                usage: batch_usage,
             },
         );
     }

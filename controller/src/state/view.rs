@@ -353,6 +353,7 @@ fn project(full: &v1::JobInfo, want: JobFields) -> v1::JobInfo {
         MEM_PER_CPU_MB => mem_per_cpu_mb,
         EXPECTED_START => expected_start,
         SCHED_NODES => sched_nodes,
+        USAGE => usage,
     }
 }
 

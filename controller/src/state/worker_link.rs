@@ -70,7 +70,14 @@ impl Actor {
         let end = if e.end_time > 0 { e.end_time } else { now };
         match self.st.job_ended_on(node, JobId(e.job_id), outcome, end) {
             Ok(effects) => {
+                // The run's accounting record is written while the effects apply.
+                self.ended_usage = Some(MeasuredUsage {
+                    job: JobId(e.job_id),
+                    batch: e.batch_usage,
+                    whole: e.job_usage,
+                });
                 self.apply_effects(effects);
+                self.ended_usage = None;
                 self.timeout_signalled.remove(&JobId(e.job_id));
                 self.pass_wanted = true;
             }

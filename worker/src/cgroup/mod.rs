@@ -318,6 +318,14 @@ impl JobCgroup {
         }
     }
 
+    /// What the job (`None`) or one of its steps (`Some(None)`: the batch script) used.
+    pub fn usage(&self, step: Option<Option<u32>>) -> plan::Usage {
+        match self {
+            Self::V1(j) => j.usage(step),
+            Self::V2(j) => j.usage(step),
+        }
+    }
+
     /// Whether the kernel's OOM killer ended a process of the job.
     pub fn out_of_memory(&self) -> bool {
         match self {

@@ -100,14 +100,44 @@ pub fn step_dir(step: Option<u32>) -> String {
     }
 }
 
-/// Parses `oom_kill N` out of v1 `memory.oom_control` or v2 `memory.events`.
-pub fn oom_kills(text: &str) -> Option<u64> {
+/// CPU time and peak memory of a cgroup, as sacct reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// User and system CPU in microseconds; `None` where the cgroup does not count them (a
+    /// v1 node whose `cpuacct` is not mounted with `cpu`).
+    pub cpu_usec: Option<(u64, u64)>,
+    /// Peak memory; 0 = not known.
+    pub max_rss_bytes: u64,
+}
+
+/// The value of `key N` in a flat keyed cgroup file.
+fn keyed(text: &str, key: &str) -> Option<u64> {
     text.lines().find_map(|l| {
         let mut words = l.split_whitespace();
-        (words.next() == Some("oom_kill"))
+        (words.next() == Some(key))
             .then(|| words.next()?.parse().ok())
             .flatten()
     })
+}
+
+/// User and system CPU in microseconds from v1 `cpuacct.stat` (`user N`, `system N`, in
+/// the kernel's USER_HZ ticks, 100 per second on Linux).
+pub fn cpuacct_stat_usec(text: &str) -> Option<(u64, u64)> {
+    const USEC_PER_TICK: u64 = 10_000;
+    Some((
+        keyed(text, "user")?.saturating_mul(USEC_PER_TICK),
+        keyed(text, "system")?.saturating_mul(USEC_PER_TICK),
+    ))
+}
+
+/// User and system CPU in microseconds from v2 `cpu.stat`.
+pub fn cpu_stat_usec(text: &str) -> Option<(u64, u64)> {
+    Some((keyed(text, "user_usec")?, keyed(text, "system_usec")?))
+}
+
+/// Parses `oom_kill N` out of v1 `memory.oom_control` or v2 `memory.events`.
+pub fn oom_kills(text: &str) -> Option<u64> {
+    keyed(text, "oom_kill")
 }
 
 /// Pids in a `cgroup.procs` file; garbage lines are skipped.
@@ -213,6 +243,17 @@ mod tests {
         let v2 = "low 0\nhigh 0\nmax 5\noom 1\noom_kill 1\noom_group_kill 0\n";
         assert_eq!(oom_kills(v2), Some(1));
         assert_eq!(oom_kills("oom_kill_disable 0\nunder_oom 0\n"), None);
+    }
+
+    #[test]
+    fn cpu_times_from_both_cgroup_versions() {
+        assert_eq!(
+            cpuacct_stat_usec("user 12\nsystem 3\n"),
+            Some((120_000, 30_000))
+        );
+        assert_eq!(cpuacct_stat_usec("user 12\n"), None);
+        let v2 = "usage_usec 1500\nuser_usec 1000\nsystem_usec 500\nnr_periods 0\n";
+        assert_eq!(cpu_stat_usec(v2), Some((1000, 500)));
         assert_eq!(parse_pids("12\n\n7\nx\n0\n"), vec![12, 7]);
         assert_eq!(step_dir(None), "step_batch");
         assert_eq!(step_dir(Some(3)), "step_3");

@@ -220,6 +220,27 @@ impl Job {
             .sum()
     }
 
+    /// CPU time (`cpuacct.stat`, in the cpu hierarchy where cpuacct shares it) and peak
+    /// memory (`memory.max_usage_in_bytes`) of the job, or of one of its steps.
+    pub fn usage(&self, step: Option<Option<u32>>) -> plan::Usage {
+        let at = |c: Controller| {
+            self.dir(c).map(|d| match step {
+                Some(s) => d.join(plan::step_dir(s)),
+                None => d.to_path_buf(),
+            })
+        };
+        let read =
+            |c: Controller, file: &str| at(c).and_then(|d| fs::read_to_string(d.join(file)).ok());
+        let cpu_usec =
+            read(Controller::Cpu, "cpuacct.stat").and_then(|t| plan::cpuacct_stat_usec(&t));
+        plan::Usage {
+            cpu_usec,
+            max_rss_bytes: read(Controller::Memory, "memory.max_usage_in_bytes")
+                .and_then(|t| t.trim().parse().ok())
+                .unwrap_or(0),
+        }
+    }
+
     /// Whether the memory limit was ever hit (kernels before 4.13 lack `oom_kill`).
     pub fn hit_memory_limit(&self) -> bool {
         self.dir(Controller::Memory)

@@ -226,6 +226,25 @@ impl Job {
     }
 
     /// `memory.events` of the job counts its descendants' OOM kills too.
+    /// CPU time (`cpu.stat`) and peak memory (`memory.peak`, Linux 5.19 and later) of the
+    /// job, or of one of its steps.
+    pub fn usage(&self, step: Option<Option<u32>>) -> plan::Usage {
+        let dir = match step {
+            Some(s) => self.dir.join(plan::step_dir(s)),
+            None => self.dir.clone(),
+        };
+        let cpu_usec = fs::read_to_string(dir.join("cpu.stat"))
+            .ok()
+            .and_then(|t| plan::cpu_stat_usec(&t));
+        plan::Usage {
+            cpu_usec,
+            max_rss_bytes: fs::read_to_string(dir.join("memory.peak"))
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+                .unwrap_or(0),
+        }
+    }
+
     pub fn oom_kills(&self) -> u64 {
         fs::read_to_string(self.dir.join("memory.events"))
             .ok()

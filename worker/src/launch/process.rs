@@ -273,6 +273,15 @@ impl JobProcess {
             JobProcess::Vfork(p) => p.wait().await,
         }
     }
+
+    /// User and system CPU (microseconds) of the process and the children it waited for,
+    /// once reaped; known where the worker reaps it itself (not through std).
+    pub fn cpu_usec(&self) -> Option<(u64, u64)> {
+        match self {
+            JobProcess::Std(_) => None,
+            JobProcess::Vfork(p) => p.cpu_usec(),
+        }
+    }
 }
 
 /// Resolves an output pattern to a path: `%N`/`%%` expanded, relative to the workdir.

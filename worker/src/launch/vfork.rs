@@ -71,6 +71,8 @@ pub struct Process {
     pid: Pid,
     pidfd: AsyncFd<OwnedFd>,
     reaped: bool,
+    /// User and system CPU from `wait4`, once reaped.
+    cpu_usec: Option<(u64, u64)>,
 }
 
 /// Where the child reports a failure; written by the child only, read by the parent only
@@ -245,6 +247,7 @@ pub fn spawn(spec: &Spawn<'_>) -> io::Result<Process> {
         pid,
         pidfd,
         reaped: false,
+        cpu_usec: None,
     })
 }
 
@@ -257,22 +260,44 @@ impl Process {
     pub async fn wait(&mut self) -> io::Result<ExitStatus> {
         loop {
             let mut ready = self.pidfd.readable().await?;
-            match waitpid(self.pid, Some(WaitPidFlag::WNOHANG)).map_err(io::Error::from)? {
-                WaitStatus::Exited(_, code) => {
-                    self.reaped = true;
-                    return Ok(ExitStatus::from_raw((code & 0xff) << 8));
-                }
-                WaitStatus::Signaled(_, signal, core) => {
-                    self.reaped = true;
-                    return Ok(ExitStatus::from_raw(
-                        signal as i32 | if core { 0x80 } else { 0 },
-                    ));
-                }
-                // Stopped or continued (no WUNTRACED, so not expected), or not yet.
-                _ => ready.clear_ready(),
+            let mut status: libc::c_int = 0;
+            // SAFETY: all-zero bytes are a valid `rusage` (integers and `timeval`s only).
+            let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+            // SAFETY: `wait4` writes only `status` and `usage`, locals borrowed exclusively
+            // for the call; WNOHANG makes it return at once.
+            let reaped = unsafe {
+                libc::wait4(
+                    self.pid.as_raw(),
+                    &raw mut status,
+                    libc::WNOHANG,
+                    &raw mut usage,
+                )
+            };
+            if reaped < 0 {
+                return Err(io::Error::last_os_error());
             }
+            // 0: not yet; stopped or continued (no WUNTRACED, so not expected): go on waiting.
+            if reaped == 0 || !(libc::WIFEXITED(status) || libc::WIFSIGNALED(status)) {
+                ready.clear_ready();
+                continue;
+            }
+            self.reaped = true;
+            self.cpu_usec = Some((usec(usage.ru_utime), usec(usage.ru_stime)));
+            return Ok(ExitStatus::from_raw(status));
         }
     }
+
+    /// User and system CPU of the process and the children it waited for, in microseconds,
+    /// once it has been reaped.
+    pub fn cpu_usec(&self) -> Option<(u64, u64)> {
+        self.cpu_usec
+    }
+}
+
+fn usec(t: libc::timeval) -> u64 {
+    let secs = u64::try_from(t.tv_sec).unwrap_or(0);
+    let micros = u64::try_from(t.tv_usec).unwrap_or(0);
+    secs.saturating_mul(1_000_000).saturating_add(micros)
 }
 
 impl Drop for Process {
