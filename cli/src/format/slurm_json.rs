@@ -328,7 +328,7 @@ impl AcctExit {
 }
 
 /// The C library's description of the signals jobs usually die of (what Slurm prints).
-fn signal_name(sig: i32) -> Option<&'static str> {
+pub(crate) fn signal_name(sig: i32) -> Option<&'static str> {
     Some(match sig {
         1 => "Hangup",
         2 => "Interrupt",
@@ -345,6 +345,7 @@ fn signal_name(sig: i32) -> Option<&'static str> {
         13 => "Broken pipe",
         14 => "Alarm clock",
         15 => "Terminated",
+        24 => "CPU time limit exceeded",
         _ => return None,
     })
 }

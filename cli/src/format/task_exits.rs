@@ -64,27 +64,9 @@ fn ranges(ids: &[u32]) -> String {
     out.join(",")
 }
 
-/// What `strsignal(3)` says of the signals a task commonly dies of.
+/// What `strsignal(3)` says of the signal, as srun prints it.
 fn signal_words(signal: i32) -> String {
-    let words = match signal {
-        1 => "Hangup",
-        2 => "Interrupt",
-        3 => "Quit",
-        4 => "Illegal instruction",
-        6 => "Aborted",
-        7 => "Bus error",
-        8 => "Floating point exception",
-        9 => "Killed",
-        10 => "User defined signal 1",
-        11 => "Segmentation fault",
-        12 => "User defined signal 2",
-        13 => "Broken pipe",
-        14 => "Alarm clock",
-        15 => "Terminated",
-        24 => "CPU time limit exceeded",
-        _ => return format!("Signal {signal}"),
-    };
-    words.to_owned()
+    super::slurm_json::signal_name(signal).map_or_else(|| format!("Signal {signal}"), str::to_owned)
 }
 
 #[cfg(test)]
