@@ -1525,3 +1525,23 @@ fn srun_reports_failed_tasks_as_slurms() {
          srun: error: Not using a pseudo-terminal, disregarding --pty option\n"
     );
 }
+
+/// sacct's window as Slurm 22.05 takes it: a start after the end (now, when no end is
+/// given) is refused, `sacct: error: Start time (2026-12-04T12:00:00) requested is after end
+/// time (2026-12-04T06:17:15).`; yearless dates and times of day name the past (unit tests
+/// in `tandem_sched::time`).
+#[test]
+fn sacct_refuses_a_window_that_ends_before_it_starts() {
+    let c = Cluster::start(1);
+    util::assert_one_line_error(
+        &c.run(&["sacct", "-S", "now+1hour"]),
+        "sacct",
+        "requested is after end time",
+    );
+    util::assert_one_line_error(
+        &c.run(&["sacct", "-S", "2026-01-02", "-E", "2026-01-01"]),
+        "sacct",
+        "Start time (2026-01-02T00:00:00) requested is after end time (2026-01-01T00:00:00)",
+    );
+    assert!(c.run(&["sacct", "-S", "midnight"]).status.success());
+}

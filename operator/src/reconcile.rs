@@ -1307,7 +1307,14 @@ async fn reconcile_loginset(ls: Arc<LoginSet>, ctx: Arc<Context>) -> Result<Requ
             .await
             .map_err(kube("patch LoginSet status"))?;
     }
-    Ok(Requeue::requeue(Duration::from_secs(300)))
+    // The pods are read from the shared pod store, whose watch may not yet have applied the
+    // event that triggered this pass (a pod turning ready): look again soon until every pod
+    // is ready, as the cluster's reconcile does, or the status could stay behind for good.
+    Ok(if tc.is_some() && ready == ls.spec.replicas {
+        Requeue::requeue(Duration::from_secs(300))
+    } else {
+        Requeue::requeue(Duration::from_secs(2))
+    })
 }
 
 #[cfg(test)]

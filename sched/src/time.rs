@@ -195,6 +195,26 @@ pub fn parse_begin(s: &str, now: i64) -> Result<i64, TimeError> {
 ///
 /// Date/time forms are interpreted at `utc_offset_s` from UTC.
 pub fn parse_begin_with_offset(s: &str, now: i64, utc_offset_s: i32) -> Result<i64, TimeError> {
+    parse_time(s, now, utc_offset_s, Toward::Future)
+}
+
+/// Parses a time for sacct's `--starttime`/`--endtime` (Slurm's `parse_time(.., past)`):
+/// the same forms as [`parse_begin_with_offset`], but a time of day or a date without a
+/// year is never moved on to tomorrow or next year (`12/03` on December 4 is this year's,
+/// `midnight` the one that began today, `noon` before noon today's, which sacct then
+/// refuses as a start after its end).
+pub fn parse_past_with_offset(s: &str, now: i64, utc_offset_s: i32) -> Result<i64, TimeError> {
+    parse_time(s, now, utc_offset_s, Toward::Past)
+}
+
+/// Which occurrence a time of day or a yearless date names.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Toward {
+    Future,
+    Past,
+}
+
+fn parse_time(s: &str, now: i64, utc_offset_s: i32, toward: Toward) -> Result<i64, TimeError> {
     let t = s.trim();
     if t.is_empty() {
         return Err(terr(s, "empty"));
@@ -205,7 +225,7 @@ pub fn parse_begin_with_offset(s: &str, now: i64, utc_offset_s: i32) -> Result<i
     let today0 = local_now.div_euclid(86_400) * 86_400; // local midnight, in local seconds
     let next_at = |sod: i64| -> i64 {
         let cand = today0 + sod;
-        (if cand <= local_now {
+        (if toward == Toward::Future && cand <= local_now {
             cand + 86_400
         } else {
             cand
@@ -312,7 +332,7 @@ pub fn parse_begin_with_offset(s: &str, now: i64, utc_offset_s: i32) -> Result<i
     let year = explicit_year.unwrap_or(y_now);
     let d = parse_field(s, d, 1, days_in_month(year, mo))?;
     let mut at = days_from_civil(year, mo, d) * 86_400;
-    if explicit_year.is_none() && at < today0 {
+    if explicit_year.is_none() && toward == Toward::Future && at < today0 {
         let d2 = d.min(days_in_month(year + 1, mo));
         at = days_from_civil(year + 1, mo, d2) * 86_400;
     }
@@ -367,6 +387,25 @@ fn parse_clock(input: &str, t: &str) -> Result<i64, TimeError> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// `--begin`'s times of day and yearless dates move on to the next such time; sacct's
+    /// stay where they fall (Slurm's `parse_time(.., past)`).
+    #[test]
+    fn past_times_stay_where_begin_times_roll_forward() {
+        // 2026-12-04T06:00:00Z
+        let now = 1_796_364_000;
+        let day = 86_400;
+        let today0 = now - 6 * 3600;
+        let past = |s: &str| parse_past_with_offset(s, now, 0);
+        let begin = |s: &str| parse_begin_with_offset(s, now, 0);
+        assert_eq!(past("midnight"), Ok(today0));
+        assert_eq!(begin("midnight"), Ok(today0 + day));
+        assert_eq!(past("noon"), Ok(today0 + 12 * 3600));
+        assert_eq!(past("05:00"), Ok(today0 + 5 * 3600));
+        assert_eq!(begin("05:00"), Ok(today0 + day + 5 * 3600));
+        assert_eq!(past("12/03"), Ok(today0 - day));
+        assert_eq!(begin("12/03"), Ok(today0 + 364 * day));
+    }
 
     #[test]
     fn durations_parse_every_slurm_form() {

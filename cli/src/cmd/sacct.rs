@@ -105,6 +105,16 @@ pub async fn run(args: Args) -> Exit {
         Some(s) => parse_when(s, now, offset).context("invalid --endtime")?,
         None => 0,
     };
+    // Slurm's words for a window that ends before it starts (the end defaults to now).
+    let end_or_now = if end_time > 0 { end_time } else { now };
+    if start_time > end_or_now {
+        let at = |t: i64| tandem_sched::time::format_timestamp(t, offset);
+        anyhow::bail!(
+            "Start time ({}) requested is after end time ({}).",
+            at(start_time),
+            at(end_or_now)
+        );
+    }
     let (mut users, unknown) = super::resolve_users(&args.users);
     if let Some(u) = unknown.first() {
         anyhow::bail!("Invalid user id: {u}");
@@ -276,7 +286,7 @@ pub fn parse_when(s: &str, now: i64, utc_offset_s: i32) -> anyhow::Result<i64> {
             .map(|d| now - d)
             .ok_or_else(|| anyhow::anyhow!("invalid time {s:?}"));
     }
-    Ok(tandem_sched::time::parse_begin_with_offset(
+    Ok(tandem_sched::time::parse_past_with_offset(
         s,
         now,
         utc_offset_s,
