@@ -1278,25 +1278,9 @@ fn the_batch_step_holds_the_first_nodes_share() {
     let c = Cluster::start(2);
     let id = c.sbatch(&["-N2", "--exclusive", "--wrap", "true"]);
     c.wait_end(id, T);
-    let out = c.ok(&[
-        "sacct",
-        "-n",
-        "-P",
-        "-j",
-        &id.to_string(),
-        "-o",
-        "JobID,AllocCPUS,NNodes",
-    ]);
+    let out = c.sacct_job(id, "JobID,AllocCPUS,NNodes");
     assert_eq!(out, format!("{id}|8|2\n{id}.batch|4|1\n"));
-    let tres = c.ok(&[
-        "sacct",
-        "-n",
-        "-P",
-        "-j",
-        &id.to_string(),
-        "-o",
-        "AllocTRES",
-    ]);
+    let tres = c.sacct_job(id, "AllocTRES");
     let batch = tres.lines().nth(1).unwrap_or_default();
     assert!(
         batch.contains("cpu=4") && batch.contains("gres/gpu=2") && batch.contains("node=1"),

@@ -139,15 +139,7 @@ fn sacct_reports_the_cpu_and_peak_memory_the_cgroup_measured() {
          i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done",
     ]);
     c.wait_end(id, T);
-    let out = c.ok(&[
-        "sacct",
-        "-n",
-        "-P",
-        "-j",
-        &id.to_string(),
-        "-o",
-        "JobID,TotalCPU,MaxRSS,UserCPU",
-    ]);
+    let out = c.sacct_job(id, "JobID,TotalCPU,MaxRSS,UserCPU");
     let rows: Vec<Vec<&str>> = out.lines().map(|l| l.split('|').collect()).collect();
     assert_eq!(rows.len(), 2, "{out}");
     let (job, batch) = (&rows[0], &rows[1]);

@@ -230,6 +230,11 @@ impl Cluster {
             .to_string()
     }
 
+    /// `sacct -n -P -j ID -o FIELDS`: the job's lines (allocation, then steps), `|`-separated.
+    pub fn sacct_job(&self, id: u64, fields: &str) -> String {
+        self.ok(&["sacct", "-n", "-P", "-j", &id.to_string(), "-o", fields])
+    }
+
     /// Polls `squeue -o FORMAT` for the job until it prints `want`.
     pub fn wait_squeue(&self, id: u64, format: &str, want: &str, timeout: Duration) {
         let deadline = Instant::now() + timeout;
