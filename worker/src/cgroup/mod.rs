@@ -226,12 +226,14 @@ impl Isolation {
     /// Job `job_id`'s cgroup if it exists on this node (steps of a job whose batch script
     /// runs here join it).
     pub fn existing_job(&self, job_id: u64) -> Option<JobCgroup> {
-        let job = match &self.tree {
-            None => return None,
-            Some(Tree::V1(t)) => JobCgroup::V1(t.job(job_id)),
-            Some(Tree::V2(t)) => JobCgroup::V2(t.job(job_id)),
-        };
-        job.exists().then_some(job)
+        match &self.tree {
+            None => None,
+            Some(Tree::V1(t)) => t.existing_job(job_id).map(JobCgroup::V1),
+            Some(Tree::V2(t)) => {
+                let job = t.job(job_id);
+                job.dir_exists().then_some(JobCgroup::V2(job))
+            }
+        }
     }
 
     fn clean_leftovers(&self) {

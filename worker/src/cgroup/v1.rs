@@ -48,6 +48,9 @@ pub struct Tree {
 #[derive(Debug, Clone)]
 pub struct Job {
     dirs: Vec<(Controller, PathBuf)>,
+    /// Whether the job has a `devices` directory (see [`Tree::create_job`]); the others
+    /// it always has.
+    devices: bool,
 }
 
 impl Tree {
@@ -79,7 +82,7 @@ impl Tree {
         ids
     }
 
-    /// A handle to job `job_id`'s directories (existing or not).
+    /// A handle to job `job_id`'s directories (existing or not), all of them.
     pub fn job(&self, job_id: u64) -> Job {
         Job {
             dirs: self
@@ -87,24 +90,43 @@ impl Tree {
                 .iter()
                 .map(|(c, b)| (*c, b.join(plan::job_dir(job_id))))
                 .collect(),
+            devices: true,
         }
     }
 
+    /// Job `job_id`'s directories if it has any (a step joining a job that runs here).
+    pub fn existing_job(&self, job_id: u64) -> Option<Job> {
+        let mut job = self.job(job_id);
+        if !job.dir_exists() {
+            return None;
+        }
+        job.devices = job.dir(Controller::Devices).is_some_and(Path::is_dir);
+        Some(job)
+    }
+
     /// Creates job `job_id`'s directories and writes its limits.
+    ///
+    /// With no device to deny, the job stays out of the `devices` hierarchy: a cgroup
+    /// there without rules allows what its parent allows, so it would restrict nothing
+    /// and cost a `mkdir` and an `rmdir` per job and step (most jobs on a node without
+    /// GPU device files, or holding all of its GPUs).
     pub fn create_job(&self, job_id: u64, limits: &JobLimits) -> io::Result<Job> {
-        let job = self.job(job_id);
-        for (c, dir) in &job.dirs {
+        let mut job = self.job(job_id);
+        job.devices = !limits.deny.is_empty();
+        for (c, dir) in job.joined() {
             fs::create_dir_all(dir)?;
             match c {
                 Controller::Memory => {
                     if let Some(bytes) = limits.mem_bytes {
                         fs::write(dir.join("memory.limit_in_bytes"), bytes.to_string())?;
                         // With swap accounting, swap counts too (else a job swaps past its
-                        // limit). Absent without swap accounting: fine.
-                        let memsw = dir.join("memory.memsw.limit_in_bytes");
-                        if memsw.exists() {
-                            let _ = fs::write(memsw, bytes.to_string());
-                        }
+                        // limit). Absent without swap accounting: the open fails, fine.
+                        let _ = fs::OpenOptions::new()
+                            .write(true)
+                            .open(dir.join("memory.memsw.limit_in_bytes"))
+                            .and_then(|mut f| {
+                                io::Write::write_all(&mut f, bytes.to_string().as_bytes())
+                            });
                     }
                 }
                 Controller::Cpu => {
@@ -136,12 +158,19 @@ impl Job {
         self.dirs.iter().any(|(_, d)| d.is_dir())
     }
 
+    /// The hierarchies the job's processes join, with its directory in each.
+    fn joined(&self) -> impl Iterator<Item = &(Controller, PathBuf)> {
+        self.dirs
+            .iter()
+            .filter(|(c, _)| self.devices || *c != Controller::Devices)
+    }
+
     /// Creates a step's directories (which inherit the job's limits); returns the
     /// `cgroup.procs` files its processes write themselves into.
     pub fn add_step(&self, step: Option<u32>) -> io::Result<Vec<PathBuf>> {
         let name = plan::step_dir(step);
         let mut procs = Vec::with_capacity(self.dirs.len());
-        for (_, dir) in &self.dirs {
+        for (_, dir) in self.joined() {
             let d = dir.join(&name);
             fs::create_dir_all(&d)?;
             procs.push(d.join("cgroup.procs"));
@@ -152,12 +181,12 @@ impl Job {
     /// A step's directories, one per controller.
     pub fn step_dirs(&self, step: Option<u32>) -> Vec<PathBuf> {
         let name = plan::step_dir(step);
-        self.dirs.iter().map(|(_, d)| d.join(&name)).collect()
+        self.joined().map(|(_, d)| d.join(&name)).collect()
     }
 
     /// The directories of the job itself.
     pub fn dirs(&self) -> Vec<PathBuf> {
-        self.dirs.iter().map(|(_, d)| d.clone()).collect()
+        self.joined().map(|(_, d)| d.clone()).collect()
     }
 
     fn dir(&self, c: Controller) -> Option<&Path> {
@@ -252,7 +281,7 @@ impl Job {
     /// Removes the job's directories (steps first); they must hold no process.
     pub fn remove(&self) -> io::Result<()> {
         let mut first_err = None;
-        for (_, dir) in &self.dirs {
+        for (_, dir) in self.joined() {
             if let Err(e) = super::remove_tree(dir)
                 && first_err.is_none()
             {
@@ -341,6 +370,41 @@ mod tests {
         .unwrap();
         assert_eq!(job.oom_kills(), 1);
         assert_eq!(t.leftover_jobs(), vec![7]);
+    }
+
+    #[test]
+    fn a_job_that_denies_no_device_stays_out_of_the_devices_hierarchy() {
+        let tmp = tempfile::tempdir().unwrap();
+        let t = tree(tmp.path());
+        t.prepare().unwrap();
+        let job = t.create_job(3, &JobLimits::default()).unwrap();
+        let procs = job.add_step(None).unwrap();
+        assert_eq!(procs.len(), 3);
+        assert!(!tmp.path().join("devices/tandem/n1/job_3").exists());
+        // A step of that job joins the same three.
+        let step_job = t.existing_job(3).unwrap();
+        assert_eq!(step_job.add_step(Some(0)).unwrap().len(), 3);
+        assert!(!tmp.path().join("devices/tandem/n1/job_3").exists());
+        // Steps remove their own directories as they end.
+        for d in step_job.step_dirs(Some(0)) {
+            fs::remove_dir(d).unwrap();
+        }
+        job.remove().unwrap();
+        assert_eq!(t.leftover_jobs(), Vec::<u64>::new());
+        assert!(t.existing_job(3).is_none());
+
+        // With a device to deny, the job and its steps are in all four.
+        let deny = JobLimits {
+            deny: vec![CharDevice {
+                major: 195,
+                minor: 0,
+            }],
+            ..JobLimits::default()
+        };
+        t.create_job(4, &deny).unwrap();
+        let step_job = t.existing_job(4).unwrap();
+        assert_eq!(step_job.add_step(Some(0)).unwrap().len(), 4);
+        assert!(tmp.path().join("devices/tandem/n1/job_4/step_0").is_dir());
     }
 
     #[test]

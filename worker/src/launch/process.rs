@@ -397,12 +397,16 @@ fn write_script(spool_dir: &Path, spec: &BatchSpec<'_>) -> Result<PathBuf, Launc
         path: path.clone(),
         source,
     };
-    // A leftover from a previous worker life with the same job id is stale.
-    let _ = fs::remove_dir_all(spool_dir);
-    fs::DirBuilder::new()
-        .mode(0o700)
-        .create(spool_dir)
-        .map_err(err)?;
+    let mut dir = fs::DirBuilder::new();
+    dir.mode(0o700);
+    match dir.create(spool_dir) {
+        // A leftover from a previous worker life with the same job id is stale.
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            fs::remove_dir_all(spool_dir).map_err(err)?;
+            dir.create(spool_dir).map_err(err)?;
+        }
+        r => r.map_err(err)?,
+    }
     let mut f = OpenOptions::new()
         .write(true)
         .create_new(true)
