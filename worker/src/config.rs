@@ -46,9 +46,14 @@ pub struct Args {
     /// Partitions this node joins, comma-separated. Default: the controller's choice.
     #[arg(long, value_delimiter = ',')]
     pub partitions: Vec<String>,
-    /// Spool directory for batch scripts. Default: $TMPDIR/tandem-worker-NAME.
+    /// The worker's state (journal, certificates, spool). Default: $TMPDIR/tandem-worker-NAME.
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
+    /// Where batch scripts are written while their jobs run (Slurm's SlurmdSpoolDir).
+    /// Default: STATE_DIR/spool. A memory file system (tmpfs) makes each job's start and
+    /// end cheaper; the scripts need not outlive a reboot, which their jobs do not either.
+    #[arg(long)]
+    pub spool_dir: Option<PathBuf>,
     /// Address of this worker's step launch service (srun connects here).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub step_listen: SocketAddr,
@@ -123,6 +128,8 @@ pub struct Config {
     /// Empty = let the controller decide.
     pub partitions: Vec<String>,
     pub state_dir: PathBuf,
+    /// Batch scripts of running jobs (`--spool-dir`).
+    pub spool_dir: PathBuf,
     pub step_listen: SocketAddr,
     pub kill_wait: Option<Duration>,
     /// Job cgroups (`--cgroup`, `--cgroup-root`).
@@ -222,6 +229,7 @@ impl Args {
             gpu_type: self.gpu_type,
             features: self.features,
             partitions: self.partitions,
+            spool_dir: self.spool_dir.unwrap_or_else(|| state_dir.join("spool")),
             state_dir,
             step_listen: self.step_listen,
             kill_wait: self.kill_wait.map(Duration::from_secs),
@@ -333,6 +341,9 @@ mod tests {
         assert!(c.cpus >= 1 && c.mem_mb > 0);
         assert_eq!(c.gpus, None);
         assert!(c.state_dir.ends_with("tandem-worker-n1"));
+        assert_eq!(c.spool_dir, c.state_dir.join("spool"));
+        let c = args(&["--spool-dir", "/dev/shm/s/n1"]).unwrap();
+        assert_eq!(c.spool_dir, std::path::Path::new("/dev/shm/s/n1"));
     }
 
     #[test]

@@ -97,7 +97,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         source,
     };
     std::fs::create_dir_all(&config.state_dir).map_err(state_err)?;
-    let spool = launch::process::prepare_spool(&config.state_dir).map_err(state_err)?;
+    let spool =
+        launch::process::prepare_spool(&config.spool_dir).map_err(|source| Error::StateDir {
+            path: config.spool_dir.clone(),
+            source,
+        })?;
     let exec_dir = launch::exec::prepare_dir(&config.state_dir).map_err(state_err)?;
     let isolation = {
         let (settings, node, cpus) = (config.cgroup.clone(), config.node_name.clone(), config.cpus);

@@ -49,6 +49,7 @@ async fn script_output_environment_and_exit_code() {
         echo \"job $SLURM_JOB_ID on $SLURMD_NODENAME procid $SLURM_PROCID gpus $CUDA_VISIBLE_DEVICES arg $1\"\n\
         echo oops >&2\n\
         pwd\n\
+        echo \"$0\"\n\
         exit 3\n";
     let mut job = h.job(7, script, &out);
     job.gpus = vec![1];
@@ -59,9 +60,11 @@ async fn script_output_environment_and_exit_code() {
     assert_eq!((ended.exit_code, ended.signal), (3, 0));
     assert!(!ended.timed_out && !ended.cancelled && ended.launch_error.is_empty());
     let text = std::fs::read_to_string(h.path("out-n1.txt")).unwrap();
+    // The script runs from the spool (`--spool-dir`), named as Slurm names it.
     let want = format!(
-        "job 7 on n1 procid 0 gpus 1 arg first\noops\n{}\n",
-        h.dir.path().display()
+        "job 7 on n1 procid 0 gpus 1 arg first\noops\n{}\n{}\n",
+        h.dir.path().display(),
+        h.dir.path().join("spool/job7/slurm_script").display()
     );
     assert_eq!(text, want, "stdout and stderr share the file, %N expanded");
     h.stop().await;

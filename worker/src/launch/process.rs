@@ -703,12 +703,12 @@ async fn start_as_user(
     })
 }
 
-/// The spool directory, traversable by job users so they can execute their own scripts.
-pub fn prepare_spool(state_dir: &Path) -> io::Result<PathBuf> {
-    let spool = state_dir.join("spool");
-    fs::create_dir_all(&spool)?;
-    fs::set_permissions(&spool, fs::Permissions::from_mode(0o711))?;
-    Ok(spool)
+/// Makes the spool directory, traversable by job users so they can execute their own
+/// scripts.
+pub fn prepare_spool(spool: &Path) -> io::Result<PathBuf> {
+    fs::create_dir_all(spool)?;
+    fs::set_permissions(spool, fs::Permissions::from_mode(0o711))?;
+    Ok(spool.to_owned())
 }
 
 #[cfg(test)]

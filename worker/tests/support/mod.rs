@@ -334,6 +334,8 @@ impl Harness {
             features: vec!["ib".into()],
             partitions: vec![],
             state_dir: dir.path().join("state"),
+            // Apart from the state, as `--spool-dir` puts it (a tmpfs, say).
+            spool_dir: dir.path().join("spool"),
             step_listen: "127.0.0.1:0".parse().unwrap(),
             kill_wait: None,
             // Tests run side by side: each worker gets its own cgroup subtree.
