@@ -240,3 +240,42 @@ fn second_up_on_a_running_cluster_says_so() {
     // The first cluster is unharmed.
     assert!(c.ok(&["sinfo", "-h"]).contains("node-[1-3]"));
 }
+
+/// `tandem up` spools the scripts on the memory file system when the machine has one: in a
+/// directory of the cluster's own, which `tandem down` removes.
+#[test]
+fn batch_scripts_run_from_the_local_clusters_spool() {
+    let c = Cluster::start(1);
+    let id = c.sbatch(&["-o", "spool-%j.txt", "--wrap", "echo \"script=$0\""]);
+    c.wait_state(id, "COMPLETED", T);
+    let out = c.wait_file(&c.work.join(format!("spool-{id}.txt")), "script=", T);
+    let script = std::path::PathBuf::from(out.trim().trim_start_matches("script="));
+    let record = c.state_dir().join("workers/spool-root");
+    let shm = std::path::Path::new("/dev/shm");
+    // Scripts run from it: a `noexec` one (a container's) is not used.
+    let usable_shm = std::fs::metadata(shm).is_ok_and(|m| m.is_dir())
+        && nix::unistd::access(shm, nix::unistd::AccessFlags::W_OK).is_ok()
+        && nix::sys::statvfs::statvfs(shm)
+            .is_ok_and(|s| !s.flags().contains(nix::sys::statvfs::FsFlags::ST_NOEXEC));
+    let spool = if usable_shm {
+        let root = std::fs::read_to_string(&record).unwrap();
+        assert!(root.starts_with("/dev/shm/tandem-spool-"), "{root}");
+        std::path::PathBuf::from(root).join("node-1")
+    } else {
+        assert!(!record.exists());
+        c.state_dir().join("workers/node-1/spool")
+    };
+    assert_eq!(script, spool.join(format!("job{id}/slurm_script")));
+    // The job's directory went with the job; the spool itself goes with the cluster.
+    assert!(!script.parent().unwrap().exists());
+    let down = std::process::Command::new(util::TANDEM)
+        .args(["down", "--state-dir"])
+        .arg(c.state_dir())
+        .output()
+        .unwrap();
+    assert!(down.status.success());
+    if usable_shm {
+        assert!(!spool.exists(), "{}", spool.display());
+    }
+    assert!(!record.exists());
+}

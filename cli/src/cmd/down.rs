@@ -91,6 +91,8 @@ pub fn stop(dir: &Path, grace: Duration) -> usize {
     let mut count = terminate(&worker_pids, grace);
     count += terminate(&[dir.join("controller.pid")], grace);
     count += terminate(&[dir.join("authd.pid")], grace);
+    // The workers are gone, and their jobs with them.
+    super::local_spool::remove(dir);
     let cluster_file = dir.join("cluster.json");
     if let Some(home) = super::up::home_cluster_file()
         && let (Ok(a), Ok(b)) = (

@@ -13,7 +13,10 @@
 //! DIR/controller.pid     pid of the controller
 //! DIR/controller.args    its arguments, one per line (to restart it by hand or in tests)
 //! DIR/controller.log     its log
-//! DIR/workers/NAME/      a worker's spool; DIR/workers/NAME.pid, DIR/workers/NAME.log
+//! DIR/workers/NAME/      a worker's state; DIR/workers/NAME.pid, DIR/workers/NAME.log
+//! DIR/workers/spool-root where the workers' batch-script spools are: a private directory
+//!                        under /dev/shm, removed by `tandem down` (see `local_spool`);
+//!                        without /dev/shm, DIR/workers/NAME/spool
 //! DIR/tls/ca/            the cluster CA: ca.crt (0644, named in cluster.json) and ca.key
 //!                        (0600), made once (ECDSA P-256) and kept across restarts
 //! DIR/tls/controller/    the controller's certificate (tls.crt, tls.key 0600, ca.crt),
@@ -271,6 +274,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Started> {
         tls.as_ref().map(|t| t.ca_file.as_path()),
     )?;
 
+    let spool_root = super::local_spool::prepare(&dir);
     let mut workers = Vec::new();
     for i in 1..=args.nodes {
         let name = node_name(i);
@@ -294,6 +298,10 @@ pub async fn start(args: &Args) -> anyhow::Result<Started> {
             "--cgroup-subtree".into(),
             cgroup_subtree(&dir, &name),
         ];
+        if let Some(root) = &spool_root {
+            wargs.push("--spool-dir".into());
+            wargs.push(root.join(&name).to_string_lossy().into_owned());
+        }
         wargs.extend(tls_flag(&Certificates::worker_dir(&dir, &name)));
         if let Some(c) = args.cpus_per_node {
             wargs.push("--cpus".into());
