@@ -23,6 +23,12 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot prepare the spool directory {path} (--spool-dir)")]
+    SpoolDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot listen for step launches on {addr}")]
     BindStepListener {
         addr: SocketAddr,

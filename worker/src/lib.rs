@@ -98,7 +98,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     };
     std::fs::create_dir_all(&config.state_dir).map_err(state_err)?;
     let spool =
-        launch::process::prepare_spool(&config.spool_dir).map_err(|source| Error::StateDir {
+        launch::process::prepare_spool(&config.spool_dir).map_err(|source| Error::SpoolDir {
             path: config.spool_dir.clone(),
             source,
         })?;
