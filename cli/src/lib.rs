@@ -274,11 +274,9 @@ fn run(name: &str, command: Command) -> ExitCode {
     timing::mark("parsed");
     let result = match command {
         Command::Slurm(c) => return run_slurm(name, *c),
-        Command::Controller(a) => {
-            daemon_runtime().and_then(|rt| rt.block_on(cmd::controller::run(a)))
-        }
-        Command::Worker(a) => daemon_runtime().and_then(|rt| rt.block_on(cmd::worker::run(a))),
-        Command::Authd(a) => daemon_runtime().and_then(|rt| rt.block_on(cmd::authd::run(a))),
+        Command::Controller(a) => run_daemon(cmd::controller::run(a)),
+        Command::Worker(a) => run_daemon(cmd::worker::run(a)),
+        Command::Authd(a) => run_daemon(cmd::authd::run(a)),
         Command::Up(a) => client_runtime().and_then(|rt| rt.block_on(cmd::up::run(a))),
         Command::Down(a) => cmd::down::run(a),
         Command::Links(a) => cmd::links::run(a),
@@ -328,10 +326,26 @@ fn client_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(rt)
 }
 
-fn daemon_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
+/// Runs a daemon as a task of a multi-threaded runtime, not in `block_on` on the main
+/// thread: its accept loop then runs on the worker thread that polled the listener's
+/// readiness, and the connection it spawns goes to that thread's own queue. In `block_on`
+/// every new connection (each `sbatch` is one) cost two thread wake-ups before its first
+/// byte was read: the I/O thread waking the main thread to accept, and the main thread
+/// waking a worker for the connection task.
+fn run_daemon<F>(daemon: F) -> Exit
+where
+    F: std::future::Future<Output = Exit> + Send + 'static,
+{
+    let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .build()?)
+        .build()?;
+    rt.block_on(async {
+        match tokio::spawn(daemon).await {
+            Ok(exit) => exit,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(anyhow::anyhow!("the daemon's task ended: {e}")),
+        }
+    })
 }
 
 /// Writes a command's output to stdout. A closed pipe (`squeue | head -1`) is not an error:
