@@ -69,7 +69,7 @@ pub struct StartNode {
 /// Counts of one pass, for logs and metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PassStats {
-    /// Pending records looked at.
+    /// Pending records looked at (not held ones).
     pub considered: usize,
     pub eligible: usize,
     pub started: usize,
@@ -135,7 +135,8 @@ pub fn schedule_observed(st: &mut State, now: i64, obs: &mut impl PassObserver) 
     {
         let st: &State = st;
         let singles = singleton_blocked(st);
-        for job in st.pending_jobs() {
+        // Held records are not looked at: their reason was set when they were held.
+        for job in st.unheld_pending_jobs() {
             stats.considered += 1;
             match ineligible_reason(st, job, &singles, now) {
                 Some(r) => reasons.push((job.id, r)),
@@ -477,15 +478,7 @@ pub(crate) fn ineligible_reason(
 /// and name is running, or an older pending singleton of theirs goes first.
 fn singleton_blocked(st: &State) -> HashSet<JobId> {
     let mut blocked = HashSet::new();
-    let singles: Vec<&Job> = st
-        .pending_jobs()
-        .filter(|j| {
-            j.spec
-                .dependency
-                .as_ref()
-                .is_some_and(|d| d.has_singleton())
-        })
-        .collect();
+    let singles: Vec<&Job> = st.pending_singletons().collect();
     if singles.is_empty() {
         return blocked;
     }
@@ -494,7 +487,7 @@ fn singleton_blocked(st: &State) -> HashSet<JobId> {
         .map(|j| (j.spec.user.as_str(), j.spec.name.as_str()))
         .collect();
     for j in singles {
-        // pending_jobs() is in id order: the oldest claims the name.
+        // pending_singletons() is in id order: the oldest claims the name.
         if !taken.insert((j.spec.user.as_str(), j.spec.name.as_str())) {
             blocked.insert(j.id);
         }

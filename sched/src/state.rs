@@ -14,7 +14,7 @@ use crate::account::{AccountConfig, UserConfig};
 use crate::array::IndexSet;
 use crate::config::{ClusterConfig, ConfigError};
 use crate::fairshare::{AssocTree, FairShareError};
-use crate::job::{Job, JobState, SpecError};
+use crate::job::{Hold, Job, JobState, Reason, SpecError};
 use crate::node::{Health, Node};
 use crate::partition::{Partition, PartitionState};
 use crate::qos::Qos;
@@ -303,8 +303,16 @@ pub struct State {
     /// filled on first use after a membership or size change. Lets `submit` check a request
     /// against a 10k-node partition in a few steps instead of a scan of every node.
     part_totals: Vec<std::cell::OnceCell<Vec<(Tres, u32)>>>,
-    /// Records a pass must look at: pending jobs and array metas with pending indices.
+    /// Pending records: pending jobs and array metas with pending indices.
     pub(crate) pending: BTreeSet<JobId>,
+    /// The records of `pending` without a hold: those a pass looks at. A held record's
+    /// reason and priority are set when it is held (at submit, by `hold`, at restore) and
+    /// change only when it is released, so a user's thousands of held jobs cost each pass
+    /// nothing (they were a lookup, a reason and a write-back each, every pass).
+    pub(crate) unheld: BTreeSet<JobId>,
+    /// The records of `pending` with a `singleton` dependency, held ones included (an older
+    /// one claims the name): a pass looks for them without walking the whole queue.
+    pub(crate) singletons: BTreeSet<JobId>,
     /// Jobs holding an allocation.
     pub(crate) running: BTreeSet<JobId>,
     pub(crate) next_job_id: u64,
@@ -335,6 +343,8 @@ impl State {
             part_nodes: vec![Vec::new(); parts],
             part_totals: vec![std::cell::OnceCell::new(); parts],
             pending: BTreeSet::new(),
+            unheld: BTreeSet::new(),
+            singletons: BTreeSet::new(),
             running: BTreeSet::new(),
             next_job_id: 1,
             assoc,
@@ -419,6 +429,16 @@ impl State {
                 st.attach(job.id, &alloc, job.spec.mode, job.shape.exclusive);
             }
             let id = job.id;
+            // Passes no longer look at held records: a record stored with another reason
+            // (before a restart or an upgrade) gets the hold's now.
+            let mut job = job;
+            if job.state == JobState::Pending {
+                match job.hold {
+                    Hold::User => job.reason = Reason::JobHeldUser,
+                    Hold::Admin => job.reason = Reason::JobHeldAdmin,
+                    Hold::None => {}
+                }
+            }
             st.jobs.insert(id, job);
             st.index(id);
         }
@@ -440,6 +460,15 @@ impl State {
     /// Pending records (jobs and array metas with pending indices), in id order.
     pub fn pending_jobs(&self) -> impl Iterator<Item = &Job> + '_ {
         self.pending.iter().filter_map(|id| self.jobs.get(id))
+    }
+    /// Pending records without a hold, in id order: what a pass considers. A held record's
+    /// priority (0) and reason (the hold's) do not change until it is released.
+    pub fn unheld_pending_jobs(&self) -> impl Iterator<Item = &Job> + '_ {
+        self.unheld.iter().filter_map(|id| self.jobs.get(id))
+    }
+    /// Pending records with a `singleton` dependency, held ones included, in id order.
+    pub(crate) fn pending_singletons(&self) -> impl Iterator<Item = &Job> + '_ {
+        self.singletons.iter().filter_map(|id| self.jobs.get(id))
     }
     /// Jobs holding an allocation, in id order.
     pub fn running_jobs(&self) -> impl Iterator<Item = &Job> + '_ {

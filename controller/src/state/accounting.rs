@@ -16,7 +16,7 @@ use tandem_proto::v1;
 use tandem_sched::State;
 use tandem_sched::account::{AccountConfig, AssocLimits, UserConfig};
 use tandem_sched::fairshare::{AssocKind, ROOT_ACCOUNT, sshare_rows};
-use tandem_sched::job::{Hold, JobState, PreemptMode};
+use tandem_sched::job::{JobState, PreemptMode};
 use tandem_sched::qos::{Qos, QosLimits};
 use tandem_sched::ranking::Ranking;
 use tandem_sched::state::AdminError;
@@ -635,8 +635,8 @@ pub fn priorities(
     }
     let any_job = ids.is_empty() && tasks.is_empty();
     let mut rows = Vec::new();
-    for job in st.pending_jobs() {
-        if job.state != JobState::Pending || job.hold != Hold::None {
+    for job in st.unheld_pending_jobs() {
+        if job.state != JobState::Pending {
             continue;
         }
         if !users.is_empty() && !users.contains(job.spec.user.as_str()) {

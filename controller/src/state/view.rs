@@ -491,9 +491,11 @@ impl Actor {
         // to entries built after.
         let version = self.view.current.version + 1;
         let no_nodes: Arc<str> = Arc::from("");
+        // Held jobs are left out: their priority and reason change only with a recorded
+        // change (hold, release), so their own entries carry them.
         let rows = self
             .st
-            .pending_jobs()
+            .unheld_pending_jobs()
             .map(|j| {
                 let (expected_start, sched_nodes) = self
                     .planned

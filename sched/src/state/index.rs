@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use crate::job::{Allocation, Job, JobState};
+use crate::job::{Allocation, Hold, Job, JobState};
 use crate::node::NodeMode;
 use crate::{JobId, NodeId, Tres};
 
@@ -16,6 +16,8 @@ impl State {
             return;
         };
         self.pending.remove(&id);
+        self.unheld.remove(&id);
+        self.singletons.remove(&id);
         self.running.remove(&id);
         let w = submit_weight(job);
         if w > 0 {
@@ -36,6 +38,17 @@ impl State {
         };
         if schedulable {
             self.pending.insert(id);
+            if job.hold == Hold::None {
+                self.unheld.insert(id);
+            }
+            if job
+                .spec
+                .dependency
+                .as_ref()
+                .is_some_and(|d| d.has_singleton())
+            {
+                self.singletons.insert(id);
+            }
         }
         if job.state == JobState::Running && job.alloc.is_some() {
             self.running.insert(id);

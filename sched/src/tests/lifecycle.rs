@@ -265,6 +265,58 @@ fn held_jobs_wait_and_admin_holds_need_an_operator() {
 }
 
 #[test]
+fn passes_leave_held_jobs_alone_until_they_are_released() {
+    let mut st = State::test_cluster(1, 8, 8000, 0);
+    let held: Vec<JobId> = (0..50)
+        .map(|_| st.submit(JobSpec::test().held(), 0).unwrap())
+        .collect();
+    let by_admin = held[1];
+    st.hold(&JobSelector::job(by_admin), &Requester::admin())
+        .unwrap();
+    let free = st.submit(JobSpec::test().cpus_per_task(8), 0).unwrap();
+    let waits = st.submit(JobSpec::test().cpus_per_task(8), 0).unwrap();
+    st.take_changes();
+    let plan = st.schedule(1);
+    assert_eq!(started(&plan), vec![free]);
+    // Only the two unheld records were looked at, and the held ones still say why they wait.
+    assert_eq!(plan.stats.considered, 2);
+    assert_eq!(st.job(held[0]).unwrap().reason, Reason::JobHeldUser);
+    assert_eq!(st.job(by_admin).unwrap().reason, Reason::JobHeldAdmin);
+    assert_eq!(st.job(waits).unwrap().reason, Reason::Resources);
+    assert_eq!(st.job(held[0]).unwrap().priority, 0);
+
+    // A restart from records stored with another reason: the hold's comes back.
+    let mut records: Vec<crate::Job> = st.jobs().cloned().collect();
+    for j in records.iter_mut().filter(|j| j.hold != Hold::None) {
+        j.reason = Reason::Priority;
+    }
+    let mut restored = State::restore(RestoreInput {
+        config: st.config().clone(),
+        jobs: records,
+        nodes: st.nodes().cloned().collect(),
+        next_job_id: st.next_job_id(),
+        assoc: Some(st.assoc().clone()),
+        usage_charged_at: st.usage_charged_at(),
+    })
+    .unwrap();
+    assert_eq!(restored.job(held[2]).unwrap().reason, Reason::JobHeldUser);
+    assert_eq!(restored.job(by_admin).unwrap().reason, Reason::JobHeldAdmin);
+
+    // Released, a job is looked at again: it starts once the node is free.
+    st.release(&JobSelector::job(held[0]), &Requester::user("alice"))
+        .unwrap();
+    end(&mut st, free, 0, 2);
+    st.cancel(&JobSelector::job(waits), &Requester::admin(), 2)
+        .unwrap();
+    let plan = st.schedule(3);
+    assert_eq!(started(&plan), vec![held[0]]);
+    assert_eq!(plan.stats.considered, 1);
+    assert_consistent(&st);
+    restored.schedule(3);
+    assert_eq!(restored.job(held[3]).unwrap().reason, Reason::JobHeldUser);
+}
+
+#[test]
 fn begin_time_delays_eligibility() {
     let mut st = State::test_cluster(1, 8, 8000, 0);
     let a = st.submit(JobSpec::test().begin(100), 0).unwrap();

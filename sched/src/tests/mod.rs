@@ -37,8 +37,34 @@ fn state_of(st: &State, id: JobId) -> JobState {
     st.job(id).unwrap().state
 }
 
-/// Checks that node bookkeeping equals the sum of running allocations.
+/// Checks that node bookkeeping equals the sum of running allocations, and that a pass's
+/// index holds exactly the pending records without a hold.
 fn assert_consistent(st: &State) {
+    let unheld: Vec<JobId> = st
+        .pending_jobs()
+        .filter(|j| j.hold == crate::job::Hold::None)
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(
+        st.unheld.iter().copied().collect::<Vec<_>>(),
+        unheld,
+        "the pass's index of unheld pending records"
+    );
+    let singletons: Vec<JobId> = st
+        .pending_jobs()
+        .filter(|j| {
+            j.spec
+                .dependency
+                .as_ref()
+                .is_some_and(|d| d.has_singleton())
+        })
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(
+        st.singletons.iter().copied().collect::<Vec<_>>(),
+        singletons,
+        "the index of pending singleton records"
+    );
     for n in st.nodes() {
         let mut cpus = 0u32;
         let mut mem = 0u64;
