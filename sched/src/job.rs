@@ -605,6 +605,14 @@ impl Job {
         self.array.is_some()
     }
 
+    /// Whether it has a `singleton` dependency (one job of its user and name at a time).
+    pub fn is_singleton(&self) -> bool {
+        self.spec
+            .dependency
+            .as_ref()
+            .is_some_and(|d| d.has_singleton())
+    }
+
     /// `12`, `12_3` for a task, `12_[6-99%4]` for an array's pending indices.
     pub fn display_id(&self) -> String {
         match (&self.array, self.array_job_id, self.array_task_id) {

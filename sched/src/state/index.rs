@@ -41,12 +41,7 @@ impl State {
             if job.hold == Hold::None {
                 self.unheld.insert(id);
             }
-            if job
-                .spec
-                .dependency
-                .as_ref()
-                .is_some_and(|d| d.has_singleton())
-            {
+            if job.is_singleton() {
                 self.singletons.insert(id);
             }
         }

@@ -37,33 +37,26 @@ fn state_of(st: &State, id: JobId) -> JobState {
     st.job(id).unwrap().state
 }
 
-/// Checks that node bookkeeping equals the sum of running allocations, and that a pass's
-/// index holds exactly the pending records without a hold.
+/// Checks that node bookkeeping equals the sum of running allocations, and that the
+/// pass's indexes hold exactly the pending records they describe.
 fn assert_consistent(st: &State) {
-    let unheld: Vec<JobId> = st
-        .pending_jobs()
-        .filter(|j| j.hold == crate::job::Hold::None)
-        .map(|j| j.id)
-        .collect();
+    let index_of = |keep: fn(&crate::Job) -> bool| -> Vec<JobId> {
+        st.pending_jobs()
+            .filter(|j| keep(j))
+            .map(|j| j.id)
+            .collect()
+    };
+    let unheld = index_of(|j| j.hold == crate::job::Hold::None);
     assert_eq!(
         st.unheld.iter().copied().collect::<Vec<_>>(),
         unheld,
-        "the pass's index of unheld pending records"
+        "unheld index"
     );
-    let singletons: Vec<JobId> = st
-        .pending_jobs()
-        .filter(|j| {
-            j.spec
-                .dependency
-                .as_ref()
-                .is_some_and(|d| d.has_singleton())
-        })
-        .map(|j| j.id)
-        .collect();
+    let singletons = index_of(crate::Job::is_singleton);
     assert_eq!(
         st.singletons.iter().copied().collect::<Vec<_>>(),
         singletons,
-        "the index of pending singleton records"
+        "singleton index"
     );
     for n in st.nodes() {
         let mut cpus = 0u32;
