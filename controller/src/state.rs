@@ -282,7 +282,7 @@ pub fn spawn(
         batch: Batch::default(),
         effects: Vec::new(),
         pass_wanted: true,
-        pass_if_capacity: false,
+        submitted_if_capacity: Vec::new(),
         next_pass_at: now,
         next_tick: now,
         next_purge: now + Duration::from_secs(10),
@@ -334,10 +334,11 @@ struct Actor {
     effects: Vec<Effect>,
     /// An event that can change what runs (end, cancel, node change, update) happened.
     pass_wanted: bool,
-    /// Only submits happened: a pass can start something only if some node has free
-    /// resources (a preempting QOS sets `pass_wanted` instead). On a full cluster with a
-    /// long queue this spares a pass over every pending job per submit.
-    pass_if_capacity: bool,
+    /// Jobs submitted since the last settling that a pass could start only if some node
+    /// has free resources (a preempting QOS sets `pass_wanted` instead). On a full cluster
+    /// with a long queue this spares a pass over every pending job per submit; the jobs get
+    /// their priority and reason from [`tandem_sched::State::no_room_for`] instead.
+    submitted_if_capacity: Vec<tandem_sched::JobId>,
     next_pass_at: Instant,
     /// How long the last pass took: a pass joins a flush only while passes are quick.
     last_pass: Duration,
@@ -411,6 +412,9 @@ impl Actor {
             }
             // 2. flush, with the pass when it can share the commit (see `pass_joins_flush`)
             if applied > 0 {
+                // Settled before the flush: what it tells jobs no pass will see now is
+                // written with their submit.
+                self.settle_pass_wanted();
                 let rows = if self.pass_joins_flush() {
                     self.pass()
                 } else {

@@ -1081,3 +1081,30 @@ async fn a_submit_commits_together_with_the_start_it_allows() {
     }
     ctl.stop().await;
 }
+
+#[tokio::test]
+async fn a_job_submitted_to_a_full_cluster_says_why_it_waits_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = Controller::start(dir.path(), |_| {}).await;
+    let mut w = FakeWorker::attach(&ctl, "n1", 1, vec![]).await;
+    let mut jobs = ctl.jobs(&alice()).await;
+    let runs = submit(&mut jobs, spec("runs")).await;
+    assert_eq!(w.expect_launch().await.job_id, runs);
+    wait_state(&mut jobs, runs, v1::JobState::Running).await;
+    // No CPU is free, so no pass looks at these; the submit itself says what one would.
+    let waits = submit(&mut jobs, spec("waits")).await;
+    let mut held = spec("held");
+    held.hold = true;
+    let held = submit(&mut jobs, held).await;
+    let info = job(&mut jobs, waits).await.unwrap();
+    assert_eq!(info.reason, "Resources");
+    assert!(info.priority > 0, "priority {}", info.priority);
+    let info = job(&mut jobs, held).await.unwrap();
+    assert_eq!((info.reason.as_str(), info.priority), ("JobHeldUser", 0));
+    ctl.stop().await;
+    // Written with the submit: the same after a restart, before any pass.
+    let ctl = Controller::start(dir.path(), |_| {}).await;
+    let mut jobs = ctl.jobs(&alice()).await;
+    assert_eq!(job(&mut jobs, waits).await.unwrap().reason, "Resources");
+    ctl.stop().await;
+}

@@ -106,11 +106,11 @@ pub fn schedule(st: &mut State, now: i64) -> Plan {
 }
 
 /// A pending record that passed phase 1.
-struct Candidate {
-    id: JobId,
+pub(crate) struct Candidate {
+    pub(crate) id: JobId,
     part: usize,
     tier: u16,
-    priority: u64,
+    pub(crate) priority: u64,
     submit_time: i64,
 }
 
@@ -476,7 +476,7 @@ pub(crate) fn ineligible_reason(
 
 /// Pending jobs with a `singleton` dependency that must wait: another job of the same user
 /// and name is running, or an older pending singleton of theirs goes first.
-fn singleton_blocked(st: &State) -> HashSet<JobId> {
+pub(crate) fn singleton_blocked(st: &State) -> HashSet<JobId> {
     let mut blocked = HashSet::new();
     let singles: Vec<&Job> = st.pending_singletons().collect();
     if singles.is_empty() {
@@ -528,7 +528,7 @@ fn rest_of_array_reason(job: &Job, started: u64, stopped_by: Option<Reason>) -> 
     (u64::from(a.active) + started >= u64::from(throttle)).then_some(Reason::JobArrayTaskLimit)
 }
 
-fn prioritise(st: &State, ids: &[JobId], now: i64) -> Vec<Candidate> {
+pub(crate) fn prioritise(st: &State, ids: &[JobId], now: i64) -> Vec<Candidate> {
     let mut ranking = crate::ranking::Ranking::new(st, now);
     ids.iter()
         .filter_map(|id| {

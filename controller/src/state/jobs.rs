@@ -43,7 +43,7 @@ impl Actor {
                         .is_some_and(|q| !q.preempt.is_empty());
                     match submit_pass_trigger(job, preempts, now) {
                         PassTrigger::Now => self.pass_wanted = true,
-                        PassTrigger::IfCapacity => self.pass_if_capacity = true,
+                        PassTrigger::IfCapacity => self.submitted_if_capacity.push(id),
                         PassTrigger::None => {}
                     }
                 }

@@ -4,12 +4,23 @@
 use super::*;
 
 impl Actor {
-    /// Turns "only submits happened" into a wanted pass if some node has room for them.
+    /// Turns "only submits happened" into a wanted pass if some node has room for them;
+    /// where none has, tells them now what a pass would (squeue right after sbatch shows
+    /// `Resources` and a priority, as with Slurm, not `None` until something ends).
     pub(super) fn settle_pass_wanted(&mut self) {
-        if self.pass_if_capacity && !self.pass_wanted {
-            self.pass_wanted = self.capacity_available();
+        if self.submitted_if_capacity.is_empty() {
+            return;
         }
-        self.pass_if_capacity = false;
+        let submitted = std::mem::take(&mut self.submitted_if_capacity);
+        if self.pass_wanted {
+            return;
+        }
+        if self.capacity_available() {
+            self.pass_wanted = true;
+        } else {
+            let now = self.now();
+            self.st.no_room_for(&submitted, now);
+        }
     }
 
     /// Whether the pass due now runs before the drained commands are flushed, so that its
@@ -19,12 +30,11 @@ impl Actor {
     /// commands' callers then also wait for the pass, so only while passes are quick
     /// (`Config::quick_pass`, well under a commit), and never when a tick is due: the tick
     /// runs first so that nodes lost now are not scheduled on.
-    pub(super) fn pass_joins_flush(&mut self) -> bool {
+    pub(super) fn pass_joins_flush(&self) -> bool {
         let now = Instant::now();
         if now >= self.next_tick || self.last_pass > self.cfg.quick_pass {
             return false;
         }
-        self.settle_pass_wanted();
         self.pass_wanted && now >= self.next_pass_at
     }
 

@@ -196,6 +196,45 @@ impl State {
         Ok(id)
     }
 
+    /// Jobs just submitted that no pass will look at soon, because no node has a free CPU:
+    /// what a pass would say, as Slurm's submit does when its first attempt finds no room:
+    /// why one that cannot be considered waits (a dependency, say), else its priority and
+    /// `Resources`. Held jobs keep the hold's reason.
+    pub fn no_room_for(&mut self, ids: &[JobId], now: i64) {
+        let singles = crate::cycle::singleton_blocked(self);
+        let mut waiting: Vec<JobId> = Vec::new();
+        let mut reasons: Vec<(JobId, Reason)> = Vec::new();
+        for id in ids {
+            let Some(job) = self.jobs.get(id) else {
+                continue;
+            };
+            if job.state != JobState::Pending || job.hold != Hold::None {
+                continue;
+            }
+            match crate::cycle::ineligible_reason(self, job, &singles, now) {
+                Some(r) => reasons.push((*id, r)),
+                None => waiting.push(*id),
+            }
+        }
+        for (id, r) in reasons {
+            if let Some(j) = self.jobs.get_mut(&id) {
+                j.reason = r;
+                self.changes.jobs.insert(id);
+            }
+        }
+        if waiting.is_empty() {
+            return;
+        }
+        for c in crate::cycle::prioritise(self, &waiting, now) {
+            if let Some(j) = self.jobs.get_mut(&c.id) {
+                j.priority = c.priority;
+                j.reason = Reason::Resources;
+                // Already written with the submit when the controller asks before its flush.
+                self.changes.jobs.insert(c.id);
+            }
+        }
+    }
+
     fn default_account(&self, user: &str) -> String {
         let mine = self.config.users.iter().filter(|u| u.user == user);
         let mut first = None;

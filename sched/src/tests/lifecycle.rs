@@ -317,6 +317,41 @@ fn passes_leave_held_jobs_alone_until_they_are_released() {
 }
 
 #[test]
+fn jobs_no_pass_will_see_get_a_priority_and_resources_at_once() {
+    let mut st = State::test_cluster(1, 8, 8000, 0);
+    let full = st.submit(JobSpec::test().cpus_per_task(8), 0).unwrap();
+    assert_eq!(started(&st.schedule(0)), vec![full]);
+    let waits = st.submit(JobSpec::test(), 1).unwrap();
+    let held = st.submit(JobSpec::test().held(), 1).unwrap();
+    let after = st
+        .submit(
+            JobSpec::test().dependency(&format!("afterok:{}", full.0)),
+            1,
+        )
+        .unwrap();
+    st.take_changes();
+    st.no_room_for(&[waits, held, after], 1);
+    let job = |id| st.job(id).unwrap();
+    assert_eq!(job(waits).reason, Reason::Resources);
+    assert!(job(waits).priority > 0);
+    assert_eq!(
+        (job(held).reason, job(held).priority),
+        (Reason::JobHeldUser, 0)
+    );
+    assert_eq!(job(after).reason, Reason::Dependency);
+    let given = job(waits).priority;
+    // Changed records are written (with their submit, in the controller), the held one not.
+    assert_eq!(
+        st.take_changes().jobs.into_iter().collect::<Vec<_>>(),
+        vec![waits, after]
+    );
+    // A pass gives the same priority.
+    st.schedule(1);
+    assert_eq!(st.job(waits).unwrap().priority, given);
+    assert_eq!(st.job(waits).unwrap().reason, Reason::Resources);
+}
+
+#[test]
 fn begin_time_delays_eligibility() {
     let mut st = State::test_cluster(1, 8, 8000, 0);
     let a = st.submit(JobSpec::test().begin(100), 0).unwrap();
