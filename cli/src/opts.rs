@@ -119,6 +119,9 @@ pub struct JobOpts {
     /// Wait for the job to end and exit with its exit code (sbatch).
     #[arg(short = 'W', long)]
     pub wait: bool,
+    /// Check the job and say when and where it would start, submitting nothing (sbatch).
+    #[arg(long)]
+    pub test_only: bool,
     /// Nodes the job must run on (host list).
     #[arg(short = 'w', long = "nodelist", value_name = "HOSTS", value_parser = parse_hostlist)]
     pub nodelist: Option<String>,
@@ -389,6 +392,7 @@ impl JobOpts {
             no_requeue,
             parsable: over.parsable || self.parsable,
             wait: over.wait || self.wait,
+            test_only: over.test_only || self.test_only,
             nodelist: over.nodelist.or(self.nodelist),
             exclude: over.exclude.or(self.exclude),
             comment: over.comment.or(self.comment),

@@ -1529,3 +1529,89 @@ fn sacct_refuses_a_window_that_ends_before_it_starts() {
     );
     assert!(c.run(&["sacct", "-S", "midnight"]).status.success());
 }
+
+#[test]
+fn test_only_says_when_and_where_a_job_would_start_and_submits_nothing() {
+    let c = Cluster::start(2);
+    let stderr =
+        |out: &std::process::Output| String::from_utf8_lossy(&out.stderr).trim().to_owned();
+    // An idle cluster: now, on the nodes and CPUs it would get; stdout stays empty.
+    let out = c.run(&["sbatch", "--test-only", "-N2", "-c", "2", "--wrap=true"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(out.stdout.is_empty());
+    let said = stderr(&out);
+    let (head, tail) = said.split_once(" to start at ").expect(&said);
+    assert_eq!(head, "sbatch: Job 1");
+    let (when, rest) = tail.split_once(' ').expect(&said);
+    assert_eq!(when.len(), "2026-12-04T18:59:23".len(), "{said}");
+    assert_eq!(
+        rest,
+        "using 4 processors on nodes node-[1-2] in partition batch"
+    );
+    // Also as a directive, given twice; nothing was submitted either time.
+    let script = c.script(
+        "t.sh",
+        "#!/bin/sh\n#SBATCH --test-only\n#SBATCH --test-only\ntrue\n",
+    );
+    let out = c.run(&["sbatch", &script]);
+    assert!(
+        stderr(&out).starts_with("sbatch: Job 1 to start at "),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(c.ok(&["squeue", "-h"]), "");
+
+    // A full cluster: when the running job's time limit ends, on its node.
+    let id = c.sbatch(&[
+        "-N2",
+        "--exclusive",
+        "-t",
+        "10",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        "sleep 60",
+    ]);
+    assert_eq!(id, 1, "the id --test-only announced");
+    c.wait_state(id, "RUNNING", T);
+    let show = c.ok(&["scontrol", "show", "job", &id.to_string()]);
+    let end = show
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("EndTime="))
+        .expect(&show);
+    // A running job's end is its start plus its limit, in scontrol and squeue alike (as
+    // in Slurm; it was Unknown and N/A).
+    assert_ne!(end, "Unknown");
+    assert_eq!(
+        c.ok(&["squeue", "-h", "-j", &id.to_string(), "-o", "%e"])
+            .trim(),
+        end
+    );
+    let out = c.run(&["sbatch", "--test-only", "-t", "5", "--wrap=true"]);
+    let said = stderr(&out);
+    assert!(
+        said.starts_with(&format!(
+            "sbatch: Job 2 to start at {end} using 1 processors on nodes node-"
+        )),
+        "{said} (the running job ends at {end})"
+    );
+
+    // A refusal is an allocation failure, exit 1, and creates nothing.
+    let out = c.run(&["sbatch", "--test-only", "-p", "nope", "--wrap=true"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).starts_with("allocation failure: Invalid partition name specified"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(c.ok(&["squeue", "-h", "-o", "%i"]).trim(), "1");
+    // srun does not carry it out, and says so.
+    let out = c.run(&["srun", "--test-only", "true"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("--test-only is not supported by srun"),
+        "{}",
+        stderr(&out)
+    );
+    c.ok(&["scancel", &id.to_string()]);
+}

@@ -110,6 +110,11 @@ pub enum Command {
         idempotency_key: Option<String>,
         reply: Reply<v1::SubmitResponse>,
     },
+    /// `sbatch --test-only`: answered at once, nothing recorded.
+    WillRun {
+        spec: JobSpec,
+        reply: Reply<v1::WillRunResponse>,
+    },
     Cancel {
         who: Identity,
         req: v1::CancelRequest,
@@ -481,6 +486,9 @@ impl Actor {
                 idempotency_key,
                 reply,
             } => self.submit(spec, payload, idempotency_key, reply),
+            Command::WillRun { spec, reply } => {
+                let _ = reply.send(self.will_run(spec));
+            }
             Command::Cancel { who, req, reply } => {
                 let r = self.cancel(&who, &req);
                 match r {

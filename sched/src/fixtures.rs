@@ -5,7 +5,7 @@ use crate::array::ArraySpec;
 use crate::config::ClusterConfig;
 use crate::constraint::Constraint;
 use crate::dependency::Dependency;
-use crate::job::{Hold, Job, JobSpec, JobState, NodeCaps, Reason};
+use crate::job::{Job, JobSpec, NodeCaps};
 use crate::node::NodeMode;
 use crate::state::{NodeRegistration, State};
 use crate::{JobId, Tres};
@@ -128,30 +128,8 @@ impl Job {
     /// A PENDING record of `spec`, submitted at 0, shape from a 64-CPU, 8-GPU node.
     pub fn test(id: JobId, spec: JobSpec) -> Job {
         let shape = spec.shape(NodeCaps { cpus: 64, gpus: 8 }, 0);
-        Job {
-            id,
-            time_limit: spec.time_limit,
-            spec,
-            state: JobState::Pending,
-            reason: Reason::None,
-            priority: 0,
-            submit_time: 0,
-            eligible_time: None,
-            start_time: None,
-            end_time: None,
-            shape,
-            alloc: None,
-            exit_code: 0,
-            signal: 0,
-            array_job_id: None,
-            array_task_id: None,
-            array: None,
-            restarts: 0,
-            hold: Hold::None,
-            kill: None,
-            preempt_time: None,
-            cancelled_by: None,
-        }
+        let limit = spec.time_limit;
+        Job::pending(id, spec, shape, limit, 0)
     }
 }
 

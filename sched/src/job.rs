@@ -600,6 +600,45 @@ pub struct Job {
 }
 
 impl Job {
+    /// A record just submitted: PENDING, held if the spec asks, no reason yet.
+    pub(crate) fn pending(
+        id: JobId,
+        spec: JobSpec,
+        shape: Shape,
+        time_limit: Option<u64>,
+        now: i64,
+    ) -> Job {
+        let hold = if spec.hold { Hold::User } else { Hold::None };
+        let array = spec
+            .array
+            .as_deref()
+            .map(|a| Box::new(crate::array::ArrayState::new(a)));
+        Job {
+            id,
+            spec,
+            state: JobState::Pending,
+            reason: Reason::None,
+            priority: 0,
+            submit_time: now,
+            eligible_time: None,
+            start_time: None,
+            end_time: None,
+            time_limit,
+            shape,
+            alloc: None,
+            exit_code: 0,
+            signal: 0,
+            array_job_id: None,
+            array_task_id: None,
+            array,
+            restarts: 0,
+            hold,
+            kill: None,
+            preempt_time: None,
+            cancelled_by: None,
+        }
+    }
+
     /// Whether this is an array's meta record (pending indices, never runs itself).
     pub fn is_array_meta(&self) -> bool {
         self.array.is_some()

@@ -92,5 +92,5 @@ pub use effect::{Effect, Preempt, RunRecord};
 pub use ids::{JobId, NodeId};
 pub use job::{Job, JobOutcome, JobSpec, JobState, Reason};
 pub use node::{Node, NodeMode};
-pub use state::{Changes, JobSelector, NodeRegistration, Requester, State};
+pub use state::{Changes, JobSelector, NodeRegistration, Requester, State, WillRun};
 pub use tres::Tres;

@@ -146,6 +146,19 @@ impl std::fmt::Display for JobSelector {
     }
 }
 
+/// When and where a job would start if submitted now ([`State::will_run`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WillRun {
+    /// The id a submit would give it now.
+    pub job_id: JobId,
+    /// Unix seconds; now when it could start at once.
+    pub start: i64,
+    pub nodes: Vec<String>,
+    /// CPUs it would be given, on all its nodes together.
+    pub cpus: u32,
+    pub partition: String,
+}
+
 /// Why a submission was refused. Messages name the problem in Slurm's terms.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum SubmitError {

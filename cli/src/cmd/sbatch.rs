@@ -152,9 +152,12 @@ pub async fn run(args: Args) -> Exit {
         prepared
             .opts
             .to_spec(prepared.script, prepared.argv, &prepared.default_name, &ctx)?;
-    spec.idempotency_key = idempotency_key()?;
     spec.script_path = std::mem::take(&mut prepared.script_path);
     let mut client = Client::connect().await?;
+    if prepared.opts.test_only {
+        return test_only(&mut client, spec).await;
+    }
+    spec.idempotency_key = idempotency_key()?;
     let resp = submit_with_retry(&mut client, spec).await?;
     for w in &resp.warnings {
         eprintln!("sbatch: warning: {w}");
@@ -173,6 +176,36 @@ pub async fn run(args: Args) -> Exit {
         return wait_for(&mut client, resp.job_id).await;
     }
     Ok(0)
+}
+
+/// `--test-only`: when and where the job would start, in Slurm's words on stderr; nothing
+/// is submitted. A refusal is an "allocation failure", as Slurm's will-run test says it.
+async fn test_only(client: &mut Client, spec: tandem_proto::v1::JobSpec) -> Exit {
+    let req = SubmitRequest { spec: Some(spec) };
+    let w = match client.jobs.will_run(req).await {
+        Ok(r) => r.into_inner(),
+        Err(s) if s.code() == tonic::Code::InvalidArgument => {
+            eprintln!("allocation failure: {}", capitalized(s.message()));
+            return Ok(1);
+        }
+        Err(s) => return Err(status_error(s)),
+    };
+    eprintln!(
+        "sbatch: Job {} to start at {} using {} processors on nodes {} in partition {}",
+        w.job_id,
+        crate::format::view::timestamp(Some(w.start_time), crate::clock::local_utc_offset()),
+        w.cpus,
+        w.nodes,
+        w.partition
+    );
+    Ok(0)
+}
+
+fn capitalized(s: &str) -> String {
+    let mut c = s.chars();
+    c.next()
+        .map(|f| f.to_uppercase().chain(c).collect())
+        .unwrap_or_default()
 }
 
 /// Retries only transport failures, for a short while, with the same idempotency key: the

@@ -174,6 +174,7 @@ fn refuse_batch_only(opts: &JobOpts) -> anyhow::Result<()> {
         ("--signal", opts.signal.is_some()),
         ("--open-mode", opts.open_mode.is_some()),
         ("--input", opts.input.is_some()),
+        ("--test-only", opts.test_only),
     ];
     if let Some((name, _)) = given.iter().find(|(_, set)| *set) {
         bail!("{name} is not supported by srun (it applies to sbatch batch jobs)");

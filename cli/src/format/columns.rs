@@ -384,7 +384,7 @@ impl JobField {
             TimeLeft => &["time_limit_s", "start_time", "end_time"],
             StartTime => &["start_time", "expected_start"],
             SchedNodes => &["sched_nodes"],
-            EndTime => &["end_time"],
+            EndTime => &["end_time", "start_time", "expected_start", "time_limit_s"],
             Nodes => &["num_nodes"],
             ReasonOrNodes => &["reason", "nodelist"],
             NodeList => &["nodelist"],
@@ -527,7 +527,7 @@ impl Field<JobView<'_>> for JobField {
                 (t, false) => timestamp(t, ctx.utc_offset_s),
             }),
             SubmitTime => owned(timestamp(j.submit_time, ctx.utc_offset_s)),
-            EndTime => owned(match j.end_time {
+            EndTime => owned(match j.shown_end() {
                 None => "N/A".to_string(),
                 t => timestamp(t, ctx.utc_offset_s),
             }),

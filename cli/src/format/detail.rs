@@ -72,24 +72,20 @@ fn job(j: &JobView, ctx: &RenderCtx) -> String {
             ("SubmitTime", ts(j.submit_time)),
             ("EligibleTime", ts(j.eligible_time)),
         ],
-        // A pending job's are the plan's: its expected start, and that plus its limit.
-        if j.is_pending() {
-            let end = j
-                .expected_start
-                .zip(j.time_limit_s)
-                .map(|(t, limit)| t.saturating_add(i64::try_from(limit).unwrap_or(i64::MAX)));
-            vec![
-                ("StartTime", ts(j.expected_start)),
-                ("EndTime", ts(end)),
-                ("Deadline", "N/A".to_string()),
-            ]
-        } else {
-            vec![
-                ("StartTime", ts(j.start_time)),
-                ("EndTime", ts(j.end_time)),
-                ("Deadline", "N/A".to_string()),
-            ]
-        },
+        // A pending job's are the plan's: its expected start, and that plus its limit; a
+        // running job's end is its start plus its limit.
+        vec![
+            (
+                "StartTime",
+                ts(if j.is_pending() {
+                    j.expected_start
+                } else {
+                    j.start_time
+                }),
+            ),
+            ("EndTime", ts(j.shown_end())),
+            ("Deadline", "N/A".to_string()),
+        ],
         vec![
             ("Partition", j.partition.to_string()),
             (

@@ -357,6 +357,22 @@ impl<'a> JobView<'a> {
         self.state == "PENDING"
     }
 
+    /// The end Slurm shows: a finished job's end; else its start (a pending job's planned
+    /// one) plus its time limit, the end it is expected by; none without a limit.
+    pub fn shown_end(&self) -> Option<i64> {
+        if self.end_time.is_some() {
+            return self.end_time;
+        }
+        let start = if self.is_pending() {
+            self.expected_start
+        } else {
+            self.start_time
+        };
+        start
+            .zip(self.time_limit_s)
+            .map(|(t, limit)| t.saturating_add(i64::try_from(limit).unwrap_or(i64::MAX)))
+    }
+
     /// squeue's `%R`: the reason in parentheses while pending, else the node list.
     pub fn reason_or_nodes(&self) -> String {
         if self.is_pending() || self.nodelist.is_empty() {

@@ -112,6 +112,39 @@ fn redact(
     resp
 }
 
+/// Who submits (recorded on the request's span) and the spec, from a submit or will-run
+/// request.
+fn submit_request(
+    request: Request<v1::SubmitRequest>,
+) -> Result<(tandem_proto::auth::Identity, v1::JobSpec), Status> {
+    let who = authz::require(&request, authz::Rpc::Submit)?;
+    tracing::Span::current().record("user", who.user.as_str());
+    let spec = request
+        .into_inner()
+        .spec
+        .ok_or_else(|| Status::invalid_argument("spec: missing"))?;
+    Ok((who, spec))
+}
+
+impl JobsService {
+    /// A batch job's spec from a submit (or will-run) request: kube-mode jobs come only
+    /// through the bridge.
+    fn batch_spec(
+        &self,
+        spec: v1::JobSpec,
+        who: &tandem_proto::auth::Identity,
+    ) -> Result<(tandem_sched::JobSpec, Payload), Status> {
+        let (sched_spec, payload) = convert::submit_from_proto(spec, who, self.max_array_size)?;
+        if sched_spec.mode == tandem_sched::node::NodeMode::Kube {
+            return Err(Status::permission_denied(
+                "kube-mode jobs are the bridge's placeholders for Kubernetes pods; \
+                 they are submitted through tandem.v1.Bridge, not sbatch",
+            ));
+        }
+        Ok((sched_spec, payload))
+    }
+}
+
 #[tonic::async_trait]
 impl Jobs for JobsService {
     // Debug level: at the default log level a span per submit is measurable overhead at
@@ -121,22 +154,11 @@ impl Jobs for JobsService {
         &self,
         request: Request<v1::SubmitRequest>,
     ) -> Result<Response<v1::SubmitResponse>, Status> {
-        let who = authz::require(&request, authz::Rpc::Submit)?;
-        tracing::Span::current().record("user", who.user.as_str());
-        let spec = request
-            .into_inner()
-            .spec
-            .ok_or_else(|| Status::invalid_argument("spec: missing"))?;
+        let (who, spec) = submit_request(request)?;
         // Keys are per user: two users may pick the same key.
         let idempotency_key = (!spec.idempotency_key.is_empty())
             .then(|| format!("{}:{}", who.uid, spec.idempotency_key));
-        let (sched_spec, payload) = convert::submit_from_proto(spec, &who, self.max_array_size)?;
-        if sched_spec.mode == tandem_sched::node::NodeMode::Kube {
-            return Err(Status::permission_denied(
-                "kube-mode jobs are the bridge's placeholders for Kubernetes pods; \
-                 they are submitted through tandem.v1.Bridge, not sbatch",
-            ));
-        }
+        let (sched_spec, payload) = self.batch_spec(spec, &who)?;
         let payload = payload.into_bytes();
         let resp = self
             .handle
@@ -148,6 +170,24 @@ impl Jobs for JobsService {
             })
             .await?;
         tracing::Span::current().record("job_id", resp.job_id);
+        Ok(Response::new(resp))
+    }
+
+    #[instrument(skip_all, fields(user))]
+    async fn will_run(
+        &self,
+        request: Request<v1::SubmitRequest>,
+    ) -> Result<Response<v1::WillRunResponse>, Status> {
+        let (who, spec) = submit_request(request)?;
+        // The same conversion and checks as a submit: what it would refuse is refused.
+        let (sched_spec, _) = self.batch_spec(spec, &who)?;
+        let resp = self
+            .handle
+            .call(|reply| Command::WillRun {
+                spec: sched_spec,
+                reply,
+            })
+            .await?;
         Ok(Response::new(resp))
     }
 

@@ -62,6 +62,21 @@ impl Actor {
         }
     }
 
+    pub(super) fn will_run(&self, spec: JobSpec) -> Result<v1::WillRunResponse, Status> {
+        let w = self
+            .st
+            .will_run(spec, self.now())
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let nodes: Vec<&str> = w.nodes.iter().map(String::as_str).collect();
+        Ok(v1::WillRunResponse {
+            job_id: w.job_id.0,
+            start_time: w.start,
+            nodes: tandem_sched::hostlist::compress(&nodes),
+            cpus: w.cpus,
+            partition: w.partition,
+        })
+    }
+
     pub(super) fn cluster_for_response(&self) -> String {
         let name = &self.st.config().cluster_name;
         if name == tandem_sched::config::DEFAULT_CLUSTER_NAME {

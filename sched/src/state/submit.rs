@@ -2,18 +2,105 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::array::ArrayState;
 use crate::job::{Hold, Job, JobSpec, JobState, NodeCaps, Reason, SpecError};
 use crate::partition::PartitionState;
 use crate::qos::DEFAULT_QOS;
 use crate::{JobId, Tres};
 
-use super::{State, SubmitError};
+use super::{State, SubmitError, WillRun};
 
 impl State {
     /// Accepts a job: validates it against the cluster, assigns the next id, and records it
     /// PENDING. An array stays one record.
-    pub fn submit(&mut self, mut spec: JobSpec, now: i64) -> Result<JobId, SubmitError> {
+    pub fn submit(&mut self, spec: JobSpec, now: i64) -> Result<JobId, SubmitError> {
+        let Admitted {
+            spec,
+            shape,
+            time_limit,
+            has_assoc,
+        } = self.admit(spec)?;
+        if !has_assoc {
+            // Slurm without association enforcement: the user is associated on first use.
+            let _ =
+                self.assoc
+                    .add_user(&spec.user, &spec.account, crate::fairshare::DEFAULT_SHARES);
+            self.changes.assoc = true;
+        }
+        let id = JobId(self.next_job_id);
+        self.next_job_id += 1;
+        let has_dependency = spec.dependency.is_some();
+        let mut job = Job::pending(id, spec, shape, time_limit, now);
+        if has_dependency {
+            // Dependencies are judged by the pass, which sees the whole queue (singleton);
+            // the pass records the job's eligibility when it comes.
+            job.reason = match job.hold {
+                Hold::None if job.spec.begin.is_some_and(|b| b > now) => Reason::BeginTime,
+                Hold::None => Reason::None,
+                _ => Reason::JobHeldUser,
+            };
+        } else {
+            // Known now, as Slurm shows it at once (a held or later job triggers no pass that
+            // would say why). A job that could be considered right away is eligible from its
+            // submit, so its age counts from now and the first pass has nothing durable to
+            // change about it: one write per submit, not two.
+            match crate::cycle::ineligible_reason(self, &job, &HashSet::new(), now) {
+                Some(r) => job.reason = r,
+                None => job.eligible_time = Some(now),
+            }
+        }
+        self.jobs.insert(id, job);
+        self.index(id);
+        Ok(id)
+    }
+
+    /// When and where a job would start if it were submitted now (`sbatch --test-only`,
+    /// Slurm's will-run test): the same checks as a submit, then the earliest start the
+    /// running jobs' time limits allow, the queue not counted (as Slurm's test does not).
+    /// Changes nothing; the id is the one a submit would get now.
+    pub fn will_run(&self, spec: JobSpec, now: i64) -> Result<WillRun, SubmitError> {
+        let Admitted {
+            spec,
+            shape,
+            time_limit,
+            ..
+        } = self.admit(spec)?;
+        let id = JobId(self.next_job_id);
+        let part = self
+            .config
+            .partitions
+            .iter()
+            .position(|p| p.name == spec.partition)
+            .ok_or_else(|| SubmitError::UnknownPartition(spec.partition.clone()))?;
+        let job = Job::pending(id, spec, shape, time_limit, now);
+        let mut planner = crate::select::Planner::new(self, now);
+        let req = crate::select::Request::new(self, &job, part);
+        let (start, nodes) = match planner.pick_now(&req) {
+            Some(nodes) => (now, nodes),
+            None => planner.reserve(&req).ok_or_else(|| {
+                SubmitError::Unsatisfiable(
+                    "no start time found: the nodes it fits are held by jobs without a time \
+                     limit"
+                        .into(),
+                )
+            })?,
+        };
+        let cpus = nodes.iter().map(|n| planner.need_on(*n, &req).cpus).sum();
+        let names = nodes
+            .iter()
+            .filter_map(|n| self.node(*n).map(|x| x.name.clone()))
+            .collect();
+        Ok(WillRun {
+            job_id: id,
+            start,
+            nodes: names,
+            cpus,
+            partition: job.spec.partition,
+        })
+    }
+
+    /// The checks of a submit, and what they settle: the spec with its defaults filled in,
+    /// its shape and time limit.
+    fn admit(&self, mut spec: JobSpec) -> Result<Admitted, SubmitError> {
         spec.validate()?;
         // Partition.
         let part_idx = if spec.partition.is_empty() {
@@ -136,64 +223,12 @@ impl State {
         if self.next_job_id >= u64::MAX - 1 {
             return Err(SubmitError::IdsExhausted);
         }
-        // Everything checked: now change state.
-        if !has_assoc {
-            // Slurm without association enforcement: the user is associated on first use.
-            let _ =
-                self.assoc
-                    .add_user(&spec.user, &spec.account, crate::fairshare::DEFAULT_SHARES);
-            self.changes.assoc = true;
-        }
-        let id = JobId(self.next_job_id);
-        self.next_job_id += 1;
-        let hold = if spec.hold { Hold::User } else { Hold::None };
-        let has_dependency = spec.dependency.is_some();
-        let array = spec.array.as_deref().map(|a| Box::new(ArrayState::new(a)));
-        let mut job = Job {
-            id,
+        Ok(Admitted {
             spec,
-            state: JobState::Pending,
-            reason: Reason::None,
-            priority: 0,
-            submit_time: now,
-            eligible_time: None,
-            start_time: None,
-            end_time: None,
-            time_limit,
             shape,
-            alloc: None,
-            exit_code: 0,
-            signal: 0,
-            array_job_id: None,
-            array_task_id: None,
-            array,
-            restarts: 0,
-            hold,
-            kill: None,
-            preempt_time: None,
-            cancelled_by: None,
-        };
-        if has_dependency {
-            // Dependencies are judged by the pass, which sees the whole queue (singleton);
-            // the pass records the job's eligibility when it comes.
-            job.reason = match hold {
-                Hold::None if job.spec.begin.is_some_and(|b| b > now) => Reason::BeginTime,
-                Hold::None => Reason::None,
-                _ => Reason::JobHeldUser,
-            };
-        } else {
-            // Known now, as Slurm shows it at once (a held or later job triggers no pass that
-            // would say why). A job that could be considered right away is eligible from its
-            // submit, so its age counts from now and the first pass has nothing durable to
-            // change about it: one write per submit, not two.
-            match crate::cycle::ineligible_reason(self, &job, &HashSet::new(), now) {
-                Some(r) => job.reason = r,
-                None => job.eligible_time = Some(now),
-            }
-        }
-        self.jobs.insert(id, job);
-        self.index(id);
-        Ok(id)
+            time_limit,
+            has_assoc,
+        })
     }
 
     /// Jobs just submitted that no pass will look at soon, because no node has a free CPU:
@@ -381,4 +416,13 @@ impl State {
         }
         Ok(())
     }
+}
+
+/// What a submit's checks settle about a job (see [`State::admit`]).
+struct Admitted {
+    spec: JobSpec,
+    shape: crate::job::Shape,
+    time_limit: Option<u64>,
+    /// Whether the user already has an association with the account.
+    has_assoc: bool,
 }

@@ -352,6 +352,47 @@ fn jobs_no_pass_will_see_get_a_priority_and_resources_at_once() {
 }
 
 #[test]
+fn will_run_says_when_and_where_without_submitting() {
+    let mut st = State::test_cluster(2, 8, 8000, 0);
+    let now = 1_000;
+    // An idle cluster: now, on one node, with the CPUs asked for.
+    let w = st
+        .will_run(JobSpec::test().cpus_per_task(4).time(Some(600)), now)
+        .unwrap();
+    assert_eq!((w.start, w.cpus, w.nodes.len()), (now, 4, 1));
+    assert_eq!(w.partition, "batch");
+    let first = w.job_id;
+    // Both nodes busy until their jobs' limits: the earliest end.
+    let _long = st
+        .submit(JobSpec::test().cpus_per_task(8).time(Some(900)), now)
+        .unwrap();
+    let short = st
+        .submit(JobSpec::test().cpus_per_task(8).time(Some(300)), now)
+        .unwrap();
+    assert_eq!(started(&st.schedule(now)).len(), 2);
+    st.take_changes();
+    let w = st
+        .will_run(JobSpec::test().cpus_per_task(8).time(Some(60)), now + 10)
+        .unwrap();
+    assert_eq!(w.start, now + 300);
+    let short_node = st.job(short).unwrap().alloc.as_ref().unwrap().nodes[0].node;
+    assert_eq!(w.nodes, vec![st.node(short_node).unwrap().name.clone()]);
+    // Asked twice, nothing was created: the id is the next submit's.
+    assert_eq!(w.job_id.0, first.0 + 2);
+    assert!(st.take_changes().jobs.is_empty());
+    assert_eq!(st.submit(JobSpec::test(), now + 20).unwrap(), w.job_id);
+    // A submit's checks apply.
+    assert!(matches!(
+        st.will_run(JobSpec::test().partition("nope"), now),
+        Err(SubmitError::UnknownPartition(_))
+    ));
+    assert!(matches!(
+        st.will_run(JobSpec::test().cpus_per_task(9), now),
+        Err(SubmitError::Unsatisfiable(_))
+    ));
+}
+
+#[test]
 fn begin_time_delays_eligibility() {
     let mut st = State::test_cluster(1, 8, 8000, 0);
     let a = st.submit(JobSpec::test().begin(100), 0).unwrap();
