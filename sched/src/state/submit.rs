@@ -18,6 +18,7 @@ impl State {
             shape,
             time_limit,
             has_assoc,
+            ..
         } = self.admit(spec)?;
         if !has_assoc {
             // Slurm without association enforcement: the user is associated on first use.
@@ -60,17 +61,12 @@ impl State {
     pub fn will_run(&self, spec: JobSpec, now: i64) -> Result<WillRun, SubmitError> {
         let Admitted {
             spec,
+            part,
             shape,
             time_limit,
             ..
         } = self.admit(spec)?;
         let id = JobId(self.next_job_id);
-        let part = self
-            .config
-            .partitions
-            .iter()
-            .position(|p| p.name == spec.partition)
-            .ok_or_else(|| SubmitError::UnknownPartition(spec.partition.clone()))?;
         let job = Job::pending(id, spec, shape, time_limit, now);
         let mut planner = crate::select::Planner::new(self, now);
         let req = crate::select::Request::new(self, &job, part);
@@ -225,6 +221,7 @@ impl State {
         }
         Ok(Admitted {
             spec,
+            part: part_idx,
             shape,
             time_limit,
             has_assoc,
@@ -421,6 +418,8 @@ impl State {
 /// What a submit's checks settle about a job (see [`State::admit`]).
 struct Admitted {
     spec: JobSpec,
+    /// Index of its partition in the configuration.
+    part: usize,
     shape: crate::job::Shape,
     time_limit: Option<u64>,
     /// Whether the user already has an association with the account.
