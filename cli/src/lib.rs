@@ -399,6 +399,17 @@ mod tests {
     use super::*;
     use clap::CommandFactory as _;
 
+    /// This package links the unwinder statically (`build.rs`): a panic must still unwind
+    /// (tokio turns a panicking task into an error only by catching the unwind).
+    #[test]
+    fn panics_unwind_with_the_linked_in_unwinder() {
+        let caught = std::panic::catch_unwind(|| {
+            let v: Vec<u8> = Vec::new();
+            v[std::hint::black_box(3)]
+        });
+        assert!(caught.is_err());
+    }
+
     #[test]
     fn every_command_line_is_well_formed() {
         Tandem::command().debug_assert();
