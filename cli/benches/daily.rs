@@ -435,10 +435,13 @@ fn with_steal<T>(system: System, f: impl FnOnce() -> T) -> T {
     out
 }
 
-/// Waits until the machine is quiet (under 15 % of its CPU time busy over a second),
-/// at most `limit`, and says on stderr how long that took.
+/// Flushes dirty pages, then waits until the machine is quiet (under 15 % of its CPU time
+/// busy over a second), at most `limit`, and says on stderr how long that took.
 fn settle(limit: Duration) {
     let started = Instant::now();
+    // Dirty pages a build (or the other system's run) left would be written back while
+    // the loops fsync: flushed first, so each system's commits pay only for their own.
+    nix::unistd::sync();
     while started.elapsed() < limit {
         let Some(b) = CpuTimes::now() else { return };
         std::thread::sleep(Duration::from_secs(1));
