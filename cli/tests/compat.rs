@@ -501,6 +501,33 @@ fn task_variables_of_the_batch_script_and_its_steps_match_slurms() {
     }
 }
 
+/// `SLURM_TASK_PID` is the pid of the process that sees it: the batch script's own (`$$`),
+/// each task's; one inherited from the submitting shell does not survive. Slurm 22.05,
+/// `sbatch -n2` of `echo batch $SLURM_TASK_PID $$; srun -n2 sh -c 'echo task
+/// $SLURM_PROCID $SLURM_TASK_PID $$'`: `batch 30320 30320`, `task 0 30336 30336`,
+/// `task 1 30337 30337`.
+#[test]
+fn slurm_task_pid_is_the_pid_of_the_script_and_of_each_task() {
+    let c = Cluster::start(2);
+    let tandem = util::TANDEM;
+    let probe = c.script(
+        "pid.sh",
+        &format!(
+            "#!/bin/sh\n\
+             [ \"$SLURM_TASK_PID\" = $$ ] && echo batch ok\n\
+             {tandem} srun -n2 sh -c '[ \"$SLURM_TASK_PID\" = $$ ] && echo task $SLURM_PROCID ok' | sort\n\
+             echo end\n"
+        ),
+    );
+    c.sbatch_with(
+        &["-n2", "-o", "pid.out", &probe],
+        &[("SLURM_TASK_PID", "1")],
+        None,
+    );
+    let text = c.wait_file(&c.work.join("pid.out"), "end", T);
+    assert_eq!(text, "batch ok\ntask 0 ok\ntask 1 ok\nend\n");
+}
+
 /// The allocation and `.batch` lines of each way a job ends, with and without `-X`, and the
 /// exit codes of `--json`. Slurm 22.05, `sacct -P -o JobID,State,ExitCode,DerivedExitCode`:
 ///

@@ -50,6 +50,7 @@ async fn script_output_environment_and_exit_code() {
         echo oops >&2\n\
         pwd\n\
         echo \"$0\"\n\
+        [ \"$SLURM_TASK_PID\" = $$ ] && echo task pid is the script\n\
         exit 3\n";
     let mut job = h.job(7, script, &out);
     job.gpus = vec![1];
@@ -62,7 +63,7 @@ async fn script_output_environment_and_exit_code() {
     let text = std::fs::read_to_string(h.path("out-n1.txt")).unwrap();
     // The script runs from the spool (`--spool-dir`), named as Slurm names it.
     let want = format!(
-        "job 7 on n1 procid 0 gpus 1 arg first\noops\n{}\n{}\n",
+        "job 7 on n1 procid 0 gpus 1 arg first\noops\n{}\n{}\ntask pid is the script\n",
         h.dir.path().display(),
         h.dir.path().join("spool/job7/slurm_script").display()
     );
@@ -290,7 +291,8 @@ async fn jobs_run_as_the_submitting_user() {
     let home = h.path("nobody-home");
     std::fs::create_dir(&home).unwrap();
     let out = home.join("as-user.txt");
-    let mut job = h.job(15, "#!/bin/sh\nid -u\nid -g\npwd\n", &out);
+    let script = "#!/bin/sh\nid -u\nid -g\npwd\n[ \"$SLURM_TASK_PID\" = $$ ] && echo pid\n";
+    let mut job = h.job(15, script, &out);
     job.uid = NOBODY;
     job.gid = NOBODY;
     job.workdir = home.to_string_lossy().into_owned();
@@ -311,7 +313,7 @@ async fn jobs_run_as_the_submitting_user() {
     assert_eq!(ended.exit_code, 0, "{ended:?}");
     assert_eq!(
         std::fs::read_to_string(&out).unwrap(),
-        format!("{NOBODY}\n{NOBODY}\n{}\n", home.display())
+        format!("{NOBODY}\n{NOBODY}\n{}\npid\n", home.display())
     );
     let meta = std::fs::metadata(&out).unwrap();
     assert_eq!(

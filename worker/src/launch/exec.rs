@@ -56,6 +56,9 @@ pub struct Request {
     pub program: PathBuf,
     pub args: Vec<OsString>,
     pub env: Vec<(OsString, OsString)>,
+    /// A variable the launcher sets to its own pid, which the program keeps across `exec`
+    /// (`SLURM_TASK_PID`).
+    pub pid_var: Option<OsString>,
     /// Exit code when the program cannot be executed; `None` = [`EXIT_LAUNCH_FAILED`]
     /// (steps use 2, as slurmstepd does).
     pub exec_failed_code: Option<u8>,
@@ -145,6 +148,9 @@ pub fn encode(r: &Request) -> Vec<u8> {
     if let Some(code) = r.exec_failed_code {
         put("failcode", code.to_string().as_bytes());
     }
+    if let Some(var) = &r.pid_var {
+        put("pidvar", var.as_bytes());
+    }
     for (k, v) in &r.env {
         let mut kv = k.as_bytes().to_vec();
         kv.push(b'=');
@@ -190,6 +196,7 @@ pub fn decode(bytes: &[u8]) -> Result<Request, DecodeError> {
             }
             b"program" => program = Some(PathBuf::from(os(value))),
             b"arg" => r.args.push(os(value)),
+            b"pidvar" => r.pid_var = Some(os(value)),
             b"env" => {
                 let Some(i) = value.iter().position(|b| *b == b'=').filter(|i| *i > 0) else {
                     return Err(DecodeError::BadValue {
@@ -282,8 +289,8 @@ fn prepare_and_exec(request: &Request) -> String {
     }
     let mut attempt = 0;
     loop {
-        let e = std::process::Command::new(&request.program)
-            .args(&request.args)
+        let mut cmd = std::process::Command::new(&request.program);
+        cmd.args(&request.args)
             .env_clear()
             .envs(
                 request
@@ -291,8 +298,12 @@ fn prepare_and_exec(request: &Request) -> String {
                     .iter()
                     .map(|(k, v)| (k.as_os_str(), v.as_os_str())),
             )
-            .current_dir(&request.workdir)
-            .exec();
+            .current_dir(&request.workdir);
+        if let Some(var) = &request.pid_var {
+            // `exec` keeps this process's pid: it is the program's.
+            cmd.env(var, std::process::id().to_string());
+        }
+        let e = cmd.exec();
         // See `process::start_as_worker`: a freshly written script may be briefly busy.
         if e.raw_os_error() == Some(nix::errno::Errno::ETXTBSY as i32)
             && attempt < TEXT_BUSY_RETRIES
@@ -368,6 +379,7 @@ mod tests {
                 ("EMPTY".into(), "".into()),
                 ("NL".into(), "two\nlines".into()),
             ],
+            pid_var: Some("SLURM_TASK_PID".into()),
             exec_failed_code: Some(2),
         }
     }

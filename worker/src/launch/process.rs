@@ -40,6 +40,7 @@ use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
 
+use super::envp::{self, TASK_PID_VAR};
 use super::exec::{self, Launcher, Request, User};
 use super::output::{PatternFields, expand};
 
@@ -207,7 +208,7 @@ impl Confinement<'_> {
         user: Option<User>,
     ) -> io::Result<Command> {
         if user.is_none() {
-            let mut cmd = plain_command(program, env, workdir);
+            let mut cmd = plain_command(program, env, workdir)?;
             cmd.args(args);
             super::join::join_in_child(&mut cmd, &self.cgroup_procs)?;
             return Ok(cmd);
@@ -226,6 +227,7 @@ impl Confinement<'_> {
             program: program.to_owned(),
             args,
             env: env.iter().map(|(k, v)| (k.into(), v.into())).collect(),
+            pid_var: Some(TASK_PID_VAR.into()),
             exec_failed_code: self.exec_failed_code,
         };
         let path = exec::write_request(self.exec_dir, &self.request_name, &request)?;
@@ -423,22 +425,25 @@ fn write_script(spool_dir: &Path, spec: &BatchSpec<'_>) -> Result<PathBuf, Launc
     Ok(path)
 }
 
-fn base_command(program: &Path, spec: &BatchSpec<'_>) -> Command {
+fn base_command(program: &Path, spec: &BatchSpec<'_>) -> io::Result<Command> {
     plain_command(program, spec.env, spec.workdir)
 }
 
-/// `program` with exactly `env`, in `workdir`, stdin from `/dev/null`, in a process group
-/// of its own; nothing about identity or cgroups.
-fn plain_command(program: &Path, env: &BTreeMap<String, String>, workdir: &Path) -> Command {
+/// `program` with exactly `env` (and `SLURM_TASK_PID`, its own pid), in `workdir`, stdin
+/// from `/dev/null`, in a process group of its own; nothing about identity or cgroups.
+pub(crate) fn plain_command(
+    program: &Path,
+    env: &BTreeMap<String, String>,
+    workdir: &Path,
+) -> io::Result<Command> {
     let mut cmd = Command::new(program);
-    cmd.env_clear()
-        .envs(env)
-        .current_dir(workdir)
+    cmd.current_dir(workdir)
         .stdin(Stdio::null())
         // Own process group, so signals reach every process the script starts.
         .process_group(0)
         .kill_on_drop(false);
-    cmd
+    envp::exec_with(&mut cmd, env)?;
+    Ok(cmd)
 }
 
 /// Opens (creates, and truncates or appends to) an output file. Non-blocking, so a FIFO
@@ -592,7 +597,7 @@ async fn start_as_worker(
                     None,
                 )
                 .map_err(|source| LaunchError::Spawn { source })?,
-            None => base_command(script, spec),
+            None => base_command(script, spec).map_err(|source| LaunchError::Spawn { source })?,
         };
         if let (Some(f), Some(path)) = (&input, streams.input) {
             cmd.stdin(f.try_clone().map_err(|source| LaunchError::Input {
@@ -667,7 +672,8 @@ async fn start_as_user(
             .map_err(|source| LaunchError::Spawn { source })?
         }
         None => {
-            let mut cmd = base_command(Path::new(REDIRECT_SHELL), spec);
+            let mut cmd = base_command(Path::new(REDIRECT_SHELL), spec)
+                .map_err(|source| LaunchError::Spawn { source })?;
             cmd.args(args).uid(uid).gid(gid);
             cmd
         }

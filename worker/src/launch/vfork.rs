@@ -13,7 +13,8 @@
 //! The child does what std's child does and nothing more: signal dispositions the worker
 //! set back to default (a handler must never run in the shared memory; SIGPIPE, which the
 //! Rust runtime ignores, too), the join, its own process group, the three standard streams,
-//! the working directory, an empty signal mask, `execve`. A failure before `exec` is
+//! the working directory, an empty signal mask, its pid into the environment
+//! (`SLURM_TASK_PID`), `execve`. A failure before `exec` is
 //! reported through memory shared with the parent (which step, which errno), and the
 //! spawn returns it as an error, as std does.
 //!
@@ -41,6 +42,8 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 use tokio::io::unix::AsyncFd;
 
+use super::envp::Envp;
+
 /// The child's stack. Its frame is a few hundred bytes; the rest is headroom for libc's
 /// wrappers. A guard page below it turns an overflow into a fault, not corruption.
 const STACK_BYTES: usize = 64 * 1024;
@@ -53,7 +56,8 @@ pub struct Spawn<'a> {
     pub program: &'a Path,
     /// `argv[1..]`; `argv[0]` is the program path.
     pub args: &'a [std::ffi::OsString],
-    /// The whole environment.
+    /// The whole environment; `SLURM_TASK_PID` is added (the child's pid, see
+    /// [`super::envp`]).
     pub env: &'a BTreeMap<String, String>,
     pub workdir: &'a Path,
     /// `None`: `/dev/null`.
@@ -126,7 +130,7 @@ impl Stage {
 struct ChildArgs {
     program: *const libc::c_char,
     argv: *const *const libc::c_char,
-    envp: *const *const libc::c_char,
+    envp: *const Envp,
     workdir: *const libc::c_char,
     /// Descriptors for 0, 1, 2; each is 3 or above (see [`above_stdio`]).
     stdio: [RawFd; 3],
@@ -141,14 +145,9 @@ pub fn spawn(spec: &Spawn<'_>) -> io::Result<Process> {
     let argv_owned: Vec<CString> = std::iter::once(Ok(program.clone()))
         .chain(spec.args.iter().map(|a| cstring(a)))
         .collect::<io::Result<_>>()?;
-    let envp_owned: Vec<CString> = spec
-        .env
-        .iter()
-        .map(|(k, v)| cstring(OsStr::new(&format!("{k}={v}"))))
-        .collect::<io::Result<_>>()?;
+    let envp = Envp::new(spec.env)?;
     let workdir = cstring(spec.workdir.as_os_str())?;
     let argv = null_terminated(&argv_owned);
-    let envp = null_terminated(&envp_owned);
 
     let devnull;
     let stdin = match spec.stdin {
@@ -169,7 +168,7 @@ pub fn spawn(spec: &Spawn<'_>) -> io::Result<Process> {
     let args = ChildArgs {
         program: program.as_ptr(),
         argv: argv.as_ptr(),
-        envp: envp.as_ptr(),
+        envp: &raw const envp,
         workdir: workdir.as_ptr(),
         stdio: [
             streams[0].as_raw_fd(),
@@ -327,8 +326,8 @@ impl Process {
 /// calls only system-call wrappers; never returns on success (execve replaces it).
 extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the `ChildArgs` in `spawn`'s frame, alive and unchanged while this
-    // runs (CLONE_VFORK); its pointers point at NUL-terminated strings and NULL-terminated
-    // arrays built there, and `procs` at `procs_len` descriptors.
+    // runs (CLONE_VFORK); its pointers point at NUL-terminated strings, NULL-terminated
+    // arrays and the environment block built there, and `procs` at `procs_len` descriptors.
     let args = unsafe { &*arg.cast::<ChildArgs>() };
     let report = |stage: Stage| -> libc::c_int {
         let errno = io::Error::last_os_error().raw_os_error().unwrap_or(0);
@@ -393,7 +392,10 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         {
             return report(Stage::Signals);
         }
-        libc::execve(args.program, args.argv, args.envp);
+        // The child is the only thread using the block until it execs (CLONE_VFORK).
+        let envp = &*args.envp;
+        envp.fill_pid();
+        libc::execve(args.program, args.argv, envp.as_ptr());
         report(Stage::Exec)
     }
 }

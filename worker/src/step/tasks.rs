@@ -20,7 +20,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tandem_proto::v1::{TaskExit, TaskOutput, task_output};
 use tokio::io::{AsyncRead, AsyncReadExt};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tonic::Status;
@@ -31,7 +31,7 @@ use crate::cgroup::plan::Allocation;
 use crate::cgroup::{Isolation, JobCgroup};
 use crate::launch::exec::{self, Launcher};
 use crate::launch::limits::ExitReport;
-use crate::launch::process::{Confinement, RunAs, confined};
+use crate::launch::process::{Confinement, RunAs, confined, plain_command};
 
 /// Bytes read from a task's pipe per chunk sent.
 const CHUNK: usize = 8 * 1024;
@@ -203,16 +203,8 @@ fn spawn_task(
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         return cmd.spawn();
     }
-    let mut cmd = Command::new(program);
-    cmd.args(args)
-        .env_clear()
-        .envs(&t.env)
-        .current_dir(t.workdir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(false);
+    let mut cmd = plain_command(Path::new(program), &t.env, t.workdir)?;
+    cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
     if let RunAs::User { uid, gid } = run_as {
         cmd.uid(uid).gid(gid);
     }
