@@ -501,6 +501,64 @@ fn task_variables_of_the_batch_script_and_its_steps_match_slurms() {
     }
 }
 
+/// A job waiting for a dependency or a begin time has its priority in squeue (`%Q`, and
+/// `%p`/`-O priority` as a fraction of 2^32) while sprio leaves it out; a held job's is 0.
+/// Slurm 22.05, `squeue -o "%i %Q %p %r"`: `10814 10000 0.00000232830644 Dependency`,
+/// `10815 0 0.00000000000000 JobHeldUser`; `sprio -j` of either: "Unable to find jobs
+/// matching user/id(s) specified".
+#[test]
+fn jobs_not_yet_eligible_show_a_priority_but_not_in_sprio() {
+    let c = Cluster::start(1);
+    let first = c.sbatch(&["-o", "/dev/null", "--wrap", "sleep 30"]);
+    let after = c.sbatch(&[
+        "-o",
+        "/dev/null",
+        &format!("--dependency=afterok:{first}"),
+        "--wrap",
+        "true",
+    ]);
+    let later = c.sbatch(&["-o", "/dev/null", "--begin=now+1hour", "--wrap", "true"]);
+    let held = c.sbatch(&["-o", "/dev/null", "--hold", "--wrap", "true"]);
+    let ids = format!("{after},{later},{held}");
+    let rows = poll("reasons set", || {
+        let out = c.ok(&["squeue", "-h", "-j", &ids, "-o", "%i %Q %p %r"]);
+        (out.contains("Dependency") && out.contains("BeginTime")).then_some(out)
+    });
+    for line in rows.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let q: u64 = f[1].parse().unwrap();
+        assert_eq!(
+            f[2],
+            format!("{:.14}", q as f64 / 4_294_967_296.0),
+            "{line}"
+        );
+        if f[0] == held.to_string() {
+            assert_eq!((q, f[3]), (0, "JobHeldUser"), "{line}");
+        } else {
+            assert!(q > 0, "{line}");
+        }
+    }
+    let out = c.ok(&[
+        "squeue",
+        "-h",
+        "-j",
+        &later.to_string(),
+        "-O",
+        "priority,prioritylong",
+    ]);
+    let f: Vec<&str> = out.split_whitespace().collect();
+    assert!(
+        f[0].starts_with("0.0000") && f[1].parse::<u64>().unwrap() > 0,
+        "{out}"
+    );
+    let out = c.run(&["sprio", "-j", &ids]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "Unable to find jobs matching user/id(s) specified"
+    );
+    c.ok(&["scancel", &first.to_string()]);
+}
+
 /// `SLURM_TASK_PID` is the pid of the process that sees it: the batch script's own (`$$`),
 /// each task's; one inherited from the submitting shell does not survive. Slurm 22.05,
 /// `sbatch -n2` of `echo batch $SLURM_TASK_PID $$; srun -n2 sh -c 'echo task

@@ -150,6 +150,22 @@ pub fn schedule_observed(st: &mut State, now: i64, obs: &mut impl PassObserver) 
         }
     }
     stats.eligible = eligible.len();
+    // Jobs that wait for a dependency or a begin time still show a priority (Slurm computes
+    // it at submit); without an age until they are eligible, once is enough. Recorded, so
+    // that it shows at once (most were just submitted: their row is being written anyway).
+    let unranked: Vec<JobId> = reasons
+        .iter()
+        .map(|(id, _)| *id)
+        .filter(|id| st.jobs.get(id).is_some_and(|j| j.priority == 0))
+        .collect();
+    if !unranked.is_empty() {
+        for c in prioritise(st, &unranked, now) {
+            if let Some(j) = st.jobs.get_mut(&c.id) {
+                j.priority = c.priority;
+                st.changes.jobs.insert(c.id);
+            }
+        }
+    }
     for id in &newly_eligible {
         // Eligibility feeds no index: set it in place and record the change.
         if let Some(j) = st.jobs.get_mut(id) {

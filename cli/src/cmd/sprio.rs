@@ -47,6 +47,7 @@ pub struct Args {
 
 pub async fn run(args: Args) -> Exit {
     let (jobs, tasks) = job_filter(&super::split_commas(&args.jobs))?;
+    let asked_for_jobs = !jobs.is_empty() || !tasks.is_empty();
     let users = super::split_commas(&args.users);
     let mut client = Client::connect().await?;
     let resp = client
@@ -58,6 +59,10 @@ pub async fn run(args: Args) -> Exit {
         let mut s = serde_json::to_string_pretty(&to_json(&resp))?;
         s.push('\n');
         s
+    } else if asked_for_jobs && resp.rows.is_empty() {
+        // Slurm's words, on stdout and with status 0, header or not; only for `-j` (a
+        // `-u` that matches nothing prints the header alone, as here).
+        "Unable to find jobs matching user/id(s) specified\n".to_owned()
     } else {
         let view = View {
             long: args.long,

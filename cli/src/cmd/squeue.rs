@@ -277,7 +277,7 @@ fn sort(jobs: &mut [&JobInfo], keys: &[(bool, char)], now: i64) {
                 't' | 'T' => state(a).cmp(state(b)),
                 'u' => a.user.cmp(&b.user),
                 'j' => a.name.cmp(&b.name),
-                'Q' => a.priority.cmp(&b.priority),
+                'Q' | 'p' => a.priority.cmp(&b.priority),
                 'M' => elapsed(a).cmp(&elapsed(b)),
                 // Unset times (0) first, as None sorts before Some.
                 'S' => shown_start(a).max(0).cmp(&shown_start(b).max(0)),

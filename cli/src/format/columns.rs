@@ -304,6 +304,8 @@ pub enum JobField {
     Cpus,
     TresPerNode,
     Priority,
+    /// `%p`: the priority as a fraction of 2^32, as Slurm prints it.
+    PriorityNorm,
     StartTime,
     SubmitTime,
     EndTime,
@@ -351,6 +353,7 @@ impl JobField {
             'C' => Cpus,
             'b' => TresPerNode,
             'Q' => Priority,
+            'p' => PriorityNorm,
             'S' => StartTime,
             'V' => SubmitTime,
             'e' => EndTime,
@@ -391,7 +394,7 @@ impl JobField {
             Reason => &["reason"],
             Cpus => &["num_cpus"],
             TresPerNode => &["tres", "num_nodes"],
-            Priority => &["priority"],
+            Priority | PriorityNorm => &["priority"],
             SubmitTime => &["submit_time"],
             Account => &["account"],
             Qos => &["qos"],
@@ -429,7 +432,8 @@ impl JobField {
             "reason" => Reason,
             "numcpus" | "cpus" => Cpus,
             "tres-per-node" | "tres_per_node" => TresPerNode,
-            "priority" | "prioritylong" => Priority,
+            "priority" => PriorityNorm,
+            "prioritylong" => Priority,
             "starttime" => StartTime,
             "submittime" => SubmitTime,
             "endtime" => EndTime,
@@ -471,7 +475,7 @@ impl Field<JobView<'_>> for JobField {
             Reason => "REASON",
             Cpus => "CPUS",
             TresPerNode => "TRES_PER_NODE",
-            Priority => "PRIORITY",
+            Priority | PriorityNorm => "PRIORITY",
             StartTime => "START_TIME",
             SubmitTime => "SUBMIT_TIME",
             EndTime => "END_TIME",
@@ -518,6 +522,7 @@ impl Field<JobView<'_>> for JobField {
             Cpus => owned(j.cpus.to_string()),
             TresPerNode => owned(j.tres_per_node().unwrap_or_else(|| "N/A".to_string())),
             Priority => owned(j.priority.to_string()),
+            PriorityNorm => owned(format!("{:.14}", j.priority as f64 / 4_294_967_296.0)),
             // A pending job's is the plan's expected start, N/A without one.
             StartTime => owned(match (j.start_time, j.is_pending()) {
                 (_, true) => j.expected_start.map_or_else(

@@ -16,7 +16,7 @@ use tandem_proto::v1;
 use tandem_sched::State;
 use tandem_sched::account::{AccountConfig, AssocLimits, UserConfig};
 use tandem_sched::fairshare::{AssocKind, ROOT_ACCOUNT, sshare_rows};
-use tandem_sched::job::{JobState, PreemptMode};
+use tandem_sched::job::{JobState, PreemptMode, Reason};
 use tandem_sched::qos::{Qos, QosLimits};
 use tandem_sched::ranking::Ranking;
 use tandem_sched::state::AdminError;
@@ -639,6 +639,14 @@ pub fn priorities(
         if job.state != JobState::Pending {
             continue;
         }
+        // Slurm's sprio leaves out jobs not yet eligible: a dependency or a begin time to
+        // wait for (their priority still shows in squeue).
+        if matches!(
+            job.reason,
+            Reason::Dependency | Reason::DependencyNeverSatisfied | Reason::BeginTime
+        ) {
+            continue;
+        }
         if !users.is_empty() && !users.contains(job.spec.user.as_str()) {
             continue;
         }
@@ -793,6 +801,32 @@ mod tests {
                 ..Default::default()
             })
             .is_empty()
+        );
+    }
+
+    /// Slurm 22.05: `sprio -j` of a job waiting for a dependency or a begin time, or held,
+    /// says "Unable to find jobs matching user/id(s) specified"; squeue shows its priority.
+    #[test]
+    fn sprio_leaves_out_jobs_not_yet_eligible() {
+        let mut st = cluster();
+        let running = st.submit(JobSpec::test().cpus_per_task(4), 0).unwrap();
+        let waits = st.submit(JobSpec::test(), 0).unwrap();
+        let after = st
+            .submit(
+                JobSpec::test().dependency(&format!("afterok:{}", running.0)),
+                0,
+            )
+            .unwrap();
+        let later = st.submit(JobSpec::test().begin(3_600), 0).unwrap();
+        st.submit(JobSpec::test().held(), 0).unwrap();
+        st.schedule(1);
+        let job = |id| st.job(id).unwrap();
+        assert_eq!(job(after).reason, Reason::Dependency);
+        assert_eq!(job(later).reason, Reason::BeginTime);
+        assert!(job(after).priority > 0 && job(later).priority > 0);
+        assert_eq!(
+            ids(&priorities(&st, &Default::default(), 10)),
+            [waits.0.to_string()]
         );
     }
 

@@ -48,6 +48,11 @@ impl State {
                 Some(r) => job.reason = r,
                 None => job.eligible_time = Some(now),
             }
+            // Waiting for a begin time, no pass ranks it before then; Slurm shows its
+            // priority from the submit (held jobs have none).
+            if job.hold == Hold::None && job.eligible_time.is_none() {
+                job.priority = crate::ranking::Ranking::new(self, now).priority(&job);
+            }
         }
         self.jobs.insert(id, job);
         self.index(id);
@@ -248,23 +253,29 @@ impl State {
                 None => waiting.push(*id),
             }
         }
+        let ranked: Vec<JobId> = reasons
+            .iter()
+            .map(|(id, _)| *id)
+            .chain(waiting.iter().copied())
+            .collect();
         for (id, r) in reasons {
             if let Some(j) = self.jobs.get_mut(&id) {
                 j.reason = r;
-                self.changes.jobs.insert(id);
             }
         }
-        if waiting.is_empty() {
-            return;
+        for id in &waiting {
+            if let Some(j) = self.jobs.get_mut(id) {
+                j.reason = Reason::Resources;
+            }
         }
-        for c in crate::cycle::prioritise(self, &waiting, now) {
+        // A job waiting for a dependency or a begin time has a priority too, as in Slurm.
+        for c in crate::cycle::prioritise(self, &ranked, now) {
             if let Some(j) = self.jobs.get_mut(&c.id) {
                 j.priority = c.priority;
-                j.reason = Reason::Resources;
-                // Already written with the submit when the controller asks before its flush.
-                self.changes.jobs.insert(c.id);
             }
         }
+        // Already written with the submit when the controller asks before its flush.
+        self.changes.jobs.extend(ranked);
     }
 
     fn default_account(&self, user: &str) -> String {

@@ -339,6 +339,8 @@ fn jobs_no_pass_will_see_get_a_priority_and_resources_at_once() {
         (Reason::JobHeldUser, 0)
     );
     assert_eq!(job(after).reason, Reason::Dependency);
+    // Waiting for a dependency, it shows a priority all the same, as in Slurm.
+    assert!(job(after).priority > 0);
     let given = job(waits).priority;
     // Changed records are written (with their submit, in the controller), the held one not.
     assert_eq!(
@@ -349,6 +351,31 @@ fn jobs_no_pass_will_see_get_a_priority_and_resources_at_once() {
     st.schedule(1);
     assert_eq!(st.job(waits).unwrap().priority, given);
     assert_eq!(st.job(waits).unwrap().reason, Reason::Resources);
+}
+
+#[test]
+fn a_pass_gives_jobs_waiting_for_a_dependency_or_begin_time_a_priority_but_not_held_ones() {
+    let mut st = State::test_cluster(2, 8, 8000, 0);
+    let first = st.submit(JobSpec::test(), 0).unwrap();
+    let after = st
+        .submit(
+            JobSpec::test().dependency(&format!("afterok:{}", first.0)),
+            0,
+        )
+        .unwrap();
+    let later = st.submit(JobSpec::test().begin(3_600), 0).unwrap();
+    let held = st.submit(JobSpec::test().held(), 0).unwrap();
+    assert_eq!(started(&st.schedule(1)), vec![first]);
+    let job = |st: &State, id| st.job(id).unwrap().clone();
+    assert_eq!(job(&st, after).reason, Reason::Dependency);
+    assert_eq!(job(&st, later).reason, Reason::BeginTime);
+    assert!(job(&st, after).priority > 0 && job(&st, later).priority > 0);
+    assert_eq!(job(&st, held).priority, 0);
+    // Not recomputed while they wait: the next pass leaves the same numbers.
+    let before = (job(&st, after).priority, job(&st, later).priority);
+    st.schedule(2);
+    assert_eq!((job(&st, after).priority, job(&st, later).priority), before);
+    assert_consistent(&st);
 }
 
 #[test]
