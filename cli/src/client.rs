@@ -128,6 +128,15 @@ pub fn user_name() -> String {
         .unwrap_or_else(|| uid.as_raw().to_string())
 }
 
+/// This process's file-creation mask. umask(2) only reads it by setting it: set and set
+/// back while no other thread of this command creates files (it has none yet).
+pub fn umask() -> u32 {
+    use nix::sys::stat::{Mode, umask};
+    let mask = umask(Mode::from_bits_truncate(0o022));
+    umask(mask);
+    mask.bits()
+}
+
 /// This machine's host name (SLURM_SUBMIT_HOST).
 pub fn hostname() -> String {
     nix::unistd::gethostname()

@@ -302,6 +302,7 @@ mod tests {
                 cwd: "/work/p".into(),
                 hostname: "login-1".into(),
                 sid: 1,
+                umask: 0o022,
                 now: 1_700_000_000,
                 utc_offset_s: Some(-18_000),
             };

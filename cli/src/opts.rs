@@ -226,6 +226,9 @@ pub struct SubmitContext {
     pub hostname: String,
     /// Session id of this process (`AllocNode:Sid`).
     pub sid: u32,
+    /// This process's file-creation mask: the batch script's (and its output files'), as
+    /// in Slurm.
+    pub umask: u32,
     pub now: i64,
     /// Offset of the user's time zone, for `--begin` times of day; `None`: the local
     /// zone's, read only when a `--begin` needs it (most submits never do).
@@ -601,6 +604,7 @@ impl JobOpts {
             no_requeue: self.no_requeue,
             submit_host: ctx.hostname.clone(),
             alloc_sid: ctx.sid,
+            umask: Some(ctx.umask),
             comment: self.comment.clone().unwrap_or_default(),
             nodelist: self.nodelist.clone().unwrap_or_default(),
             exclude: self.exclude.clone().unwrap_or_default(),

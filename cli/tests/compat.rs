@@ -559,6 +559,124 @@ fn jobs_not_yet_eligible_show_a_priority_but_not_in_sprio() {
     c.ok(&["scancel", &first.to_string()]);
 }
 
+/// The batch script runs with sbatch's file-creation mask and creates its output file with
+/// it; srun's tasks run with srun's, which `SLURM_UMASK` gives in octal. Slurm 22.05:
+/// `(umask 027; sbatch -o um.out --wrap 'umask; touch t')`: `0027`, both files
+/// `-rw-r-----`; `(umask 077; srun sh -c 'umask; echo $SLURM_UMASK')`: `0077`, `0077`.
+#[test]
+fn jobs_and_tasks_run_with_the_submitters_umask() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let c = Cluster::start(1);
+    let tandem = util::TANDEM;
+    let probe = c.script(
+        "um.sh",
+        &format!(
+            "#!/bin/sh\numask\ntouch made.txt\n\
+             (umask 077; {tandem} srun sh -c 'umask; echo $SLURM_UMASK')\necho end\n"
+        ),
+    );
+    // A shell sets the mask: the test's own process keeps its own.
+    let out = std::process::Command::new("/bin/sh")
+        .args([
+            "-c",
+            &format!("umask 027; exec {tandem} sbatch -o um.out {probe}"),
+        ])
+        .env("TANDEM_CONFIG", c.cluster_file())
+        .env_remove("SLURM_UMASK")
+        .current_dir(&c.work)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = c.wait_file(&c.work.join("um.out"), "end", T);
+    assert_eq!(text, "0027\n0077\n0077\nend\n");
+    for f in ["um.out", "made.txt"] {
+        let mode = std::fs::metadata(c.work.join(f))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o640, "{f}: {mode:o}");
+    }
+}
+
+/// The names a batch script and its step's task find in their environment, beside Slurm
+/// 22.05's for `sbatch --wrap 'env; srun env'` (one node, one task). Not set by Tandem:
+/// `SLURM_CONF` (there is no slurm.conf), `SLURM_WORKING_CLUSTER` (slurmctld's address and
+/// protocol version, for federation) and srun's own ports and address for PMI
+/// (`SLURM_SRUN_COMM_HOST`, `SLURM_SRUN_COMM_PORT`, `SLURM_STEP_LAUNCHER_PORT`,
+/// `SLURM_LAUNCH_NODE_IPADDR`). Set beyond 22.05: `SLURM_JOB_START_TIME` (Slurm 23.02's).
+#[test]
+fn the_variables_of_a_batch_script_and_a_task_are_slurms() {
+    const SLURM_BATCH: &str = "ENVIRONMENT HOSTNAME SLURMD_NODENAME SLURM_CLUSTER_NAME \
+        SLURM_CONF SLURM_CPUS_ON_NODE SLURM_GTIDS SLURM_JOBID SLURM_JOB_ACCOUNT \
+        SLURM_JOB_CPUS_PER_NODE SLURM_JOB_GID SLURM_JOB_ID SLURM_JOB_NAME SLURM_JOB_NODELIST \
+        SLURM_JOB_NUM_NODES SLURM_JOB_PARTITION SLURM_JOB_QOS SLURM_JOB_UID SLURM_JOB_USER \
+        SLURM_LOCALID SLURM_NNODES SLURM_NODEID SLURM_NODELIST SLURM_NODE_ALIASES \
+        SLURM_PRIO_PROCESS SLURM_PROCID SLURM_SUBMIT_DIR SLURM_SUBMIT_HOST \
+        SLURM_TASKS_PER_NODE SLURM_TASK_PID SLURM_TOPOLOGY_ADDR SLURM_TOPOLOGY_ADDR_PATTERN \
+        SLURM_WORKING_CLUSTER TMPDIR";
+    const SLURM_TASK: &str = "SLURMD_NODENAME SLURM_CLUSTER_NAME SLURM_CONF \
+        SLURM_CPUS_ON_NODE SLURM_DISTRIBUTION SLURM_GTIDS SLURM_JOBID SLURM_JOB_ACCOUNT \
+        SLURM_JOB_CPUS_PER_NODE SLURM_JOB_CPUS_PER_NODE_PACK_GROUP_0 SLURM_JOB_GID \
+        SLURM_JOB_ID SLURM_JOB_NAME SLURM_JOB_NODELIST SLURM_JOB_NUM_NODES \
+        SLURM_JOB_PARTITION SLURM_JOB_QOS SLURM_JOB_UID SLURM_JOB_USER \
+        SLURM_LAUNCH_NODE_IPADDR SLURM_LOCALID SLURM_NNODES SLURM_NODEID SLURM_NODELIST \
+        SLURM_NODE_ALIASES SLURM_NPROCS SLURM_NTASKS SLURM_PRIO_PROCESS SLURM_PROCID \
+        SLURM_SRUN_COMM_HOST SLURM_SRUN_COMM_PORT SLURM_STEPID SLURM_STEP_ID \
+        SLURM_STEP_LAUNCHER_PORT SLURM_STEP_NODELIST SLURM_STEP_NUM_NODES \
+        SLURM_STEP_NUM_TASKS SLURM_STEP_TASKS_PER_NODE SLURM_SUBMIT_DIR SLURM_SUBMIT_HOST \
+        SLURM_TASKS_PER_NODE SLURM_TASK_PID SLURM_TOPOLOGY_ADDR SLURM_TOPOLOGY_ADDR_PATTERN \
+        SLURM_UMASK SLURM_WORKING_CLUSTER";
+    const NOT_HERE: [&str; 6] = [
+        "SLURM_CONF",
+        "SLURM_WORKING_CLUSTER",
+        "SLURM_SRUN_COMM_HOST",
+        "SLURM_SRUN_COMM_PORT",
+        "SLURM_STEP_LAUNCHER_PORT",
+        "SLURM_LAUNCH_NODE_IPADDR",
+    ];
+    let want = |names: &str| {
+        let mut v: Vec<&str> = names
+            .split_whitespace()
+            .filter(|n| !NOT_HERE.contains(n))
+            .chain(["SLURM_JOB_START_TIME"])
+            .collect();
+        v.sort_unstable();
+        v.join(" ")
+    };
+    let c = Cluster::start(1);
+    let tandem = util::TANDEM;
+    let pick = "env | sed -n 's/^\\(SLURM[A-Z0-9_]*\\|ENVIRONMENT\\|HOSTNAME\\|TMPDIR\\)=.*/\\1/p' \
+                | sort | tr '\\n' ' '; echo";
+    let probe = c.script(
+        "names.sh",
+        &format!("#!/bin/sh\n{pick}\n{tandem} srun sh -c \"{pick}\"\necho end\n"),
+    );
+    // Only what the jobs set: any SLURM_* of the test's own environment stays out.
+    let mut cmd = c.cmd(&["sbatch", "-o", "names.out", &probe]);
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("SLURM")) {
+        cmd.env_remove(k);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = c.wait_file(&c.work.join("names.out"), "end", T);
+    let lines: Vec<&str> = text.lines().map(str::trim_end).collect();
+    assert_eq!(lines[0], want(SLURM_BATCH), "batch");
+    // (The reference listed only a task's SLURM* names.)
+    let task: Vec<&str> = lines[1]
+        .split_whitespace()
+        .filter(|n| n.starts_with("SLURM"))
+        .collect();
+    assert_eq!(task.join(" "), want(SLURM_TASK), "task");
+}
+
 /// `SLURM_TASK_PID` is the pid of the process that sees it: the batch script's own (`$$`),
 /// each task's; one inherited from the submitting shell does not survive. Slurm 22.05,
 /// `sbatch -n2` of `echo batch $SLURM_TASK_PID $$; srun -n2 sh -c 'echo task

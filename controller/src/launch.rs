@@ -35,6 +35,8 @@ pub struct Payload {
     pub open_append: bool,
     /// `--signal`.
     pub signal: Option<WarnSignal>,
+    /// The submitter's umask, which the script runs with; `None`: the worker's.
+    pub umask: Option<u32>,
 }
 
 /// `--signal`: a signal the worker sends ahead of the time limit.
@@ -87,6 +89,7 @@ impl Payload {
             signal_number: self.signal.map_or(0, |w| w.number),
             signal_before_s: self.signal.map_or(0, |w| w.before_s),
             signal_batch_only: self.signal.is_some_and(|w| w.batch_only),
+            umask: self.umask,
             ..Default::default()
         }
         .encode_to_vec()
@@ -113,6 +116,8 @@ impl Payload {
             alloc_sid: s.alloc_sid,
             open_append: s.open_mode_append,
             signal,
+            // Checked at submit; masked again, should a stored one be off.
+            umask: s.umask.map(|m| m & 0o777),
         })
     }
 }
@@ -272,6 +277,8 @@ pub fn job_environment(
         "SLURM_JOB_CPUS_PER_NODE",
         compress_counts(&facts.cpus_per_node),
     );
+    // No cloud nodes, as Slurm 22.05 says it.
+    set("SLURM_NODE_ALIASES", "(null)".to_owned());
     // The job's share of the batch node, not the node's size (the worker's fallback) and
     // not a value exported from a submitting shell inside another allocation.
     if let Some(cpus) = facts.cpus_per_node.first() {

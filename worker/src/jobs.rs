@@ -330,6 +330,7 @@ async fn supervise(
                 stderr: &job.stderr,
                 stdin: &job.stdin,
                 open_append: job.open_append,
+                umask: job.umask.map(|m| m & 0o777),
                 node_name: &node.name,
                 run_as,
                 confine,

@@ -143,6 +143,8 @@ struct LaunchShape {
     /// `None`: the test's own uid and gid.
     ids: Option<(u32, u32)>,
     ntasks_total: u32,
+    /// Valid up to 0o777.
+    umask: Option<u32>,
     token: Token,
 }
 
@@ -179,13 +181,18 @@ fn launch_shapes() -> impl Strategy<Value = LaunchShape> {
             prop_oneof![8 => Just(None), 1 => any::<(u32, u32)>().prop_map(Some)],
             any::<u32>(),
             tokens(),
+            prop_oneof![
+                6 => Just(None),
+                2 => (0u32..=0o777).prop_map(Some),
+                1 => any::<u32>().prop_map(Some),
+            ],
         ),
     )
         .prop_map(
             |(
                 (job_id, step_id, argv),
                 (workdir, environment, task_ids, gpus),
-                (node_index, ids, ntasks_total, token),
+                (node_index, ids, ntasks_total, token, umask),
             )| LaunchShape {
                 // Never the sleeper's job: a property launch must not meet its step.
                 job_id: if job_id == SLEEPER_JOB { 0 } else { job_id },
@@ -198,6 +205,7 @@ fn launch_shapes() -> impl Strategy<Value = LaunchShape> {
                 node_index,
                 ids,
                 ntasks_total,
+                umask,
                 token,
             },
         )
@@ -279,7 +287,8 @@ impl World {
             && unique.len() == s.task_ids.len()
             && Path::new(&workdir).is_absolute()
             && Path::new(&workdir).is_dir()
-            && (worker_uid == 0 || ids.0 == worker_uid);
+            && (worker_uid == 0 || ids.0 == worker_uid)
+            && s.umask.is_none_or(|m| m <= 0o777);
         let req = LaunchTasksRequest {
             job_id,
             step_id: s.step_id,
@@ -293,6 +302,7 @@ impl World {
             uid: ids.0,
             gid: ids.1,
             ntasks_total: s.ntasks_total,
+            umask: s.umask,
         };
         (req, well_formed)
     }
@@ -621,6 +631,7 @@ fn arbitrary_step_requests_are_refused_clearly_and_the_worker_keeps_serving() {
             node_index: 0,
             ids: None,
             ntasks_total: 2,
+            umask: Some(0o077),
             token: Token::Valid,
         },
         Caller::Tester,

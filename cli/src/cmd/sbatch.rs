@@ -134,6 +134,7 @@ pub fn submit_context() -> anyhow::Result<SubmitContext> {
         cwd,
         hostname: crate::client::hostname(),
         sid: nix::unistd::getsid(None).map_or(0, |s| u32::try_from(s.as_raw()).unwrap_or(0)),
+        umask: crate::client::umask(),
         now: clock::now(),
         utc_offset_s: None,
     })

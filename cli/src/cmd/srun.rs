@@ -382,6 +382,8 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args, alloc: Allocati
         alloc,
         (layout.ntasks_per_node > 0).then_some(layout.ntasks_per_node),
     );
+    let umask = task_umask(&ctx.env, ctx.umask);
+    env.insert("SLURM_UMASK".into(), umask.text);
     let workdir = ctx.cwd.to_string_lossy().into_owned();
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(u32, Event)>(256);
     let (auth, security) = client.worker_access()?;
@@ -405,6 +407,7 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args, alloc: Allocati
             uid: client.identity().uid,
             gid: client.identity().gid,
             ntasks_total: step.ntasks,
+            umask: Some(umask.mask),
         };
         let tx = tx.clone();
         let node = target.node.clone();
@@ -587,6 +590,19 @@ fn step_environment(
         if !cpus.is_empty() && cpus.iter().all(|c| *c > 0) {
             set("SLURM_JOB_CPUS_PER_NODE", compress_counts(&cpus));
         }
+        set("SLURM_NODE_ALIASES", "(null)".to_owned());
+    }
+    // Slurm's default task distribution, by name: cyclic while each node gets at most one
+    // task, block beyond (Slurm 22.05: `srun -n1` cyclic, `srun -n4` on two nodes block).
+    let distribution = if step.ntasks as usize <= targets.len() {
+        "cyclic"
+    } else {
+        "block"
+    };
+    set("SLURM_DISTRIBUTION", distribution.to_owned());
+    // A step's tasks also see the job's CPUs under the heterogeneous-job name.
+    if let Some(cpus) = env.get("SLURM_JOB_CPUS_PER_NODE").cloned() {
+        env.insert("SLURM_JOB_CPUS_PER_NODE_PACK_GROUP_0".to_owned(), cpus);
     }
     // Only an honoured `--ntasks-per-node` is set; an ignored one leaves the job's value.
     if let Some(n) =
@@ -672,6 +688,33 @@ fn write_labelled<W: std::io::Write>(
         out.write_all(&label_line(task, &line, label))?;
     }
     Ok(())
+}
+
+/// The tasks' file-creation mask and its `SLURM_UMASK` text: as Slurm's srun, the
+/// variable's value when this srun inherited a valid one (a step of a step), else this
+/// process's mask in four octal digits.
+struct TaskUmask {
+    mask: u32,
+    text: String,
+}
+
+fn task_umask(env: &[(String, String)], own: u32) -> TaskUmask {
+    let inherited = env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "SLURM_UMASK")
+        .and_then(|(_, v)| Some((u32::from_str_radix(v, 8).ok()?, v)))
+        .filter(|(m, _)| *m <= 0o777);
+    match inherited {
+        Some((mask, text)) => TaskUmask {
+            mask,
+            text: text.clone(),
+        },
+        None => TaskUmask {
+            mask: own,
+            text: format!("{own:04o}"),
+        },
+    }
 }
 
 #[cfg(test)]

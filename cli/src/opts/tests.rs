@@ -29,6 +29,7 @@ fn ctx() -> SubmitContext {
         cwd: PathBuf::from("/work/alice"),
         hostname: "login-1".into(),
         sid: 4321,
+        umask: 0o027,
         now: 1_700_000_000,
         utc_offset_s: Some(0),
     }

@@ -130,6 +130,12 @@ pub fn submit_from_proto(
         spec.signal_batch_only,
     )
     .map_err(|e| bad("signal", e))?;
+    if let Some(m) = spec.umask.filter(|m| *m > 0o777) {
+        return Err(bad(
+            "umask",
+            format!("{m:o} is not a file-creation mask (at most 777)"),
+        ));
+    }
     text("comment", &spec.comment, MAX_TEXT_BYTES)?;
     text("submit host", &spec.submit_host, 256)?;
     text(
@@ -239,6 +245,7 @@ pub fn submit_from_proto(
         alloc_sid: spec.alloc_sid,
         open_append: spec.open_mode_append,
         signal: warn_signal,
+        umask: spec.umask,
     };
     Ok((sched, payload))
 }
@@ -826,6 +833,7 @@ mod tests {
             ),
             (Box::new(|s| s.name = "x".repeat(300)), "name"),
             (Box::new(|s| s.begin_time = -5), "begin"),
+            (Box::new(|s| s.umask = Some(0o1777)), "umask"),
         ];
         for (mutate, want) in cases {
             let mut s = spec();

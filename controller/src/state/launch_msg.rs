@@ -67,6 +67,7 @@ impl Actor {
                 signal_batch_only: payload.signal.is_some_and(|w| w.batch_only),
                 mem_mb: facts.mem_per_node_mb,
                 cpus: facts.cpus_per_node.first().copied().unwrap_or(0),
+                umask: payload.umask,
             };
             let sent = tx.is_some_and(|tx| {
                 tx.send(Ok(v1::ControllerMessage {

@@ -50,6 +50,8 @@ pub fn batch_env(
     env.insert("SLURM_LOCALID".into(), "0".into());
     env.insert("SLURM_GTIDS".into(), "0".into());
     env.insert("ENVIRONMENT".into(), "BATCH".into());
+    // Slurm's batch scripts see the node's name as HOSTNAME (their steps inherit it).
+    env.insert("HOSTNAME".into(), node.node_name.to_owned());
     env
 }
 
@@ -79,7 +81,6 @@ pub fn task_env(
     set("SLURM_PROCID", place.proc_id.to_string());
     set("SLURM_LOCALID", place.local_id.to_string());
     set("SLURM_NODEID", place.node_id.to_string());
-    set("SLURM_STEP_NODEID", place.node_id.to_string());
     set("SLURM_GTIDS", join(node_tasks));
     if place.ntasks > 0 {
         set("SLURM_STEP_NUM_TASKS", place.ntasks.to_string());

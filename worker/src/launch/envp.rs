@@ -125,20 +125,25 @@ impl Envp {
 }
 
 /// Makes `cmd`'s child exec with exactly `env` and its own `SLURM_TASK_PID` (see the
-/// module docs): the command's own environment must be left as it is. Fails on a NUL byte
-/// in `env`.
+/// module docs), and with file-creation mask `umask` when given: the command's own
+/// environment must be left as it is. Fails on a NUL byte in `env`.
 pub fn exec_with(
     cmd: &mut tokio::process::Command,
     env: &BTreeMap<String, String>,
+    umask: Option<u32>,
 ) -> io::Result<()> {
     let envp = Envp::new(env)?;
+    let mask = umask.map(|m| (m & 0o777) as libc::mode_t);
     // SAFETY: the hook runs in the child after `fork` from a multi-threaded process: it
-    // makes one system call (getpid) and writes memory the closure owns and the child's
-    // `environ`, nothing that allocates or locks (`install_in_child`). The closure owns the
-    // block, and the command the closure, until after `spawn`. With the command's
+    // makes two system calls (umask, getpid) and writes memory the closure owns and the
+    // child's `environ`, nothing that allocates or locks (`install_in_child`). The closure
+    // owns the block, and the command the closure, until after `spawn`. With the command's
     // environment untouched, std swaps no other block in after the hooks.
     unsafe {
         cmd.pre_exec(move || {
+            if let Some(m) = mask {
+                libc::umask(m);
+            }
             envp.install_in_child();
             Ok(())
         });

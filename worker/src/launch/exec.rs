@@ -59,6 +59,8 @@ pub struct Request {
     /// A variable the launcher sets to its own pid, which the program keeps across `exec`
     /// (`SLURM_TASK_PID`).
     pub pid_var: Option<OsString>,
+    /// File-creation mask the program runs with; `None`: the launcher's (the worker's).
+    pub umask: Option<u32>,
     /// Exit code when the program cannot be executed; `None` = [`EXIT_LAUNCH_FAILED`]
     /// (steps use 2, as slurmstepd does).
     pub exec_failed_code: Option<u8>,
@@ -151,6 +153,9 @@ pub fn encode(r: &Request) -> Vec<u8> {
     if let Some(var) = &r.pid_var {
         put("pidvar", var.as_bytes());
     }
+    if let Some(m) = r.umask {
+        put("umask", m.to_string().as_bytes());
+    }
     for (k, v) in &r.env {
         let mut kv = k.as_bytes().to_vec();
         kv.push(b'=');
@@ -197,6 +202,7 @@ pub fn decode(bytes: &[u8]) -> Result<Request, DecodeError> {
             b"program" => program = Some(PathBuf::from(os(value))),
             b"arg" => r.args.push(os(value)),
             b"pidvar" => r.pid_var = Some(os(value)),
+            b"umask" => r.umask = Some(num("umask", value)? & 0o777),
             b"env" => {
                 let Some(i) = value.iter().position(|b| *b == b'=').filter(|i| *i > 0) else {
                     return Err(DecodeError::BadValue {
@@ -286,6 +292,9 @@ fn prepare_and_exec(request: &Request) -> String {
         if u.uid != 0 && nix::unistd::setuid(Uid::from_raw(0)).is_ok() {
             return "privileges were not dropped".into();
         }
+    }
+    if let Some(m) = request.umask {
+        nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(m & 0o777));
     }
     let mut attempt = 0;
     loop {
@@ -380,6 +389,7 @@ mod tests {
                 ("NL".into(), "two\nlines".into()),
             ],
             pid_var: Some("SLURM_TASK_PID".into()),
+            umask: Some(0o027),
             exec_failed_code: Some(2),
         }
     }

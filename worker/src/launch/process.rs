@@ -163,6 +163,9 @@ pub struct BatchSpec<'a> {
     pub stdin: &'a str,
     /// `--open-mode=append`: keep what the output files hold.
     pub open_append: bool,
+    /// The submitter's file-creation mask: the script's, and the output files' it creates;
+    /// `None`: the worker's.
+    pub umask: Option<u32>,
     pub node_name: &'a str,
     pub run_as: RunAs,
     /// Start through the launcher; `None` = spawn directly.
@@ -206,9 +209,10 @@ impl Confinement<'_> {
         env: &BTreeMap<String, String>,
         workdir: &Path,
         user: Option<User>,
+        umask: Option<u32>,
     ) -> io::Result<Command> {
         if user.is_none() {
-            let mut cmd = plain_command(program, env, workdir)?;
+            let mut cmd = plain_command(program, env, workdir, umask)?;
             cmd.args(args);
             super::join::join_in_child(&mut cmd, &self.cgroup_procs)?;
             return Ok(cmd);
@@ -228,6 +232,7 @@ impl Confinement<'_> {
             args,
             env: env.iter().map(|(k, v)| (k.into(), v.into())).collect(),
             pid_var: Some(TASK_PID_VAR.into()),
+            umask,
             exec_failed_code: self.exec_failed_code,
         };
         let path = exec::write_request(self.exec_dir, &self.request_name, &request)?;
@@ -426,15 +431,17 @@ fn write_script(spool_dir: &Path, spec: &BatchSpec<'_>) -> Result<PathBuf, Launc
 }
 
 fn base_command(program: &Path, spec: &BatchSpec<'_>) -> io::Result<Command> {
-    plain_command(program, spec.env, spec.workdir)
+    plain_command(program, spec.env, spec.workdir, spec.umask)
 }
 
-/// `program` with exactly `env` (and `SLURM_TASK_PID`, its own pid), in `workdir`, stdin
-/// from `/dev/null`, in a process group of its own; nothing about identity or cgroups.
+/// `program` with exactly `env` (and `SLURM_TASK_PID`, its own pid) and `umask` if given,
+/// in `workdir`, stdin from `/dev/null`, in a process group of its own; nothing about
+/// identity or cgroups.
 pub(crate) fn plain_command(
     program: &Path,
     env: &BTreeMap<String, String>,
     workdir: &Path,
+    umask: Option<u32>,
 ) -> io::Result<Command> {
     let mut cmd = Command::new(program);
     cmd.current_dir(workdir)
@@ -442,7 +449,7 @@ pub(crate) fn plain_command(
         // Own process group, so signals reach every process the script starts.
         .process_group(0)
         .kill_on_drop(false);
-    envp::exec_with(&mut cmd, env)?;
+    envp::exec_with(&mut cmd, env, umask)?;
     Ok(cmd)
 }
 
@@ -450,7 +457,7 @@ pub(crate) fn plain_command(
 /// without a reader fails instead of hanging the worker; FIFOs and sockets are refused,
 /// since a job's output must not wait on someone else's reader. Blocking mode is restored
 /// for the job.
-fn open_output(path: &Path, append: bool) -> Result<File, LaunchError> {
+fn open_output(path: &Path, append: bool, umask: Option<u32>) -> Result<File, LaunchError> {
     let err = |source| LaunchError::Output {
         path: path.to_owned(),
         source,
@@ -461,12 +468,26 @@ fn open_output(path: &Path, append: bool) -> Result<File, LaunchError> {
     } else {
         options.write(true).truncate(true);
     }
-    let file = options
-        .create(true)
-        .mode(0o644)
-        .custom_flags(OFlag::O_NONBLOCK.bits())
-        .open(path)
-        .map_err(err)?;
+    options.custom_flags(OFlag::O_NONBLOCK.bits());
+    let Some(mask) = umask else {
+        let file = options.create(true).mode(0o644).open(path).map_err(err)?;
+        return refuse_fifo_then_block(file, err);
+    };
+    // The submitter's mask, as Slurm creates output files: a file made here gets exactly
+    // what the mask allows (set again after the open, which the worker's own umask
+    // narrowed); one that exists keeps its mode.
+    let mode = 0o666 & !mask;
+    let file = match options.clone().create_new(true).mode(mode).open(path) {
+        Ok(f) => {
+            f.set_permissions(fs::Permissions::from_mode(mode))
+                .map_err(err)?;
+            f
+        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            options.create(true).mode(mode).open(path).map_err(err)?
+        }
+        Err(e) => return Err(err(e)),
+    };
     refuse_fifo_then_block(file, err)
 }
 
@@ -510,11 +531,12 @@ fn open_streams(
     out_path: &Path,
     err_path: Option<&Path>,
     append: bool,
+    umask: Option<u32>,
 ) -> Result<(Option<File>, File, File), LaunchError> {
     let input = input.map(open_input).transpose()?;
-    let out = open_output(out_path, append)?;
+    let out = open_output(out_path, append, umask)?;
     let err = match err_path {
-        Some(p) => open_output(p, append)?,
+        Some(p) => open_output(p, append, umask)?,
         // One open file description for both streams, so they share the offset.
         None => out.try_clone().map_err(|source| LaunchError::Output {
             path: out_path.to_owned(),
@@ -537,9 +559,9 @@ async fn start_as_worker(
             out_path.to_owned(),
             err_path.map(Path::to_owned),
         );
-        let append = streams.append;
+        let (append, umask) = (streams.append, spec.umask);
         tokio::task::spawn_blocking(move || {
-            open_streams(input.as_deref(), &out, err.as_deref(), append)
+            open_streams(input.as_deref(), &out, err.as_deref(), append, umask)
         })
         .await
         .map_err(|e| LaunchError::Spawn {
@@ -566,6 +588,7 @@ async fn start_as_worker(
                 program: script,
                 args: &spec.argv.iter().map(Into::into).collect::<Vec<_>>(),
                 env: spec.env,
+                umask: spec.umask,
                 workdir: spec.workdir,
                 stdin: input.as_ref(),
                 stdout: &out,
@@ -595,6 +618,7 @@ async fn start_as_worker(
                     spec.env,
                     spec.workdir,
                     None,
+                    spec.umask,
                 )
                 .map_err(|source| LaunchError::Spawn { source })?,
             None => base_command(script, spec).map_err(|source| LaunchError::Spawn { source })?,
@@ -668,6 +692,7 @@ async fn start_as_user(
                 spec.env,
                 spec.workdir,
                 Some(user),
+                spec.umask,
             )
             .map_err(|source| LaunchError::Spawn { source })?
         }
@@ -778,7 +803,7 @@ mod tests {
         let env = BTreeMap::new();
         // The worker's own identity: the child joins by itself.
         let mut cmd = confine
-            .command(Path::new("/bin/true"), vec![], &env, tmp.path(), None)
+            .command(Path::new("/bin/true"), vec![], &env, tmp.path(), None, None)
             .unwrap();
         assert!(cmd.status().await.unwrap().success());
         assert_eq!(fs::read_to_string(&procs).unwrap(), "0");
@@ -789,7 +814,14 @@ mod tests {
             groups: vec![1000],
         };
         let err = confine
-            .command(Path::new("/bin/true"), vec![], &env, tmp.path(), Some(user))
+            .command(
+                Path::new("/bin/true"),
+                vec![],
+                &env,
+                tmp.path(),
+                Some(user),
+                None,
+            )
             .unwrap_err();
         assert!(err.to_string().contains("launcher"), "{err}");
         assert_eq!(

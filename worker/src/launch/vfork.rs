@@ -13,7 +13,8 @@
 //! The child does what std's child does and nothing more: signal dispositions the worker
 //! set back to default (a handler must never run in the shared memory; SIGPIPE, which the
 //! Rust runtime ignores, too), the join, its own process group, the three standard streams,
-//! the working directory, an empty signal mask, its pid into the environment
+//! the working directory, the job's file-creation mask, an empty signal mask, its pid into
+//! the environment
 //! (`SLURM_TASK_PID`), `execve`. A failure before `exec` is
 //! reported through memory shared with the parent (which step, which errno), and the
 //! spawn returns it as an error, as std does.
@@ -66,6 +67,8 @@ pub struct Spawn<'a> {
     pub stderr: &'a File,
     /// `cgroup.procs` files, open for writing.
     pub cgroup_procs: &'a [File],
+    /// File-creation mask; `None`: the worker's.
+    pub umask: Option<u32>,
 }
 
 /// A process started by [`spawn`]; reaped by [`Process::wait`], or in the background
@@ -136,6 +139,8 @@ struct ChildArgs {
     stdio: [RawFd; 3],
     procs: *const RawFd,
     procs_len: usize,
+    /// Negative: keep the worker's.
+    umask: libc::c_int,
     report: *const Report,
 }
 
@@ -177,6 +182,7 @@ pub fn spawn(spec: &Spawn<'_>) -> io::Result<Process> {
         ],
         procs: procs.as_ptr(),
         procs_len: procs.len(),
+        umask: spec.umask.map_or(-1, |m| (m & 0o777) as libc::c_int),
         report: &report,
     };
     let stack = Stack::new()?;
@@ -381,6 +387,9 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         if libc::chdir(args.workdir) != 0 {
             return report(Stage::Workdir);
         }
+        if let Ok(mask) = libc::mode_t::try_from(args.umask) {
+            libc::umask(mask);
+        }
         let empty: u64 = 0;
         if libc::syscall(
             libc::SYS_rt_sigprocmask,
@@ -568,6 +577,7 @@ mod tests {
                 stdout: &self.file,
                 stderr: &self.file,
                 cgroup_procs: &[],
+                umask: None,
             }
         }
     }
@@ -588,14 +598,15 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_program_gets_its_streams_environment_directory_and_process_group() {
+    async fn the_program_gets_its_streams_environment_directory_mask_and_process_group() {
         let o = out();
         let work = tempfile::tempdir().unwrap();
         let input = work.path().join("in");
         std::fs::write(&input, "from stdin\n").unwrap();
         let input = File::open(&input).unwrap();
         let args = sh("read line; echo \"$line\"; echo \"$GREETING\"; pwd; \
-             cut -d' ' -f5 /proc/$$/stat; echo $$; echo err >&2; exit 7");
+             cut -d' ' -f5 /proc/$$/stat; echo $$; umask; echo $SLURM_TASK_PID; echo err >&2; \
+             exit 7");
         let env = env(&[("GREETING", "hello"), ("PATH", "/usr/bin:/bin")]);
         let mut p = spawn(&Spawn {
             program: Path::new("/bin/sh"),
@@ -606,6 +617,7 @@ mod tests {
             stdout: &o.file,
             stderr: &o.file,
             cgroup_procs: &[],
+            umask: Some(0o027),
         })
         .unwrap();
         let pid = p.id();
@@ -621,7 +633,10 @@ mod tests {
         // Leader of its own process group.
         assert_eq!(lines[3], pid.to_string(), "{text}");
         assert_eq!(lines[4], pid.to_string(), "{text}");
-        assert_eq!(lines[5], "err");
+        // The mask asked for; its own pid in the environment (Slurm's SLURM_TASK_PID).
+        assert_eq!(lines[5], "0027", "{text}");
+        assert_eq!(lines[6], pid.to_string(), "{text}");
+        assert_eq!(lines[7], "err");
     }
 
     #[tokio::test]

@@ -92,6 +92,11 @@ impl StepLauncher for StepService {
         if ids.len() != r.task_ids.len() {
             return Err(Status::invalid_argument("task ids repeat"));
         }
+        if let Some(m) = r.umask.filter(|m| *m > 0o777) {
+            return Err(Status::invalid_argument(format!(
+                "umask {m:o} is not a file-creation mask (at most 777)"
+            )));
+        }
         let workdir = Path::new(&r.workdir);
         if !workdir.is_absolute() || !workdir.is_dir() {
             return Err(Status::failed_precondition(format!(
@@ -114,6 +119,7 @@ impl StepLauncher for StepService {
                 task_id,
                 argv: &r.argv,
                 workdir,
+                umask: r.umask,
                 env: task_env(
                     &r.environment,
                     &node,

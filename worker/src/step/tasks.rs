@@ -47,6 +47,8 @@ pub struct TaskSpec<'a> {
     pub argv: &'a [String],
     pub workdir: &'a Path,
     pub env: BTreeMap<String, String>,
+    /// srun's file-creation mask; `None`: the worker's.
+    pub umask: Option<u32>,
 }
 
 /// Where step tasks go: the node's cgroups and the launcher.
@@ -199,11 +201,12 @@ fn spawn_task(
             &t.env,
             t.workdir,
             user,
+            t.umask,
         )?;
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         return cmd.spawn();
     }
-    let mut cmd = plain_command(Path::new(program), &t.env, t.workdir)?;
+    let mut cmd = plain_command(Path::new(program), &t.env, t.workdir, t.umask)?;
     cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
     if let RunAs::User { uid, gid } = run_as {
         cmd.uid(uid).gid(gid);
