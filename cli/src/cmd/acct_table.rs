@@ -31,7 +31,30 @@ pub type Column = (String, usize, Align);
 
 /// Renders rows as sacctmgr, sshare and sprio print them: fixed columns with a dashed rule
 /// under the header (cells too long end in `+`), or `|`-separated.
+///
+/// Fixed columns are each followed by a space, the last one too, as sacctmgr and sshare
+/// print them; sprio's `Layout::Fixed` lines end at their last column (see [`render_trimmed`]).
 pub fn render(cols: &[Column], rows: &[Vec<String>], layout: Layout, header: bool) -> String {
+    render_with(cols, rows, layout, header, true)
+}
+
+/// As [`render`], fixed lines ending at their last column (sprio's).
+pub fn render_trimmed(
+    cols: &[Column],
+    rows: &[Vec<String>],
+    layout: Layout,
+    header: bool,
+) -> String {
+    render_with(cols, rows, layout, header, false)
+}
+
+fn render_with(
+    cols: &[Column],
+    rows: &[Vec<String>],
+    layout: Layout,
+    header: bool,
+    space_after_each: bool,
+) -> String {
     let mut out = String::new();
     let line = |cells: &[String], out: &mut String| {
         match layout {
@@ -41,7 +64,14 @@ pub fn render(cols: &[Column], rows: &[Vec<String>], layout: Layout, header: boo
                     .zip(cells)
                     .map(|((_, w, a), c)| fit(c, Some(*w), *a, true))
                     .collect();
-                out.push_str(parts.join(" ").trim_end());
+                if space_after_each {
+                    for p in &parts {
+                        out.push_str(p);
+                        out.push(' ');
+                    }
+                } else {
+                    out.push_str(parts.join(" ").trim_end());
+                }
             }
             Layout::Parsable | Layout::Parsable2 => {
                 out.push_str(&cells.join("|"));
@@ -58,6 +88,9 @@ pub fn render(cols: &[Column], rows: &[Vec<String>], layout: Layout, header: boo
         if layout == Layout::Fixed {
             let rule: Vec<String> = cols.iter().map(|(_, w, _)| "-".repeat(*w)).collect();
             out.push_str(&rule.join(" "));
+            if space_after_each {
+                out.push(' ');
+            }
             out.push('\n');
         }
     }

@@ -276,8 +276,9 @@ mod tests {
         assert_eq!(
             render(SINFO_NODES, Grouping::Node)[..2],
             [
-                "NODELIST   NODES PARTITION STATE",
-                "n1             1    batch* idle"
+                // The last column keeps its width, as Slurm prints it.
+                "NODELIST   NODES PARTITION STATE ",
+                "n1             1    batch* idle  "
             ]
         );
         assert_eq!(

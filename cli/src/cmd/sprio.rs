@@ -10,7 +10,7 @@ use clap::Parser;
 use serde_json::json;
 use tandem_proto::v1;
 
-use super::acct_table::{Column, Layout, render};
+use super::acct_table::{Column, Layout, render_trimmed};
 use crate::Exit;
 use crate::client::{Client, RpcResult as _};
 use crate::format::table::Align;
@@ -216,7 +216,7 @@ pub fn table(resp: &v1::ListPrioritiesResponse, view: View, header: bool) -> Str
             rows.push(r);
         }
     }
-    render(&cols, &rows, Layout::Fixed, header)
+    render_trimmed(&cols, &rows, Layout::Fixed, header)
 }
 
 fn to_json(resp: &v1::ListPrioritiesResponse) -> serde_json::Value {

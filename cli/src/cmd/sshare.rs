@@ -124,6 +124,8 @@ pub fn table(rows: &[&v1::ShareRow], long: bool, layout: Layout, header: bool) -
         .iter()
         .map(|r| {
             let root = r.depth == 0;
+            // The root of the tree as Slurm 22.05 prints it: `root|||0.000000|0|1.000000|`,
+            // with `-l` no NormUsage: it holds no share of a parent, it is all the usage.
             let mut c = vec![
                 format!("{}{}", " ".repeat((r.depth - base) as usize), r.account),
                 r.user.clone(),
@@ -132,13 +134,17 @@ pub fn table(rows: &[&v1::ShareRow], long: bool, layout: Layout, header: bool) -
                 } else {
                     r.raw_shares.to_string()
                 },
-                f6(r.norm_shares),
+                f6(if root { 0.0 } else { r.norm_shares }),
                 format!("{:.0}", r.raw_usage),
             ];
             if long {
-                c.push(f6(r.norm_usage));
+                c.push(if root {
+                    String::new()
+                } else {
+                    f6(r.norm_usage)
+                });
             }
-            c.push(f6(r.effective_usage));
+            c.push(f6(if root { 1.0 } else { r.effective_usage }));
             c.push(r.fairshare.map(f6).unwrap_or_default());
             if long {
                 c.push(if root { String::new() } else { f6(r.level_fs) });
@@ -234,7 +240,7 @@ mod tests {
             lines[0],
             "Account|User|RawShares|NormShares|RawUsage|EffectvUsage|FairShare"
         );
-        assert_eq!(lines[1], "root|||1.000000|0|0.000000|");
+        assert_eq!(lines[1], "root|||0.000000|0|1.000000|");
         assert_eq!(lines[2], " physics||60|0.600000|0|0.000000|");
         assert_eq!(lines[3], "  physics|alice|1|0.500000|0|0.000000|1.000000");
         // `-A physics`: indented from physics, as Slurm's `sshare -A a1` printed `a1||50|...`
@@ -251,6 +257,7 @@ mod tests {
         );
         let long = table(&rows, true, Layout::Fixed, true);
         assert!(long.lines().next().unwrap().contains("LevelFS"));
-        assert!(long.lines().nth(3).unwrap().ends_with("inf"));
+        // Every fixed column is followed by a space, the last one too, as in Slurm.
+        assert!(long.lines().nth(3).unwrap().ends_with("inf "));
     }
 }

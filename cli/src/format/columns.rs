@@ -127,7 +127,7 @@ impl<F: Copy> Format<F> {
                 }
             }
         }
-        out.trim_end().to_string()
+        out
     }
 
     /// Fields joined by `sep` without padding (`sacct -P`, `squeue` JSON-less machine use).
@@ -149,7 +149,7 @@ impl<F: Copy> Format<F> {
     }
 
     fn line_into<'r>(&self, out: &mut String, mut text: impl FnMut(F) -> Cow<'r, str>) {
-        let start = out.len();
+        // A last field with a width stays padded to it, as Slurm prints it.
         for p in &self.pieces {
             match p {
                 Piece::Text(t) => out.push_str(t),
@@ -160,8 +160,6 @@ impl<F: Copy> Format<F> {
                 } => fit_into(out, &text(*field), *width, *align, self.trunc_mark),
             }
         }
-        let end = start + out[start..].trim_end().len();
-        out.truncate(end);
     }
 }
 
@@ -232,6 +230,7 @@ pub fn parse_percent<F>(
 pub fn parse_named<F>(
     spec: &str,
     sep_width: char,
+    after_each: &str,
     field_of: impl Fn(&str) -> Option<F>,
     default_width: impl Fn(F) -> usize,
     align_of: impl Fn(F) -> Align,
@@ -261,14 +260,14 @@ where
                 (align, w)
             }
         };
-        if !pieces.is_empty() {
-            pieces.push(Piece::Text(" ".to_string()));
-        }
         pieces.push(Piece::Field {
             field,
             width: Some(width),
             align,
         });
+        if !after_each.is_empty() {
+            pieces.push(Piece::Text(after_each.to_string()));
+        }
     }
     if pieces.is_empty() {
         return Err(FormatError::Malformed {
@@ -558,9 +557,11 @@ pub fn squeue_format(spec: &str) -> Result<Format<JobField>, FormatError> {
 }
 
 pub fn squeue_named(spec: &str) -> Result<Format<JobField>, FormatError> {
+    // Slurm's `-O` pads each field to its width and adds nothing between fields.
     parse_named(
         spec,
         ':',
+        "",
         JobField::from_name,
         |_| 20,
         |_| Align::Left,
@@ -1044,9 +1045,11 @@ fn kib_with_unit(kib: u64) -> String {
 }
 
 pub fn sacct_format(spec: &str) -> Result<Format<AcctField>, FormatError> {
+    // sacct prints a space after every field, the last one too.
     parse_named(
         spec,
         '%',
+        " ",
         AcctField::from_name,
         AcctField::width,
         AcctField::align,
@@ -1237,9 +1240,11 @@ mod tests {
 
     #[test]
     fn named_specs() {
+        // Slurm 22.05 `-O jobid:5,name:6`: `JOBIDNAME  `: each field padded to its width
+        // (20 when not given), nothing between them.
         let f = squeue_named("JobID:6,name:.8,state").unwrap();
         let row = f.row(&view(1, JobState::Running, ""), &RenderCtx::default());
-        assert_eq!(row, "1      a-very-l RUNNING");
+        assert_eq!(row, "1     a-very-lRUNNING             ");
         assert!(squeue_named("jobid,bogus").is_err());
     }
 
@@ -1248,16 +1253,17 @@ mod tests {
         let f = sacct_format(SACCT_DEFAULT).unwrap();
         assert_eq!(
             f.header(),
-            "JobID           JobName  Partition    Account  AllocCPUS      State ExitCode"
+            "JobID           JobName  Partition    Account  AllocCPUS      State ExitCode "
         );
+        // Slurm's sacct ends every line with the space after its last field.
         assert_eq!(
             f.rule(),
-            "------------ ---------- ---------- ---------- ---------- ---------- --------"
+            "------------ ---------- ---------- ---------- ---------- ---------- -------- "
         );
         let row = f.row(&view(9, JobState::Completed, ""), &RenderCtx::default());
         assert_eq!(
             row,
-            "9            a-very-lo+      batch                     0  COMPLETED      0:0"
+            "9            a-very-lo+      batch                     0  COMPLETED      0:0 "
         );
         let f = sacct_format("JobID,JobName%30,State").unwrap();
         assert!(
@@ -1296,7 +1302,7 @@ mod tests {
         let f = sacct_format("JobID,State").unwrap();
         assert_eq!(f.delimited(Some(&job), &ctx, "|"), "7|CANCELLED by 0");
         assert_eq!(f.delimited(Some(&step), &ctx, "|"), "7.batch|CANCELLED");
-        assert_eq!(f.row(&job, &ctx), "7            CANCELLED+");
+        assert_eq!(f.row(&job, &ctx), "7            CANCELLED+ ");
         // Ended any other way, or cancelled by the controller itself: the plain state.
         let by_controller = JobInfo {
             cancelled_by: None,
