@@ -875,9 +875,14 @@ impl AcctField {
             DerivedExitCode => 15,
             Start | End | Submit | Eligible => 19,
             NodeList => 15,
-            User | Uid => 9,
-            WorkDir => 30,
-            NNodes => 8,
+            User => 9,
+            // Slurm 22.05's defaults (`sacct -o uid` and so on, read off its header).
+            Uid => 6,
+            WorkDir => 20,
+            Comment => 14,
+            NNodes | NTasks => 8,
+            Reason => 22,
+            Constraints => 19,
             _ => 10,
         }
     }
