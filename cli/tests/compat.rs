@@ -677,6 +677,59 @@ fn the_variables_of_a_batch_script_and_a_task_are_slurms() {
     assert_eq!(task.join(" "), want(SLURM_TASK), "task");
 }
 
+/// Why a node is out, who said so and when, as 22.05 prints it after `scontrol update
+/// nodename=n8 state=drain reason="disk check"` (by root): `sinfo -R`
+/// `REASON               USER      TIMESTAMP           NODELIST ` /
+/// `disk check           root      2026-12-04T21:22:07 n8`; `scontrol show node n8`
+/// `   Reason=disk check [root@2026-12-04T21:22:36]`; `sinfo -o "%E|%u|%H|%N"` of nodes
+/// without one `none|Unknown|Unknown|n[1-7]`; after `state=resume`, the header alone.
+#[test]
+fn node_reasons_name_who_gave_them_and_when() {
+    let c = Cluster::start(2);
+    let me = nix::unistd::User::from_uid(nix::unistd::getuid())
+        .unwrap()
+        .map_or_else(|| nix::unistd::getuid().to_string(), |u| u.name);
+    c.ok(&[
+        "scontrol",
+        "update",
+        "nodename=node-2",
+        "state=drain",
+        "reason=disk check",
+    ]);
+    let lines: Vec<String> = c.ok(&["sinfo", "-R"]).lines().map(str::to_owned).collect();
+    assert_eq!(
+        lines[0],
+        "REASON               USER      TIMESTAMP           NODELIST"
+    );
+    let row = &lines[1];
+    assert!(
+        row.starts_with(&format!("disk check           {me:<9} ")),
+        "{row}"
+    );
+    assert!(row.ends_with(" node-2"), "{row}");
+    let stamp = &row[31..50];
+    assert_eq!(stamp.len(), "2026-12-04T21:22:07".len());
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let show = c.ok(&["scontrol", "show", "node", "node-2"]);
+    assert!(
+        show.contains(&format!("   Reason=disk check [{me}@{stamp}]\n")),
+        "{show}"
+    );
+    assert!(
+        !c.ok(&["scontrol", "show", "node", "node-1"])
+            .contains("Reason=")
+    );
+    assert_eq!(
+        c.ok(&["sinfo", "-h", "-N", "-n", "node-1", "-o", "%E|%u|%H|%N"]),
+        "none|Unknown|Unknown|node-1\n"
+    );
+    c.ok(&["scontrol", "update", "nodename=node-2", "state=resume"]);
+    assert_eq!(
+        c.ok(&["sinfo", "-R"]),
+        "REASON               USER      TIMESTAMP           NODELIST\n"
+    );
+}
+
 /// `SLURM_TASK_PID` is the pid of the process that sees it: the batch script's own (`$$`),
 /// each task's; one inherited from the submitting shell does not survive. Slurm 22.05,
 /// `sbatch -n2` of `echo batch $SLURM_TASK_PID $$; srun -n2 sh -c 'echo task

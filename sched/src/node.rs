@@ -111,6 +111,10 @@ pub struct Node {
     pub drain: bool,
     /// Why it is down or drained.
     pub reason: Option<String>,
+    /// Who gave `reason`, and when (Unix seconds): sinfo -R's USER and TIMESTAMP, the
+    /// `[user@time]` after scontrol's Reason. Absent in records written before it existed.
+    #[serde(default)]
+    pub reason_by: Option<(String, i64)>,
     pub mode: NodeMode,
     /// Sum of the allocations of `jobs`.
     pub alloc: Tres,
@@ -139,6 +143,7 @@ impl Node {
             health: Health::Unknown,
             drain: false,
             reason: None,
+            reason_by: None,
             mode: NodeMode::Batch,
             alloc: Tres::ZERO,
             gpus_in_use: 0,

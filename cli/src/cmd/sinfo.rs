@@ -6,7 +6,7 @@ use tandem_proto::v1::{ListNodesRequest, ListPartitionsRequest};
 use crate::Exit;
 use crate::client::{Client, RpcResult as _};
 use crate::format::columns::{
-    SINFO_LONG, SINFO_NODES, SINFO_NODES_LONG, SINFO_SUMMARY, SinfoRow, sinfo_format,
+    SINFO_LONG, SINFO_NODES, SINFO_NODES_LONG, SINFO_REASONS, SINFO_SUMMARY, SinfoRow, sinfo_format,
 };
 use crate::format::view::{NodeView, PartitionView};
 use crate::format::{Columns, Human, Json, Output};
@@ -32,6 +32,9 @@ pub struct Args {
     /// One line per partition: node counts by state (allocated/idle/other/total).
     #[arg(short = 's', long = "summarize")]
     pub summarize: bool,
+    /// Why nodes are down or drained, who said so and when.
+    #[arg(short = 'R', long = "list-reasons")]
+    pub list_reasons: bool,
     /// Only these partitions.
     #[arg(short = 'p', long = "partition", value_name = "PARTITIONS", action = clap::ArgAction::Set)]
     pub partitions: Vec<String>,
@@ -62,6 +65,7 @@ pub async fn run(args: Args) -> Exit {
     }
     let spec = match (&args.format, args.summarize, args.node_oriented, args.long) {
         (Some(f), ..) => f.clone(),
+        (None, ..) if args.list_reasons => SINFO_REASONS.to_string(),
         (None, true, ..) => SINFO_SUMMARY.to_string(),
         (None, false, true, true) => SINFO_NODES_LONG.to_string(),
         (None, false, true, false) => SINFO_NODES.to_string(),
@@ -103,6 +107,7 @@ pub async fn run(args: Args) -> Exit {
         .map(|s| s.to_ascii_lowercase())
         .collect();
     let grouping = match (args.node_oriented, args.summarize) {
+        _ if args.list_reasons => Grouping::Reason,
         (true, _) => Grouping::Node,
         (false, true) => Grouping::Partition,
         (false, false) if by_mode => Grouping::StateAndMode,
@@ -131,6 +136,8 @@ pub enum Grouping {
     Partition,
     /// One node (`-N`).
     Node,
+    /// The down and drained nodes that share a reason, its author and its time (`-R`).
+    Reason,
 }
 
 /// Rows in partition order; within a partition, one row per node state (and mode) in
@@ -150,6 +157,9 @@ pub fn group(
                 .iter()
                 .any(|s| *s == n.state_compact() || *s == n.state.to_ascii_lowercase())
     };
+    if grouping == Grouping::Reason {
+        return reason_rows(parts, nodes, wanted_parts, &state_ok);
+    }
     let mut rows = Vec::new();
     for p in parts {
         if !wanted_parts.is_empty() && !wanted_parts.contains(&p.name) {
@@ -200,6 +210,51 @@ pub fn group(
         rows.sort_by(|a, b| first_name(a).cmp(&first_name(b)));
     }
     rows
+}
+
+/// `sinfo -R`: each down or drained node with a reason once, whatever its partitions,
+/// grouped by reason, author and time, in node order.
+fn reason_rows(
+    parts: &[PartitionView],
+    nodes: &[NodeView],
+    wanted_parts: &[String],
+    state_ok: &dyn Fn(&NodeView) -> bool,
+) -> Vec<SinfoRow> {
+    let in_wanted = |n: &NodeView| {
+        wanted_parts.is_empty() || n.partitions.iter().any(|p| wanted_parts.contains(p))
+    };
+    let mut listed: Vec<&NodeView> = nodes
+        .iter()
+        .filter(|n| !n.reason.is_empty())
+        .filter(|n| {
+            let s = n.state.as_str();
+            s.starts_with("DOWN") || s.starts_with("DRAIN") || s.contains("+DRAIN")
+        })
+        .filter(|n| in_wanted(n) && state_ok(n))
+        .collect();
+    listed.sort_by(|a, b| name_key(&a.name).cmp(&name_key(&b.name)));
+    let mut groups: Vec<(&NodeView, Vec<NodeView>)> = Vec::new();
+    for n in listed {
+        match groups
+            .iter_mut()
+            .find(|(k, _)| k.reason == n.reason && k.reason_by == n.reason_by)
+        {
+            Some((_, g)) => g.push(n.clone()),
+            None => groups.push((n, vec![n.clone()])),
+        }
+    }
+    groups
+        .into_iter()
+        .filter_map(|(first, nodes)| {
+            // A row names a partition only for `%P`; the node's own, else the first.
+            let partition = parts
+                .iter()
+                .find(|p| first.partitions.contains(&p.name))
+                .or_else(|| parts.first())?
+                .clone();
+            Some(SinfoRow { partition, nodes })
+        })
+        .collect()
 }
 
 /// `node-10` after `node-9`: the name without its trailing digits, then their value.

@@ -607,6 +607,10 @@ pub enum SinfoField {
     Gres,
     Features,
     Reason,
+    /// Who gave the reason (`%u`).
+    ReasonUser,
+    /// When the reason was given (`%H`).
+    ReasonTime,
     /// Tandem's time partition: `batch` or `kube` (`%k`; a letter Slurm's sinfo leaves
     /// unused).
     Mode,
@@ -626,6 +630,8 @@ pub const SINFO_LONG: &str = "%#P %.5a %.10l %.10s %.4r %.8h %.10g %.6D %.11T %N
 pub const SINFO_NODES: &str = "%#N %.6D %.#P %6t";
 pub const SINFO_SUMMARY: &str = "%#P %.5a %.10l %.16F %N";
 pub const SINFO_NODES_LONG: &str = "%#N %.6D %#P %.11T %.5k %.4c %.6m %.10G %.8f %E";
+/// `sinfo -R`: why nodes are down or drained, by whom, since when.
+pub const SINFO_REASONS: &str = "%20E %9u %19H %N";
 
 impl SinfoField {
     pub fn from_letter(c: char) -> Option<SinfoField> {
@@ -646,6 +652,8 @@ impl SinfoField {
             'G' => Gres,
             'f' => Features,
             'E' => Reason,
+            'u' => ReasonUser,
+            'H' => ReasonTime,
             'k' => Mode,
             's' => JobSize,
             'r' => Root,
@@ -673,6 +681,8 @@ impl Field<SinfoRow> for SinfoField {
             Gres => "GRES",
             Features => "AVAIL_FEATURES",
             Reason => "REASON",
+            ReasonUser => "USER",
+            ReasonTime => "TIMESTAMP",
             Mode => "MODE",
             JobSize => "JOB_SIZE",
             Root => "ROOT",
@@ -681,7 +691,7 @@ impl Field<SinfoRow> for SinfoField {
         }
     }
 
-    fn render(self, r: &SinfoRow, _ctx: &RenderCtx) -> String {
+    fn render(self, r: &SinfoRow, ctx: &RenderCtx) -> String {
         use SinfoField::*;
         let down = |n: &NodeView| {
             let s = n.state.as_str();
@@ -741,6 +751,17 @@ impl Field<SinfoRow> for SinfoField {
                     n.reason.clone()
                 }
             }),
+            // Slurm's words for a node nobody gave a reason: `Unknown`.
+            ReasonUser => r
+                .first()
+                .and_then(|n| n.reason_by.as_ref())
+                .map_or("Unknown".to_string(), |(u, _)| u.clone()),
+            ReasonTime => r
+                .first()
+                .and_then(|n| n.reason_by.as_ref())
+                .map_or("Unknown".to_string(), |(_, t)| {
+                    timestamp(Some(*t), ctx.utc_offset_s)
+                }),
             Mode => r.first().map_or("n/a", |n| n.mode).to_string(),
             JobSize => match r.partition.max_nodes {
                 None => "1-infinite".to_string(),

@@ -221,7 +221,7 @@ pub fn nodes(nodes: &[NodeView], ctx: &RenderCtx) -> String {
                     alloc.push_str(&format!(",gres/gpu={}", n.gpus_alloc));
                 }
             }
-            block(&[
+            let mut lines = vec![
                 vec![("NodeName", n.name.clone())],
                 vec![
                     ("CPUAlloc", n.cpus_alloc.to_string()),
@@ -247,8 +247,16 @@ pub fn nodes(nodes: &[NodeView], ctx: &RenderCtx) -> String {
                 vec![("CfgTRES", cfg)],
                 vec![("AllocTRES", alloc)],
                 vec![("Version", null(&n.version).to_string())],
-                vec![("Reason", null(&n.reason).to_string())],
-            ])
+            ];
+            // Only with a reason, followed by who gave it and when, as Slurm prints it:
+            // `Reason=disk check [root@2026-12-04T21:22:36]`.
+            if !n.reason.is_empty() {
+                let by = n.reason_by.as_ref().map_or_else(String::new, |(u, t)| {
+                    format!(" [{u}@{}]", timestamp(Some(*t), ctx.utc_offset_s))
+                });
+                lines.push(vec![("Reason", format!("{}{by}", n.reason))]);
+            }
+            block(&lines)
         })
         .collect()
 }

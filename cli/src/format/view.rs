@@ -435,6 +435,8 @@ pub struct NodeView {
     pub partitions: Vec<String>,
     pub features: Vec<String>,
     pub reason: String,
+    /// Who gave the reason and when (sinfo -R); `None` when unknown.
+    pub reason_by: Option<(String, i64)>,
     pub address: String,
     pub boot_time: Option<i64>,
     pub last_heartbeat: Option<i64>,
@@ -463,6 +465,8 @@ impl NodeView {
             partitions: n.partitions.clone(),
             features: n.features.clone(),
             reason: n.reason.clone(),
+            reason_by: (!n.reason_user.is_empty() && n.reason_time > 0)
+                .then(|| (n.reason_user.clone(), n.reason_time)),
             address: n.address.clone(),
             boot_time: opt_time(n.boot_time),
             last_heartbeat: opt_time(n.last_heartbeat),

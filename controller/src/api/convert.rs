@@ -682,6 +682,12 @@ pub fn node_info(n: &Node, address: &str, version: &str) -> v1::NodeInfo {
         partitions: n.partitions.clone(),
         features: n.features.clone(),
         reason: n.reason.clone().unwrap_or_default(),
+        reason_user: n
+            .reason_by
+            .as_ref()
+            .map(|(u, _)| u.clone())
+            .unwrap_or_default(),
+        reason_time: n.reason_by.as_ref().map_or(0, |(_, t)| *t),
         boot_time: 0,
         last_heartbeat: n.last_seen,
         address: address.to_owned(),

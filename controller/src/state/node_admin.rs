@@ -76,6 +76,7 @@ impl Actor {
             self.st
                 .remove_node(n)
                 .map_err(|e| Status::internal(e.to_string()))?;
+            self.st.stamp_reason(n, &who.user, now);
             // End its stream: a worker still running would otherwise keep heartbeating a
             // node that no longer exists (it re-registers, reviving it, if it is not gone).
             self.workers.lost(n);

@@ -60,6 +60,7 @@ impl Actor {
                 }
             };
             r.map_err(|e| Status::invalid_argument(e.to_string()))?;
+            self.st.stamp_reason(n, &who.user, now);
         }
         self.pass_wanted = true;
         Ok(v1::UpdateNodeResponse { updated: names })

@@ -25,6 +25,9 @@ impl Actor {
             warn!(node = %name, timeout_ms = self.cfg.node_timeout.as_millis() as u64, "worker not responding: node DOWN");
             if let Ok(effects) = self.st.node_lost(&name, "Not responding", now) {
                 self.apply_effects(effects);
+                // As Slurm names its own user (SlurmUser) for the reasons it gives.
+                let me = tandem_proto::net::user_name_of(rustix::process::geteuid().as_raw());
+                self.st.stamp_reason(&name, &me, now);
             }
             self.workers.lost(&name);
             self.pass_wanted = true;

@@ -68,6 +68,7 @@ impl State {
                 n.health = Health::Up;
                 if !n.drain {
                     n.reason = None;
+                    n.reason_by = None;
                 }
             }
             n.last_seen = now;
@@ -244,8 +245,22 @@ impl State {
         n.drain = false;
         if n.health != Health::Down {
             n.reason = None;
+            n.reason_by = None;
         }
         self.changes.nodes.insert(id);
         Ok(())
+    }
+
+    /// Records who gave the node's current reason, and when (the drain, DOWN or removal
+    /// just made); nothing without a reason.
+    pub fn stamp_reason(&mut self, name: &str, by: &str, now: i64) {
+        let Some(&id) = self.node_by_name.get(name) else {
+            return;
+        };
+        let n = &mut self.nodes[id.index()];
+        if n.reason.is_some() {
+            n.reason_by = Some((by.to_owned(), now));
+            self.changes.nodes.insert(id);
+        }
     }
 }
