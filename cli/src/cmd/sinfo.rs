@@ -288,7 +288,7 @@ mod tests {
 
     /// Slurm 22.05, one partition `batch` (default, up, no limits) of idle nodes n1-n2,
     /// `sinfo -s`, `sinfo -s -N`, `sinfo -N` and `sinfo -l` (after its date line;
-    /// `sinfo -N` pads its last column, which Tandem does not):
+    /// `sinfo -N` pads its last column, as Tandem does):
     ///
     /// ```text
     /// PARTITION AVAIL  TIMELIMIT   NODES(A/I/O/T) NODELIST
