@@ -730,6 +730,39 @@ fn node_reasons_name_who_gave_them_and_when() {
     );
 }
 
+/// `sacct --units` shows memory in one unit (22.05: a 1 MiB ReqMem is `1024K`, `1M`,
+/// `0.00G`) and refuses another letter (`Invalid unit type 'X'. Possible options are
+/// 'KMGTP'`).
+#[test]
+fn sacct_units_shows_memory_in_the_unit_asked_for() {
+    let c = Cluster::start(1);
+    let id = c.sbatch(&["--mem=1G", "-o", "/dev/null", "--wrap", "true"]);
+    let ask = |unit: &str| {
+        c.ok(&[
+            "sacct",
+            "-j",
+            &id.to_string(),
+            "-X",
+            "-n",
+            "-P",
+            "-o",
+            "ReqMem",
+            &format!("--units={unit}"),
+        ])
+    };
+    poll("the job in sacct", || Some(ask("M")).filter(|o| !o.is_empty()));
+    assert_eq!(ask("M"), "1024M\n");
+    assert_eq!(ask("k"), "1048576K\n");
+    assert_eq!(ask("G"), "1G\n");
+    assert_eq!(ask("T"), "0.00T\n");
+    let out = c.run(&["sacct", "--units=X", "-j", &id.to_string()]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("Invalid unit type 'X'. Possible options are 'KMGTP'")
+    );
+}
+
 /// `SLURM_TASK_PID` is the pid of the process that sees it: the batch script's own (`$$`),
 /// each task's; one inherited from the submitting shell does not survive. Slurm 22.05,
 /// `sbatch -n2` of `echo batch $SLURM_TASK_PID $$; srun -n2 sh -c 'echo task

@@ -78,12 +78,16 @@ pub struct Args {
     /// Show every run of a requeued job, not only the latest.
     #[arg(short = 'D', long = "duplicates")]
     pub duplicates: bool,
+    /// Memory sizes (ReqMem, MaxRSS) in this unit: K, M, G, T or P.
+    #[arg(long = "units", value_name = "UNIT")]
+    pub units: Option<String>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
 }
 
 pub async fn run(args: Args) -> Exit {
+    let mem_unit = args.units.as_deref().map(mem_unit).transpose()?;
     let format = match (args.format.is_empty(), args.brief) {
         (false, _) => Some(args.format.join(",")),
         (true, true) => Some("JobID,State,ExitCode".to_string()),
@@ -168,6 +172,7 @@ pub async fn run(args: Args) -> Exit {
         Box::new(Json)
     } else {
         let mut h = Human::new(format.map(Columns::Named), !args.noheader);
+        h.ctx.mem_unit = mem_unit;
         if args.parsable2 {
             h.delimited = Some(false);
         } else if args.parsable {
@@ -177,6 +182,15 @@ pub async fn run(args: Args) -> Exit {
     };
     crate::emit(&output.records(&rows)?)?;
     Ok(0)
+}
+
+/// `--units`: one of Slurm's letters, either case.
+fn mem_unit(text: &str) -> anyhow::Result<char> {
+    let mut chars = text.chars();
+    match (chars.next().map(|c| c.to_ascii_uppercase()), chars.next()) {
+        (Some(c @ ('K' | 'M' | 'G' | 'T' | 'P')), None) => Ok(c),
+        _ => anyhow::bail!("Invalid unit type '{text}'. Possible options are 'KMGTP'"),
+    }
 }
 
 /// The rows sacct prints for one job: its allocation line, then (without `-X`) its steps,

@@ -75,6 +75,8 @@ pub trait Field<R>: Copy {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RenderCtx {
     pub utc_offset_s: i32,
+    /// `sacct --units`: memory sizes in this unit (`K`, `M`, `G`, `T`, `P`).
+    pub mem_unit: Option<char>,
 }
 
 impl<F: Copy> Format<F> {
@@ -986,7 +988,10 @@ impl Field<JobView<'_>> for AcctField {
             UserCpu => cpu_time(j.usage.map_or(0, |u| u.user_cpu_usec)),
             SystemCpu => cpu_time(j.usage.map_or(0, |u| u.system_cpu_usec)),
             MaxRss => match j.usage {
-                Some(u) if step && u.max_rss_bytes > 0 => kib_with_unit(u.max_rss_bytes / 1024),
+                Some(u) if step && u.max_rss_bytes > 0 => match ctx.mem_unit {
+                    Some(unit) => kib_in_unit(u.max_rss_bytes / 1024, unit),
+                    None => kib_with_unit(u.max_rss_bytes / 1024),
+                },
                 _ => String::new(),
             },
             AllocTres => j.tres.to_string(),
@@ -1027,7 +1032,10 @@ impl Field<JobView<'_>> for AcctField {
                     String::new()
                 }
             }
-            ReqMem => job_only(&|| tandem_sched::tres::format_mem_mb(j.mem_mb)),
+            ReqMem => job_only(&|| match ctx.mem_unit {
+                Some(unit) => kib_in_unit(j.mem_mb.saturating_mul(1024), unit),
+                None => tandem_sched::tres::format_mem_mb(j.mem_mb),
+            }),
             Reason => job_only(&|| j.reason.to_string()),
             Priority => job_only(&|| j.priority.to_string()),
             Constraints => job_only(&|| j.constraint.to_string()),
@@ -1060,6 +1068,24 @@ fn cpu_time(usec: u64) -> String {
 
 /// A size in KiB as sacct prints it: a larger unit only where it divides exactly
 /// (`2236K`, `2048K` -> `2M`).
+/// `kib` in `unit` as `sacct --units` prints it: whole when it divides, else two decimals
+/// (Slurm 22.05, a 1 MiB ReqMem: `1024K`, `1M`, `0.00G`).
+pub fn kib_in_unit(kib: u64, unit: char) -> String {
+    let shift = match unit {
+        'K' => 0,
+        'M' => 1,
+        'G' => 2,
+        'T' => 3,
+        _ => 4,
+    };
+    let div = 1u64 << (10 * shift);
+    if kib.is_multiple_of(div) {
+        format!("{}{unit}", kib / div)
+    } else {
+        format!("{:.2}{unit}", kib as f64 / div as f64)
+    }
+}
+
 fn kib_with_unit(kib: u64) -> String {
     const UNITS: [&str; 5] = ["K", "M", "G", "T", "P"];
     let (mut n, mut i) = (kib, 0);
@@ -1262,6 +1288,18 @@ mod tests {
             squeue_format("%.1"),
             Err(FormatError::Malformed { .. })
         ));
+    }
+
+    /// Slurm 22.05, `sacct --units=K|M|G -o ReqMem` of a job with 1 MiB: `1024K`, `1M`,
+    /// `0.00G`.
+    #[test]
+    fn sizes_in_a_unit_as_sacct_units_prints_them() {
+        assert_eq!(kib_in_unit(1024, 'K'), "1024K");
+        assert_eq!(kib_in_unit(1024, 'M'), "1M");
+        assert_eq!(kib_in_unit(1024, 'G'), "0.00G");
+        assert_eq!(kib_in_unit(1536, 'M'), "1.50M");
+        assert_eq!(kib_in_unit(3 << 30, 'T'), "3T");
+        assert_eq!(kib_in_unit(0, 'P'), "0P");
     }
 
     #[test]
