@@ -750,7 +750,9 @@ fn sacct_units_shows_memory_in_the_unit_asked_for() {
             &format!("--units={unit}"),
         ])
     };
-    poll("the job in sacct", || Some(ask("M")).filter(|o| !o.is_empty()));
+    poll("the job in sacct", || {
+        Some(ask("M")).filter(|o| !o.is_empty())
+    });
     assert_eq!(ask("M"), "1024M\n");
     assert_eq!(ask("k"), "1048576K\n");
     assert_eq!(ask("G"), "1G\n");
@@ -1569,11 +1571,12 @@ fn the_batch_step_holds_the_first_nodes_share() {
     c.wait_end(id, T);
     let out = c.sacct_job(id, "JobID,AllocCPUS,NNodes");
     assert_eq!(out, format!("{id}|8|2\n{id}.batch|4|1\n"));
+    // Sorted by name, billing on the job's line only. (The reference tracks no memory; an
+    // exclusive job here holds its nodes' memory, as one does where Slurm tracks it.)
     let tres = c.sacct_job(id, "AllocTRES");
-    let batch = tres.lines().nth(1).unwrap_or_default();
-    assert!(
-        batch.contains("cpu=4") && batch.contains("gres/gpu=2") && batch.contains("node=1"),
-        "{tres}"
+    assert_eq!(
+        tres,
+        "billing=8,cpu=8,gres/gpu=4,mem=8G,node=2\ncpu=4,gres/gpu=2,mem=4G,node=1\n"
     );
 }
 

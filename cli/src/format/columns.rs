@@ -994,7 +994,7 @@ impl Field<JobView<'_>> for AcctField {
                 },
                 _ => String::new(),
             },
-            AllocTres => j.tres.to_string(),
+            AllocTres => j.tres.sorted(),
             State => match j.cancelled_by {
                 // Slurm 22.05's allocation line of a cancelled job: `CANCELLED by 1000`
                 // (`CANCELLED+` in a 10-wide column); steps say `CANCELLED`.

@@ -827,8 +827,15 @@ mod tests {
         assert_eq!(r["array_task_id"], Value::Null);
         assert_eq!(r["current_working_directory"], "/home/alice");
         assert_eq!(r["standard_output"], "/home/alice/slurm-%j.out");
-        assert_eq!(r["tres_req_str"], "cpu=4,mem=2G,node=1,gres/gpu=2");
-        assert_eq!(r["tres_alloc_str"], "cpu=4,mem=2G,node=1,gres/gpu=2");
+        // 22.05: `"tres_req_str": "cpu=2,mem=1M,node=1,billing=2,gres/gpu=2"`.
+        assert_eq!(
+            r["tres_req_str"],
+            "cpu=4,mem=2G,node=1,billing=4,gres/gpu=2"
+        );
+        assert_eq!(
+            r["tres_alloc_str"],
+            "cpu=4,mem=2G,node=1,billing=4,gres/gpu=2"
+        );
         assert!(r.get("state").is_none() && r.get("reason").is_none());
         // The reference: `batch_host` the first node ("" while pending), `group_id`, and
         // memory per node or per CPU, the other one `null`.

@@ -157,29 +157,60 @@ pub fn elapsed_s(start_time: i64, end_time: i64, now: i64) -> u64 {
     }
 }
 
-/// What a job or step holds, printed as sacct's AllocTRES (`cpu=4,mem=2G,node=1,gres/gpu=2`).
-/// Formatted only when shown: squeue over many jobs never needs it.
+/// What a job or step holds: scontrol's `TRES=` (`cpu=4,mem=2G,node=1,billing=4,gres/gpu=2`,
+/// Slurm's TRES order) and sacct's AllocTRES (the same names sorted:
+/// `billing=4,cpu=4,gres/gpu=2,mem=2G,node=1`). Formatted only when shown: squeue over many
+/// jobs never needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AllocTres {
     pub cpus: u32,
     pub mem_mb: u64,
     pub nodes: u32,
     pub gpus: u32,
+    /// The job's own record, which Slurm bills (by default one unit per CPU); a step's
+    /// is not.
+    pub billed: bool,
+}
+
+impl AllocTres {
+    /// `name=value` pairs in Slurm's TRES order. Memory is left out when the job holds
+    /// none (Slurm never writes `mem=0M`); a step without memory says `mem=0`, as 22.05.
+    fn pairs(&self) -> Vec<(&'static str, String)> {
+        let mut v = vec![("cpu", self.cpus.to_string())];
+        match (self.mem_mb, self.billed) {
+            (0, true) => {}
+            (0, false) => v.push(("mem", "0".to_owned())),
+            (mb, _) => v.push(("mem", tandem_sched::tres::format_mem_mb(mb))),
+        }
+        v.push(("node", self.nodes.to_string()));
+        if self.billed {
+            v.push(("billing", self.cpus.to_string()));
+        }
+        if self.gpus > 0 {
+            v.push(("gres/gpu", self.gpus.to_string()));
+        }
+        v
+    }
+
+    /// sacct's AllocTRES: the pairs sorted by name (Slurm 22.05:
+    /// `billing=2,cpu=2,gres/gpu=2,node=1`, a step `cpu=2,gres/gpu=2,mem=0,node=1`).
+    pub fn sorted(&self) -> String {
+        let mut v = self.pairs();
+        v.sort_by_key(|(k, _)| *k);
+        join_pairs(&v)
+    }
+}
+
+fn join_pairs(v: &[(&str, String)]) -> String {
+    v.iter()
+        .map(|(k, x)| format!("{k}={x}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 impl std::fmt::Display for AllocTres {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "cpu={},mem={},node={}",
-            self.cpus,
-            tandem_sched::tres::format_mem_mb(self.mem_mb),
-            self.nodes
-        )?;
-        if self.gpus > 0 {
-            write!(f, ",gres/gpu={}", self.gpus)?;
-        }
-        Ok(())
+        f.write_str(&join_pairs(&self.pairs()))
     }
 }
 
@@ -268,6 +299,7 @@ impl<'a> JobView<'a> {
                 mem_mb: tres.map_or(0, |t| t.mem_mb),
                 nodes: j.num_nodes,
                 gpus: tres.map_or(0, |t| t.gpus),
+                billed: true,
             },
             exit_code: ExitCode {
                 code: j.exit_code,
@@ -339,6 +371,7 @@ impl<'a> JobView<'a> {
                 mem_mb: tres.mem_mb,
                 nodes,
                 gpus: tres.gpus,
+                billed: false,
             },
             exit_code: ExitCode {
                 code: s.exit_code,
@@ -627,7 +660,11 @@ mod tests {
             ("1:05".into(), "1:00:00".into(), "58:55".into())
         );
         assert_eq!(v.reason_or_nodes(), "node-1");
-        assert_eq!(v.tres.to_string(), "cpu=4,mem=2G,node=1,gres/gpu=2");
+        assert_eq!(
+            v.tres.to_string(),
+            "cpu=4,mem=2G,node=1,billing=4,gres/gpu=2"
+        );
+        assert_eq!(v.tres.sorted(), "billing=4,cpu=4,gres/gpu=2,mem=2G,node=1");
         let pending = JobInfo {
             reason: "Resources".into(),
             ..job(2, JobState::Pending)
