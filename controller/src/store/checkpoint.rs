@@ -184,6 +184,12 @@ mod tests {
 
     const PAGE: u64 = 4096;
 
+    /// With a WAL not filled ahead, so that its size shows where the log restarts (where
+    /// this thread runs, `--durability process`, the controller does not fill it).
+    fn open(dir: &std::path::Path) -> Store {
+        Store::open_unfilled(dir).unwrap()
+    }
+
     fn wal_bytes(dir: &std::path::Path) -> u64 {
         std::fs::metadata(dir.join(format!("{}-wal", Store::FILE)))
             .map(|m| m.len())
@@ -211,7 +217,7 @@ mod tests {
     #[test]
     fn the_writer_itself_no_longer_checkpoints() {
         let dir = tempfile::tempdir().unwrap();
-        let mut store = Store::open(dir.path()).unwrap();
+        let mut store = open(dir.path());
         store.on_wal_commit(|_| {}).unwrap();
         commit_jobs(&mut store, 600, |_| {});
         // SQLite would have checkpointed at 1000 frames inside a commit and started the log
@@ -227,7 +233,7 @@ mod tests {
             restart_pages: 200,
         };
         let dir = tempfile::tempdir().unwrap();
-        let mut store = Store::open(dir.path()).unwrap();
+        let mut store = open(dir.path());
         let ckpt = Checkpoints::spawn(&mut store, policy).unwrap();
         let mut restarts = 0;
         commit_jobs(&mut store, 600, |s| {
@@ -257,7 +263,7 @@ mod tests {
             restart_pages: 100,
         };
         let dir = tempfile::tempdir().unwrap();
-        let mut store = Store::open(dir.path()).unwrap();
+        let mut store = open(dir.path());
         let ckpt = Checkpoints::spawn(&mut store, policy).unwrap();
         commit_jobs(&mut store, 5, |_| {});
         let reader = rusqlite::Connection::open(dir.path().join(Store::FILE)).unwrap();

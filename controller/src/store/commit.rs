@@ -23,6 +23,18 @@
 //! simply blocks as before, and a lone sequential client is never delayed: a group with one
 //! effect sets no wait. Effects that are not replies (launches, watch updates) count too, so
 //! after a pass that launched many jobs the wait may run to its deadline: bounded, as above.
+//!
+//! # Holding back what nobody waits for
+//!
+//! A batch without effects has nobody waiting on it: the starts and ends workers report,
+//! heartbeats, usage charged by a tick. Committed at once, such a batch occupies the disk
+//! just when a caller's batch arrives, and the caller waits for two fsyncs, the other's and
+//! its own: with jobs running, a `sbatch` loop queued behind every job's end this way. So a
+//! group made only of such batches waits up to [`MAX_DEFER`] for a batch somebody waits on
+//! and goes out with it, one fsync for both; the caller's batch is never held. Holding a
+//! worker's report loses nothing: the worker keeps each end until the stream that carried
+//! it has stayed up far longer than this (`worker::outbox`), and a controller that dies
+//! meanwhile breaks that stream, so the end is sent again.
 
 use std::sync::mpsc;
 use std::thread::JoinHandle;
@@ -44,6 +56,10 @@ const MAX_BATCHES_PER_TX: usize = 4096;
 
 /// Longest the committer holds queued batches back to let answered callers rejoin them.
 const MAX_GATHER: Duration = Duration::from_millis(2);
+
+/// Longest a group that nobody waits on is held for one that somebody does (see the module
+/// docs): a few of a sequential client's round trips, far below anything a reader notices.
+const MAX_DEFER: Duration = Duration::from_millis(5);
 
 struct Queued {
     batch: Batch,
@@ -111,12 +127,13 @@ impl Gather {
 }
 
 /// Fills `group` for the next transaction: everything queued now, then (while `gather` is
-/// not done) what arrives before its deadline. False when every sender is gone and nothing
-/// is left.
+/// not done) what arrives before its deadline, then, while nobody waits on any of it, what
+/// arrives within `defer`. False when every sender is gone and nothing is left.
 fn next_group(
     rx: &mpsc::Receiver<Queued>,
     group: &mut Vec<Queued>,
     gather: Option<Gather>,
+    defer: Duration,
 ) -> bool {
     let drain = |group: &mut Vec<Queued>| -> usize {
         let mut effects = 0;
@@ -154,6 +171,17 @@ fn next_group(
         };
         group.push(first);
         drain(group);
+    }
+    let deadline = Instant::now() + defer;
+    while group.len() < MAX_BATCHES_PER_TX && group.iter().all(|q| q.effects.is_empty()) {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(q) => {
+                group.push(q);
+                drain(group);
+            }
+            // The deadline, or every sender gone: commit what there is.
+            Err(_) => break,
+        }
     }
     true
 }
@@ -195,7 +223,7 @@ fn commit_groups(
 ) -> Result<(), StoreError> {
     let mut group: Vec<Queued> = Vec::new();
     let mut gather: Option<Gather> = None;
-    while next_group(rx, &mut group, gather.take()) {
+    while next_group(rx, &mut group, gather.take(), MAX_DEFER) {
         let writes: Vec<&Batch> = group
             .iter()
             .map(|q| &q.batch)
@@ -226,6 +254,7 @@ fn commit_groups(
         debug!(
             batches,
             rows,
+            effects,
             commit_us,
             effects_us = effects_started.elapsed().as_micros() as u64,
             "group commit"
@@ -333,7 +362,7 @@ mod tests {
             deadline: Instant::now() + Duration::from_secs(60),
         };
         let mut group = Vec::new();
-        assert!(next_group(&rx, &mut group, Some(g)));
+        assert!(next_group(&rx, &mut group, Some(g), MAX_DEFER));
         t.join().unwrap();
         // Both returning callers made it into the same transaction as the queued ones.
         assert_eq!(group.len(), 4);
@@ -349,17 +378,59 @@ mod tests {
             deadline: started + Duration::from_millis(20),
         };
         let mut group = Vec::new();
-        assert!(next_group(&rx, &mut group, Some(g)));
+        assert!(next_group(&rx, &mut group, Some(g), MAX_DEFER));
         assert_eq!(group.len(), 1);
         assert!(started.elapsed() >= Duration::from_millis(20));
         // Without a gather, what is queued goes at once; with nothing and no sender, stop.
         group.clear();
         tx.send(queued(0)).unwrap();
         drop(tx);
-        assert!(next_group(&rx, &mut group, None));
+        assert!(next_group(&rx, &mut group, None, MAX_DEFER));
         assert_eq!(group.len(), 1);
         group.clear();
-        assert!(!next_group(&rx, &mut group, None));
+        assert!(!next_group(&rx, &mut group, None, MAX_DEFER));
+    }
+
+    #[test]
+    fn a_batch_nobody_waits_on_goes_out_with_the_next_one_somebody_does() {
+        let (tx, rx) = mpsc::channel();
+        // A worker's report, then (later) a caller's submit.
+        tx.send(queued(0)).unwrap();
+        let late = tx.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            late.send(queued(1)).unwrap();
+        });
+        let started = Instant::now();
+        let mut group = Vec::new();
+        assert!(next_group(&rx, &mut group, None, Duration::from_secs(60)));
+        t.join().unwrap();
+        assert_eq!(group.len(), 2, "one transaction for both");
+        assert!(started.elapsed() >= Duration::from_millis(20));
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "not held past the caller"
+        );
+    }
+
+    #[test]
+    fn a_batch_nobody_waits_on_is_held_no_longer_than_the_deferral() {
+        let (tx, rx) = mpsc::channel();
+        tx.send(queued(0)).unwrap();
+        tx.send(queued(0)).unwrap();
+        let started = Instant::now();
+        let mut group = Vec::new();
+        assert!(next_group(&rx, &mut group, None, Duration::from_millis(20)));
+        assert_eq!(group.len(), 2);
+        assert!(started.elapsed() >= Duration::from_millis(20));
+        // A group somebody waits on is never held for more.
+        tx.send(queued(1)).unwrap();
+        let started = Instant::now();
+        group.clear();
+        assert!(next_group(&rx, &mut group, None, Duration::from_secs(60)));
+        assert_eq!(group.len(), 1);
+        assert!(started.elapsed() < Duration::from_secs(30));
+        drop(tx);
     }
 
     #[test]

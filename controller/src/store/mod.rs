@@ -48,6 +48,8 @@
 //! - [`checkpoint`]: with `--durability process`, copies the WAL back into the database file
 //!   on its own thread, so no commit waits for it.
 //! - [`recover`]: rebuilds the scheduling core's `State` from the store on start.
+//! - [`wal`]: fills the write-ahead log to its steady size at open, so that commits
+//!   overwrite instead of growing the file.
 //!
 //! # Invariants
 //!
@@ -60,6 +62,7 @@ pub mod checkpoint;
 pub mod commit;
 pub mod recover;
 pub mod sqlite;
+mod wal;
 
 pub use commit::{Committer, Effect};
 pub use sqlite::{Batch, Durability, JobRecordRow, Loaded, RecordFilter, Store, StoreError};
