@@ -36,7 +36,6 @@ pub mod opts;
 pub mod timing;
 
 use std::ffi::OsString;
-use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
@@ -102,7 +101,7 @@ enum SlurmCommand {
 }
 
 /// Entry point of `tandem`: everything.
-pub fn main_from_env() -> ExitCode {
+pub fn main_from_env() -> u8 {
     timing::mark("main");
     let args: Vec<OsString> = std::env::args_os().collect();
     if let Some(code) = per_call_main(&args) {
@@ -122,7 +121,7 @@ pub fn main_from_env() -> ExitCode {
 /// loop and every job start execs a binary; this one is a tenth of `tandem`'s size, so the
 /// kernel maps, faults in and tears down that much less, and the loader relocates that much
 /// less, per call.
-pub fn slurm_main_from_env() -> ExitCode {
+pub fn slurm_main_from_env() -> u8 {
     timing::mark("main");
     let args: Vec<OsString> = std::env::args_os().collect();
     if let Some(code) = per_call_main(&args) {
@@ -134,18 +133,18 @@ pub fn slurm_main_from_env() -> ExitCode {
          `{program} sbatch ...`; the daemons and the local cluster are `tandem`'s",
         SLURM_COMMANDS.join(", ")
     );
-    ExitCode::from(2)
+    2
 }
 
 /// The part both binaries answer: the job launcher, `sbatch ...` by argv[0] and
 /// `<binary> sbatch ...`. `None` when `args` are none of these.
-fn per_call_main(args: &[OsString]) -> Option<ExitCode> {
+fn per_call_main(args: &[OsString]) -> Option<u8> {
     // The worker's job launcher (`tandem_worker::launch::exec`): no parsing, no runtime.
     if args
         .get(1)
         .is_some_and(|a| a == tandem_worker::launch::exec::SUBCOMMAND)
     {
-        return Some(tandem_worker::launch::exec::main(&args[2..]));
+        return Some(tandem_worker::launch::exec::main_code(&args[2..]));
     }
     let invoked = program_name(args);
     if SLURM_COMMANDS.contains(&invoked.as_str()) {
@@ -243,11 +242,11 @@ pub const SLURM_VERSION_LINE: &str =
     concat!("slurm 22.05.8 (tandem ", env!("CARGO_PKG_VERSION"), ")");
 
 /// Help and version go to stdout with success; real parse errors become one line.
-fn clap_exit(name: &str, e: clap::Error) -> ExitCode {
+fn clap_exit(name: &str, e: clap::Error) -> u8 {
     use clap::error::ErrorKind;
     if e.kind() == ErrorKind::DisplayVersion && SLURM_COMMANDS.contains(&name) {
         println!("{SLURM_VERSION_LINE}");
-        return ExitCode::SUCCESS;
+        return 0;
     }
     match e.kind() {
         ErrorKind::DisplayHelp
@@ -255,14 +254,14 @@ fn clap_exit(name: &str, e: clap::Error) -> ExitCode {
         | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
             let _ = e.print();
             if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
-                ExitCode::from(2)
+                2
             } else {
-                ExitCode::SUCCESS
+                0
             }
         }
         _ => {
             eprintln!("{name}: error: {}", opts::clap_one_line(&e));
-            ExitCode::from(1)
+            1
         }
     }
 }
@@ -270,7 +269,7 @@ fn clap_exit(name: &str, e: clap::Error) -> ExitCode {
 /// What a command asks the process to exit with.
 pub type Exit = anyhow::Result<u8>;
 
-fn run(name: &str, command: Command) -> ExitCode {
+fn run(name: &str, command: Command) -> u8 {
     timing::mark("parsed");
     let result = match command {
         Command::Slurm(c) => return run_slurm(name, *c),
@@ -286,7 +285,7 @@ fn run(name: &str, command: Command) -> ExitCode {
     finish(name, result)
 }
 
-fn run_slurm(name: &str, command: SlurmCommand) -> ExitCode {
+fn run_slurm(name: &str, command: SlurmCommand) -> u8 {
     timing::mark("parsed");
     let result = client_runtime().and_then(|rt| match command {
         SlurmCommand::Sbatch(a) => rt.block_on(cmd::sbatch::run(a)),
@@ -304,16 +303,16 @@ fn run_slurm(name: &str, command: SlurmCommand) -> ExitCode {
 }
 
 /// The exit code of a command's result; an error prints as one line.
-fn finish(name: &str, result: Exit) -> ExitCode {
+fn finish(name: &str, result: Exit) -> u8 {
     timing::mark("done");
     match result {
-        Ok(code) => ExitCode::from(code),
+        Ok(code) => code,
         Err(e) => {
             let msg = format!("{e:#}");
             // One line, always: multi-line causes (gRPC details, io errors) are folded.
             let msg = msg.lines().map(str::trim).collect::<Vec<_>>().join(" ");
             eprintln!("{name}: error: {msg}");
-            ExitCode::from(1)
+            1
         }
     }
 }

@@ -250,6 +250,11 @@ pub fn user_groups(uid: u32, gid: u32) -> Vec<u32> {
 /// `tandem __job-exec REQUEST`: reads the request, joins, drops, execs. Returns only on
 /// failure, after printing why on stderr (the worker's pipe or the job's error file).
 pub fn main(args: &[OsString]) -> ExitCode {
+    ExitCode::from(main_code(args))
+}
+
+/// [`main`], returning the exit code as a number (for a caller that exits by itself).
+pub fn main_code(args: &[OsString]) -> u8 {
     let (err, code) = match args {
         [path] => run(Path::new(path)),
         _ => (
@@ -258,7 +263,7 @@ pub fn main(args: &[OsString]) -> ExitCode {
         ),
     };
     eprintln!("tandem: job launch failed: {err}");
-    ExitCode::from(code.unwrap_or(EXIT_LAUNCH_FAILED))
+    code.unwrap_or(EXIT_LAUNCH_FAILED)
 }
 
 /// Does the launch; returns only the reason it failed, and the exit code to fail with.
