@@ -82,3 +82,40 @@ fn only_the_commands_binary_is_position_dependent() {
     assert_eq!(e_type(env!("CARGO_BIN_EXE_tandem-slurm")), ET_EXEC);
     assert_eq!(e_type(TANDEM), ET_DYN);
 }
+
+/// `tandem-slurm` starts at C's `main`, without Rust's runtime start-up
+/// (`src/bin/tandem-slurm.rs`); what of it the commands rely on it does itself.
+#[test]
+fn the_commands_binary_keeps_what_rusts_start_up_gave_it() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let bin = env!("CARGO_BIN_EXE_tandem-slurm");
+    // Started with stdout closed: it writes to /dev/null, not to whatever it opens next.
+    let out = Command::new("sh")
+        .args([
+            "-c",
+            r#"exec >&-; exec "$0" scontrol show hostnames 'n[1-3]'"#,
+            bin,
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    // A reader that went away is an error the command sees (EPIPE), not a SIGPIPE that
+    // kills it: more than a pipe's buffer of host names into a pipe already closed.
+    let mut child = Command::new(bin)
+        .args(["scontrol", "show", "hostnames", "node-[1-40000]"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let status = child.wait().unwrap();
+    assert_eq!(status.signal(), None, "{status:?}");
+    // Output is flushed at exit, to a pipe as to a terminal.
+    let out = Command::new(bin)
+        .args(["scontrol", "show", "hostlist", "n3,n1,n2"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "n[1-3]\n");
+    assert!(out.status.success());
+}
