@@ -173,11 +173,13 @@ fn next_group(
         drain(group);
     }
     let deadline = Instant::now() + defer;
-    while group.len() < MAX_BATCHES_PER_TX && group.iter().all(|q| q.effects.is_empty()) {
+    let mut waited_on = group.iter().any(|q| !q.effects.is_empty());
+    while !waited_on && group.len() < MAX_BATCHES_PER_TX {
         match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             Ok(q) => {
+                waited_on = !q.effects.is_empty();
                 group.push(q);
-                drain(group);
+                waited_on |= drain(group) > 0;
             }
             // The deadline, or every sender gone: commit what there is.
             Err(_) => break,
