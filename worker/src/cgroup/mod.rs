@@ -19,6 +19,7 @@
 mod bpf;
 pub mod detect;
 pub mod devfilter;
+pub mod dir;
 pub mod plan;
 pub mod v1;
 pub mod v2;
@@ -32,6 +33,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tracing::{info, warn};
 
+use dir::Dir;
 use plan::{Allocation, CharDevice, GpuDeviceFile};
 
 /// `--cgroup`: which cgroup version to use.
@@ -131,11 +133,11 @@ impl Isolation {
                     "v1",
                     t.bases()
                         .iter()
-                        .map(|(_, b)| b.display().to_string())
+                        .map(|(_, b)| b.path().display().to_string())
                         .collect::<Vec<_>>()
                         .join(","),
                 ),
-                Tree::V2(t) => ("v2", t.base().display().to_string()),
+                Tree::V2(t) => ("v2", t.base().path().display().to_string()),
             };
             info!(version, at = %at, gpu_device_files = iso.gpus.len(), "jobs isolated in cgroups");
             if let Some(why) = iso.device_filter_problem()
@@ -196,8 +198,8 @@ impl Isolation {
     pub fn remove_node_dirs(&self) {
         let dirs: Vec<PathBuf> = match &self.tree {
             None => return,
-            Some(Tree::V1(t)) => t.bases().iter().map(|(_, b)| b.clone()).collect(),
-            Some(Tree::V2(t)) => vec![t.base().to_owned()],
+            Some(Tree::V1(t)) => t.bases().iter().map(|(_, b)| b.path()).collect(),
+            Some(Tree::V2(t)) => vec![t.base().path()],
         };
         for d in dirs {
             // Not empty (a job cgroup left behind): kept, and cleaned at the next start.
@@ -206,21 +208,33 @@ impl Isolation {
     }
 
     /// Creates job `job_id`'s cgroup with its limits. `Ok(None)` without cgroups.
+    ///
+    /// A directory of the same id already there (a job requeued onto this node whose
+    /// processes outlived the last cleanup) is cleared and the creation tried once more;
+    /// looking for one first would cost every job a `stat` per hierarchy.
     pub fn create_job(&self, job_id: u64, alloc: &Allocation) -> io::Result<Option<JobCgroup>> {
         let limits = plan::job_limits(alloc, self.node_cpus, &self.gpus);
-        Ok(match &self.tree {
-            None => None,
-            Some(Tree::V1(t)) => {
-                // A stale directory of the same id (an earlier worker life) goes first.
-                destroy_blocking(&JobCgroup::V1(t.job(job_id)));
-                Some(JobCgroup::V1(t.create_job(job_id, &limits)?))
-            }
-            Some(Tree::V2(t)) => {
-                destroy_blocking(&JobCgroup::V2(t.job(job_id)));
+        let create = || -> io::Result<Option<JobCgroup>> {
+            Ok(match &self.tree {
+                None => None,
+                Some(Tree::V1(t)) => Some(JobCgroup::V1(t.create_job(job_id, &limits)?)),
                 // GPUs to hide get an eBPF device program; failing that, an error.
-                Some(JobCgroup::V2(t.create_job(job_id, &limits)?))
+                Some(Tree::V2(t)) => Some(JobCgroup::V2(t.create_job(job_id, &limits)?)),
+            })
+        };
+        match create() {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                let stale = match &self.tree {
+                    Some(Tree::V1(t)) => JobCgroup::V1(t.job(job_id)),
+                    Some(Tree::V2(t)) => JobCgroup::V2(t.job(job_id)),
+                    None => return Err(e),
+                };
+                warn!(job_id, "clearing a stale cgroup of the same job id");
+                destroy_blocking(&stale);
+                create()
             }
-        })
+            r => r,
+        }
     }
 
     /// Job `job_id`'s cgroup if it exists on this node (steps of a job whose batch script
@@ -306,7 +320,7 @@ impl JobCgroup {
             Self::V1(j) => j.step_dirs(step),
             Self::V2(j) => j.step_dirs(step),
         };
-        let mut pids: Vec<i32> = dirs.iter().flat_map(|d| pids_under(d)).collect();
+        let mut pids: Vec<i32> = dirs.iter().flat_map(pids_under).collect();
         pids.sort_unstable();
         pids.dedup();
         pids.retain(|p| nix::unistd::getpgid(Some(Pid::from_raw(*p))).is_ok_and(|g| g != pgid));
@@ -368,7 +382,7 @@ impl JobCgroup {
         };
         let deadline = tokio::time::Instant::now() + DESTROY_WAIT;
         loop {
-            let pids: Vec<i32> = dirs.iter().flat_map(|d| pids_under(d)).collect();
+            let pids: Vec<i32> = dirs.iter().flat_map(pids_under).collect();
             if pids.is_empty() {
                 break;
             }
@@ -389,7 +403,7 @@ impl JobCgroup {
             };
             for d in jobs {
                 // Another step still running keeps it.
-                let _ = fs::remove_dir(d);
+                let _ = d.remove();
             }
         }
     }
@@ -472,9 +486,8 @@ fn choose(settings: &Settings, node: &str) -> Result<Option<Tree>, String> {
             settings.root.display()
         ));
     }
-    let tree = v1::Tree::new(bases);
-    tree.prepare()
-        .map_err(|e| format!("cgroup v1 hierarchies not writable: {e}"))?;
+    let tree =
+        v1::Tree::prepare(bases).map_err(|e| format!("cgroup v1 hierarchies not writable: {e}"))?;
     Ok(Some(Tree::V1(tree)))
 }
 
@@ -507,20 +520,16 @@ pub fn gpu_device_files(dev_dir: &Path) -> Vec<GpuDeviceFile> {
 }
 
 /// Job ids of the `job_N` directories in `dir`.
-fn job_ids_in(dir: &Path) -> Vec<u64> {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(Result::ok)
-        .filter(|e| e.path().is_dir())
-        .filter_map(|e| e.file_name().to_str()?.strip_prefix("job_")?.parse().ok())
+fn job_ids_in(dir: &Dir) -> Vec<u64> {
+    dir.list_dirs()
+        .iter()
+        .filter_map(|n| n.strip_prefix("job_")?.parse().ok())
         .collect()
 }
 
 /// `dir` and every directory below it, parents first.
-fn dirs_under(dir: &Path) -> Vec<PathBuf> {
-    let mut out = vec![dir.to_owned()];
+fn dirs_under(dir: &Dir) -> Vec<Dir> {
+    let mut out = vec![dir.clone()];
     let mut i = 0;
     while i < out.len() {
         let children = subdirs(&out[i]);
@@ -535,33 +544,25 @@ fn dirs_under(dir: &Path) -> Vec<PathBuf> {
 /// ext4 and tmpfs) counts a directory's subdirectories in it (2 + n), so 2 means none, and
 /// 3 with the batch step's directory present means that one alone: a job's usual shape.
 /// A count below 2 (file systems that do not keep it) means unknown: list.
-fn subdirs(dir: &Path) -> Vec<PathBuf> {
-    use std::os::unix::fs::MetadataExt as _;
-    let nlink = fs::metadata(dir).map_or(0, |m| m.nlink());
-    if nlink == 2 {
-        return Vec::new();
-    }
-    if nlink == 3 {
-        let batch = dir.join(plan::step_dir(None));
-        if batch.is_dir() {
-            return vec![batch];
+fn subdirs(dir: &Dir) -> Vec<Dir> {
+    match dir.link_count() {
+        None | Some(2) => return Vec::new(),
+        Some(3) => {
+            let batch = dir.join(plan::step_dir(None).as_str());
+            if batch.is_dir() {
+                return vec![batch];
+            }
         }
+        Some(_) => {}
     }
-    let Ok(entries) = fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(Result::ok)
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .map(|e| e.path())
-        .collect()
+    dir.list_dirs().iter().map(|n| dir.join(n)).collect()
 }
 
 /// Every pid in `cgroup.procs` of `dir` and below.
-fn pids_under(dir: &Path) -> Vec<i32> {
+fn pids_under(dir: &Dir) -> Vec<i32> {
     let mut pids: Vec<i32> = dirs_under(dir)
         .iter()
-        .filter_map(|d| fs::read_to_string(d.join("cgroup.procs")).ok())
+        .filter_map(|d| d.read("cgroup.procs").ok())
         .flat_map(|t| plan::parse_pids(&t))
         .collect();
     pids.sort_unstable();
@@ -575,15 +576,24 @@ fn signal_pids(pids: &[i32], signal: Signal) -> usize {
         .count()
 }
 
+/// A step's directory: new, or, as `mkdir -p` would, one already there (left behind by an
+/// earlier run of a requeued job).
+fn create_step(d: &Dir) -> io::Result<()> {
+    match d.create() {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        r => r,
+    }
+}
+
 /// Removes a cgroup directory and its children, deepest first (cgroupfs removes a
 /// directory's control files with it; `rmdir` is all it takes).
-fn remove_tree(dir: &Path) -> io::Result<()> {
+fn remove_tree(dir: &Dir) -> io::Result<()> {
     // Almost every job leaves only its batch step's directory (steps remove their own as they
     // end): two `rmdir`s then, and no listing, which in a cgroup directory names every
     // control file and cost more than the removals. Anything else there makes the `rmdir`
     // fail (EBUSY, ENOTEMPTY) and the walk below removes it.
-    let _ = fs::remove_dir(dir.join(plan::step_dir(None)));
-    match fs::remove_dir(dir) {
+    let _ = dir.join(plan::step_dir(None).as_str()).remove();
+    match dir.remove() {
         Ok(()) => return Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
         Err(_) => {}
@@ -591,7 +601,7 @@ fn remove_tree(dir: &Path) -> io::Result<()> {
     let mut dirs = dirs_under(dir);
     dirs.reverse();
     for d in dirs {
-        fs::remove_dir(&d)?;
+        d.remove()?;
     }
     Ok(())
 }
@@ -603,11 +613,13 @@ mod tests {
     #[test]
     fn dirs_under_finds_every_shape_parents_first() {
         let tmp = tempfile::tempdir().unwrap();
+        let base = Dir::open(tmp.path()).unwrap();
         let under = |job: &str| -> Vec<String> {
-            dirs_under(&tmp.path().join(job))
+            dirs_under(&base.join(job))
                 .iter()
                 .map(|d| {
-                    d.strip_prefix(tmp.path())
+                    d.path()
+                        .strip_prefix(tmp.path())
                         .unwrap()
                         .to_string_lossy()
                         .into_owned()
@@ -649,12 +661,13 @@ mod tests {
         for d in ["job_3/step_batch", "job_12", "other", "job_x"] {
             fs::create_dir_all(tmp.path().join(d)).unwrap();
         }
-        let mut ids = job_ids_in(tmp.path());
+        let base = Dir::open(tmp.path()).unwrap();
+        let mut ids = job_ids_in(&base);
         ids.sort_unstable();
         assert_eq!(ids, vec![3, 12]);
-        let dirs = dirs_under(&tmp.path().join("job_3"));
+        let dirs = dirs_under(&base.join("job_3"));
         assert_eq!(dirs.len(), 2);
-        remove_tree(&tmp.path().join("job_3")).unwrap();
+        remove_tree(&base.join("job_3")).unwrap();
         assert!(!tmp.path().join("job_3").exists());
         // More than the batch step (a step's own cgroups, nested): the walk removes it all.
         for d in [
@@ -664,11 +677,42 @@ mod tests {
         ] {
             fs::create_dir_all(tmp.path().join(d)).unwrap();
         }
-        remove_tree(&tmp.path().join("job_4")).unwrap();
+        remove_tree(&base.join("job_4")).unwrap();
         assert!(!tmp.path().join("job_4").exists());
         // Gone already: nothing to do.
-        remove_tree(&tmp.path().join("job_4")).unwrap();
-        remove_tree(&tmp.path().join("step_9")).unwrap();
+        remove_tree(&base.join("job_4")).unwrap();
+        remove_tree(&base.join("step_9")).unwrap();
+    }
+
+    #[test]
+    fn a_stale_job_directory_is_cleared_and_the_job_created_anew() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tree = v1::Tree::prepare(
+            v1::Controller::ALL
+                .iter()
+                .map(|c| (*c, tmp.path().join(c.name()).join("tandem/n1")))
+                .collect(),
+        )
+        .unwrap();
+        let iso = Isolation {
+            tree: Some(Tree::V1(tree)),
+            node_cpus: 4,
+            gpus: Vec::new(),
+        };
+        let alloc = Allocation::default();
+        iso.create_job(5, &alloc).unwrap().unwrap();
+        // The same id again (a requeued job whose cleanup here did not finish): cleared,
+        // made anew.
+        let stale_step = tmp.path().join("memory/tandem/n1/job_5/step_batch");
+        fs::create_dir_all(&stale_step).unwrap();
+        iso.create_job(5, &alloc).unwrap().unwrap();
+        assert!(!stale_step.exists());
+        assert!(tmp.path().join("memory/tandem/n1/job_5").is_dir());
+        // One that cannot be cleared is an error, not a cgroup shared with what is left.
+        fs::write(tmp.path().join("freezer/tandem/n1/job_5/leftover"), "").unwrap();
+        let err = iso.create_job(5, &alloc).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AlreadyExists);
+        assert!(err.to_string().contains("freezer/tandem/n1/job_5"), "{err}");
     }
 
     #[test]

@@ -7,12 +7,13 @@
 
 use std::fs;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+use super::dir::Dir;
 use super::plan::{self, JobLimits};
 
 /// The v1 controllers a job's processes join.
@@ -40,34 +41,49 @@ impl Controller {
 /// This node's subtree in each hierarchy.
 #[derive(Debug, Clone)]
 pub struct Tree {
-    /// Controller -> `.../tandem/NODE`; one entry per controller the node has mounted.
-    bases: Vec<(Controller, PathBuf)>,
+    /// Controller -> `.../tandem/NODE`, held open; one entry per controller the node has
+    /// mounted.
+    bases: Vec<(Controller, Dir)>,
+    /// Whether the cpu hierarchy counts CPU time (`cpuacct` mounted with it).
+    cpu_accounting: bool,
 }
 
 /// One job's directories, one per controller.
 #[derive(Debug, Clone)]
 pub struct Job {
-    dirs: Vec<(Controller, PathBuf)>,
+    dirs: Vec<(Controller, Dir)>,
     /// Whether the job has a `devices` directory (see [`Tree::create_job`]); the others
     /// it always has.
     devices: bool,
+    /// Whether the cpu hierarchy counts CPU time. Only then do steps get directories of
+    /// their own there: the CPU limit is the job's, so without `cpuacct` beside it a step
+    /// directory would limit and count nothing and cost a `mkdir` and an `rmdir` per step;
+    /// the step's processes join the job's directory instead.
+    cpu_accounting: bool,
 }
 
 impl Tree {
-    pub fn new(bases: Vec<(Controller, PathBuf)>) -> Self {
-        Self { bases }
+    /// Creates the node's subtree in each hierarchy (controller -> `.../tandem/NODE`) and
+    /// opens it; an error means this node cannot use cgroups.
+    pub fn prepare(bases: Vec<(Controller, PathBuf)>) -> io::Result<Self> {
+        let bases = bases
+            .into_iter()
+            .map(|(c, path)| {
+                fs::create_dir_all(&path)?;
+                Ok((c, Dir::open(&path)?))
+            })
+            .collect::<io::Result<Vec<(Controller, Dir)>>>()?;
+        let cpu_accounting = bases
+            .iter()
+            .any(|(c, b)| *c == Controller::Cpu && b.has("cpuacct.stat"));
+        Ok(Self {
+            bases,
+            cpu_accounting,
+        })
     }
 
-    pub fn bases(&self) -> &[(Controller, PathBuf)] {
+    pub fn bases(&self) -> &[(Controller, Dir)] {
         &self.bases
-    }
-
-    /// Creates the node's subtree; an error means this node cannot use cgroups.
-    pub fn prepare(&self) -> io::Result<()> {
-        for (_, base) in &self.bases {
-            fs::create_dir_all(base)?;
-        }
-        Ok(())
     }
 
     /// Ids of job directories left by an earlier worker life.
@@ -88,9 +104,10 @@ impl Tree {
             dirs: self
                 .bases
                 .iter()
-                .map(|(c, b)| (*c, b.join(plan::job_dir(job_id))))
+                .map(|(c, b)| (*c, b.join(&plan::job_dir(job_id))))
                 .collect(),
             devices: true,
+            cpu_accounting: self.cpu_accounting,
         }
     }
 
@@ -100,7 +117,7 @@ impl Tree {
         if !job.dir_exists() {
             return None;
         }
-        job.devices = job.dir(Controller::Devices).is_some_and(Path::is_dir);
+        job.devices = job.dir(Controller::Devices).is_some_and(Dir::is_dir);
         Some(job)
     }
 
@@ -114,19 +131,18 @@ impl Tree {
         let mut job = self.job(job_id);
         job.devices = !limits.deny.is_empty();
         for (c, dir) in job.joined() {
-            fs::create_dir_all(dir)?;
+            // Not `create_dir_all`: an existing directory is a stale one, which the caller
+            // clears (see `Isolation::create_job`).
+            dir.create()?;
             match c {
                 Controller::Memory => {
                     if let Some(bytes) = limits.mem_bytes {
-                        fs::write(dir.join("memory.limit_in_bytes"), bytes.to_string())?;
+                        dir.write("memory.limit_in_bytes", bytes.to_string())?;
                         // With swap accounting, swap counts too (else a job swaps past its
-                        // limit). Absent without swap accounting: the open fails, fine.
-                        let _ = fs::OpenOptions::new()
-                            .write(true)
-                            .open(dir.join("memory.memsw.limit_in_bytes"))
-                            .and_then(|mut f| {
-                                io::Write::write_all(&mut f, bytes.to_string().as_bytes())
-                            });
+                        // limit). Absent without swap accounting: nothing to write.
+                        if dir.has("memory.memsw.limit_in_bytes") {
+                            let _ = dir.write("memory.memsw.limit_in_bytes", bytes.to_string());
+                        }
                     }
                 }
                 Controller::Cpu => {
@@ -134,16 +150,13 @@ impl Tree {
                         // A new cgroup's period is the kernel's default, the
                         // `plan::CPU_PERIOD_US` the quota is counted in: only the quota
                         // needs writing.
-                        fs::write(dir.join("cpu.cfs_quota_us"), quota.to_string())?;
+                        dir.write("cpu.cfs_quota_us", quota.to_string())?;
                     }
                 }
                 Controller::Devices => {
                     for d in &limits.deny {
                         // One rule per write: the kernel parses one exception at a time.
-                        fs::write(
-                            dir.join("devices.deny"),
-                            format!("c {}:{} rwm", d.major, d.minor),
-                        )?;
+                        dir.write("devices.deny", format!("c {}:{} rwm", d.major, d.minor))?;
                     }
                 }
                 Controller::Freezer => {}
@@ -159,7 +172,7 @@ impl Job {
     }
 
     /// The hierarchies the job's processes join, with its directory in each.
-    fn joined(&self) -> impl Iterator<Item = &(Controller, PathBuf)> {
+    fn joined(&self) -> impl Iterator<Item = &(Controller, Dir)> {
         self.dirs
             .iter()
             .filter(|(c, _)| self.devices || *c != Controller::Devices)
@@ -170,30 +183,39 @@ impl Job {
     pub fn add_step(&self, step: Option<u32>) -> io::Result<Vec<PathBuf>> {
         let name = plan::step_dir(step);
         let mut procs = Vec::with_capacity(self.dirs.len());
-        for (_, dir) in self.joined() {
-            let d = dir.join(&name);
-            fs::create_dir_all(&d)?;
-            procs.push(d.join("cgroup.procs"));
+        for (c, dir) in self.joined() {
+            let d = if self.has_step_dir(*c) {
+                let d = dir.join(&name);
+                super::create_step(&d)?;
+                d
+            } else {
+                dir.clone()
+            };
+            procs.push(d.path().join("cgroup.procs"));
         }
         Ok(procs)
     }
 
-    /// A step's directories, one per controller.
-    pub fn step_dirs(&self, step: Option<u32>) -> Vec<PathBuf> {
+    fn has_step_dir(&self, c: Controller) -> bool {
+        c != Controller::Cpu || self.cpu_accounting
+    }
+
+    /// A step's directories, one per controller that gives steps their own.
+    pub fn step_dirs(&self, step: Option<u32>) -> Vec<Dir> {
         let name = plan::step_dir(step);
-        self.joined().map(|(_, d)| d.join(&name)).collect()
+        self.joined()
+            .filter(|(c, _)| self.has_step_dir(*c))
+            .map(|(_, d)| d.join(&name))
+            .collect()
     }
 
     /// The directories of the job itself.
-    pub fn dirs(&self) -> Vec<PathBuf> {
+    pub fn dirs(&self) -> Vec<Dir> {
         self.joined().map(|(_, d)| d.clone()).collect()
     }
 
-    fn dir(&self, c: Controller) -> Option<&Path> {
-        self.dirs
-            .iter()
-            .find(|(x, _)| *x == c)
-            .map(|(_, d)| d.as_path())
+    fn dir(&self, c: Controller) -> Option<&Dir> {
+        self.dirs.iter().find(|(x, _)| *x == c).map(|(_, d)| d)
     }
 
     /// Every process of the job (its steps included): read from the freezer hierarchy, or
@@ -201,7 +223,7 @@ impl Job {
     pub fn pids(&self) -> Vec<i32> {
         let dir = self
             .dir(Controller::Freezer)
-            .or_else(|| self.dirs.first().map(|(_, d)| d.as_path()));
+            .or_else(|| self.dirs.first().map(|(_, d)| d));
         dir.map(super::pids_under).unwrap_or_default()
     }
 
@@ -219,20 +241,18 @@ impl Job {
         if self.pids().is_empty() {
             return;
         }
-        let frozen = self
-            .dir(Controller::Freezer)
-            .map(|d| d.join("freezer.state"));
-        if let Some(state) = &frozen
-            && fs::write(state, "FROZEN").is_ok()
+        let freezer = self.dir(Controller::Freezer);
+        if let Some(f) = freezer
+            && f.write(FREEZER_STATE, "FROZEN").is_ok()
         {
-            wait_frozen(state, Duration::from_millis(500));
+            wait_frozen(f, Duration::from_millis(500));
         }
         for pid in self.pids() {
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
-        if let Some(state) = &frozen {
+        if let Some(f) = freezer {
             // A frozen process cannot act on SIGKILL; thawed, it dies at once.
-            let _ = fs::write(state, "THAWED");
+            let _ = f.write(FREEZER_STATE, "THAWED");
         }
     }
 
@@ -244,7 +264,7 @@ impl Job {
         };
         super::dirs_under(dir)
             .iter()
-            .filter_map(|d| fs::read_to_string(d.join("memory.oom_control")).ok())
+            .filter_map(|d| d.read("memory.oom_control").ok())
             .filter_map(|t| plan::oom_kills(&t))
             .sum()
     }
@@ -254,14 +274,16 @@ impl Job {
     pub fn usage(&self, step: Option<Option<u32>>) -> plan::Usage {
         let at = |c: Controller| {
             self.dir(c).map(|d| match step {
-                Some(s) => d.join(plan::step_dir(s)),
-                None => d.to_path_buf(),
+                Some(s) => d.join(&plan::step_dir(s)),
+                None => d.clone(),
             })
         };
-        let read =
-            |c: Controller, file: &str| at(c).and_then(|d| fs::read_to_string(d.join(file)).ok());
-        let cpu_usec =
-            read(Controller::Cpu, "cpuacct.stat").and_then(|t| plan::cpuacct_stat_usec(&t));
+        let read = |c: Controller, file: &str| at(c).and_then(|d| d.read(file).ok());
+        let cpu_usec = self
+            .cpu_accounting
+            .then(|| read(Controller::Cpu, "cpuacct.stat"))
+            .flatten()
+            .and_then(|t| plan::cpuacct_stat_usec(&t));
         plan::Usage {
             cpu_usec,
             max_rss_bytes: read(Controller::Memory, "memory.max_usage_in_bytes")
@@ -273,7 +295,7 @@ impl Job {
     /// Whether the memory limit was ever hit (kernels before 4.13 lack `oom_kill`).
     pub fn hit_memory_limit(&self) -> bool {
         self.dir(Controller::Memory)
-            .and_then(|d| fs::read_to_string(d.join("memory.failcnt")).ok())
+            .and_then(|d| d.read("memory.failcnt").ok())
             .and_then(|t| t.trim().parse::<u64>().ok())
             .is_some_and(|n| n > 0)
     }
@@ -292,10 +314,12 @@ impl Job {
     }
 }
 
-fn wait_frozen(state: &Path, within: Duration) {
+const FREEZER_STATE: &str = "freezer.state";
+
+fn wait_frozen(freezer: &Dir, within: Duration) {
     let deadline = Instant::now() + within;
     while Instant::now() < deadline {
-        match fs::read_to_string(state) {
+        match freezer.read(FREEZER_STATE) {
             Ok(s) if s.trim() == "FROZEN" => return,
             Ok(_) => std::thread::sleep(Duration::from_millis(5)),
             Err(_) => return,
@@ -308,20 +332,20 @@ mod tests {
     use super::*;
     use crate::cgroup::plan::CharDevice;
 
-    fn tree(root: &Path) -> Tree {
-        Tree::new(
+    fn tree(root: &std::path::Path) -> Tree {
+        Tree::prepare(
             Controller::ALL
                 .iter()
                 .map(|c| (*c, root.join(c.name()).join("tandem/n1")))
                 .collect(),
         )
+        .unwrap()
     }
 
     #[test]
     fn writes_the_limits_into_each_hierarchy() {
         let tmp = tempfile::tempdir().unwrap();
         let t = tree(tmp.path());
-        t.prepare().unwrap();
         let limits = JobLimits {
             mem_bytes: Some(32 << 20),
             cpu_quota_us: Some(200_000),
@@ -376,7 +400,6 @@ mod tests {
     fn a_job_that_denies_no_device_stays_out_of_the_devices_hierarchy() {
         let tmp = tempfile::tempdir().unwrap();
         let t = tree(tmp.path());
-        t.prepare().unwrap();
         let job = t.create_job(3, &JobLimits::default()).unwrap();
         let procs = job.add_step(None).unwrap();
         assert_eq!(procs.len(), 3);
@@ -387,7 +410,7 @@ mod tests {
         assert!(!tmp.path().join("devices/tandem/n1/job_3").exists());
         // Steps remove their own directories as they end.
         for d in step_job.step_dirs(Some(0)) {
-            fs::remove_dir(d).unwrap();
+            d.remove().unwrap();
         }
         job.remove().unwrap();
         assert_eq!(t.leftover_jobs(), Vec::<u64>::new());
@@ -408,10 +431,43 @@ mod tests {
     }
 
     #[test]
+    fn steps_get_a_cpu_directory_only_where_cpu_time_is_counted() {
+        for accounting in [false, true] {
+            let tmp = tempfile::tempdir().unwrap();
+            let cpu_base = tmp.path().join("cpu/tandem/n1");
+            fs::create_dir_all(&cpu_base).unwrap();
+            if accounting {
+                fs::write(cpu_base.join("cpuacct.stat"), "user 0\nsystem 0\n").unwrap();
+            }
+            let t = tree(tmp.path());
+            let job = t.create_job(2, &JobLimits::default()).unwrap();
+            let procs = job.add_step(None).unwrap();
+            let step_cpu = cpu_base.join("job_2/step_batch");
+            let joins = |p: &std::path::Path| procs.contains(&p.join("cgroup.procs"));
+            assert_eq!(step_cpu.is_dir(), accounting);
+            let job_cpu = cpu_base.join("job_2");
+            assert!(joins(if accounting { &step_cpu } else { &job_cpu }));
+            assert_eq!(job.step_dirs(None).len(), if accounting { 3 } else { 2 });
+            // What the step counted is read where it was counted.
+            if accounting {
+                fs::write(step_cpu.join("cpuacct.stat"), "user 150\nsystem 50\n").unwrap();
+            }
+            let usage = job.usage(Some(None));
+            assert_eq!(usage.cpu_usec.is_some(), accounting);
+            if accounting {
+                // cgroupfs removes its files with the directory; a plain one needs help.
+                fs::remove_file(step_cpu.join("cpuacct.stat")).unwrap();
+            }
+            job.remove()
+                .unwrap_or_else(|e| panic!("accounting {accounting}: {e}"));
+            assert!(!cpu_base.join("job_2").exists());
+        }
+    }
+
+    #[test]
     fn no_limits_write_nothing() {
         let tmp = tempfile::tempdir().unwrap();
         let t = tree(tmp.path());
-        t.prepare().unwrap();
         t.create_job(1, &JobLimits::default()).unwrap();
         let dir = tmp.path().join("memory/tandem/n1/job_1");
         assert!(dir.is_dir());

@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+use super::dir::Dir;
 use super::plan::{self, JobLimits};
 use super::{bpf, devfilter};
 
@@ -28,8 +29,8 @@ const WANTED: [&str; 3] = ["memory", "cpu", "pids"];
 
 #[derive(Debug, Clone)]
 pub struct Tree {
-    /// `.../tandem/NODE`.
-    base: PathBuf,
+    /// `.../tandem/NODE`, held open.
+    base: Dir,
     /// Of [`WANTED`], those enabled for the subtree.
     controllers: Vec<String>,
     /// Whether a device program could be attached below `base`, or why not.
@@ -38,7 +39,7 @@ pub struct Tree {
 
 #[derive(Debug, Clone)]
 pub struct Job {
-    dir: PathBuf,
+    dir: Dir,
     controllers: Vec<String>,
 }
 
@@ -84,20 +85,10 @@ impl Tree {
         }
         let devices = probe_device_filter(&base);
         Ok(Self {
-            base,
+            base: Dir::open(&base)?,
             controllers,
             devices,
         })
-    }
-
-    /// A tree at `base` with `controllers` already enabled (tests, and a worker that
-    /// prepared it); the device filter is tried on each job that needs one.
-    pub fn at(base: PathBuf, controllers: Vec<String>) -> Self {
-        Self {
-            base,
-            controllers,
-            devices: Ok(()),
-        }
     }
 
     /// `Ok` when [`Tree::prepare`] could attach a device program in this tree, else the
@@ -106,7 +97,7 @@ impl Tree {
         self.devices.as_ref().map_err(String::as_str).copied()
     }
 
-    pub fn base(&self) -> &Path {
+    pub fn base(&self) -> &Dir {
         &self.base
     }
 
@@ -120,7 +111,7 @@ impl Tree {
 
     pub fn job(&self, job_id: u64) -> Job {
         Job {
-            dir: self.base.join(plan::job_dir(job_id)),
+            dir: self.base.join(&plan::job_dir(job_id)),
             controllers: self.controllers.clone(),
         }
     }
@@ -130,11 +121,13 @@ impl Tree {
     /// again and the error says why (fail closed: the job must not start seeing every GPU).
     pub fn create_job(&self, job_id: u64, limits: &JobLimits) -> io::Result<Job> {
         let job = self.job(job_id);
-        fs::create_dir_all(&job.dir)?;
+        // Not `create_dir_all`: an existing directory is a stale one, which the caller
+        // clears (see `Isolation::create_job`).
+        job.dir.create()?;
         if !limits.deny.is_empty()
-            && let Err(e) = hide_devices(&job.dir, &limits.deny)
+            && let Err(e) = hide_devices(&job.dir.path(), &limits.deny)
         {
-            let _ = fs::remove_dir(&job.dir);
+            let _ = job.dir.remove();
             return Err(io::Error::new(
                 e.kind(),
                 format!(
@@ -148,20 +141,17 @@ impl Tree {
         if has("memory")
             && let Some(bytes) = limits.mem_bytes
         {
-            fs::write(job.dir.join("memory.max"), bytes.to_string())?;
+            job.dir.write("memory.max", bytes.to_string())?;
             // No swapping past the limit either, where swap is accounted.
-            let swap = job.dir.join("memory.swap.max");
-            if swap.exists() {
-                let _ = fs::write(swap, "0");
+            if job.dir.has("memory.swap.max") {
+                let _ = job.dir.write("memory.swap.max", "0");
             }
         }
         if has("cpu")
             && let Some(quota) = limits.cpu_quota_us
         {
-            fs::write(
-                job.dir.join("cpu.max"),
-                format!("{quota} {}", plan::CPU_PERIOD_US),
-            )?;
+            job.dir
+                .write("cpu.max", format!("{quota} {}", plan::CPU_PERIOD_US))?;
         }
         Ok(job)
     }
@@ -192,16 +182,16 @@ impl Job {
     }
 
     pub fn add_step(&self, step: Option<u32>) -> io::Result<Vec<PathBuf>> {
-        let d = self.dir.join(plan::step_dir(step));
-        fs::create_dir_all(&d)?;
-        Ok(vec![d.join("cgroup.procs")])
+        let d = self.dir.join(&plan::step_dir(step));
+        super::create_step(&d)?;
+        Ok(vec![d.path().join("cgroup.procs")])
     }
 
-    pub fn step_dirs(&self, step: Option<u32>) -> Vec<PathBuf> {
-        vec![self.dir.join(plan::step_dir(step))]
+    pub fn step_dirs(&self, step: Option<u32>) -> Vec<Dir> {
+        vec![self.dir.join(&plan::step_dir(step))]
     }
 
-    pub fn dirs(&self) -> Vec<PathBuf> {
+    pub fn dirs(&self) -> Vec<Dir> {
         vec![self.dir.clone()]
     }
 
@@ -216,8 +206,7 @@ impl Job {
     /// `cgroup.kill` (Linux 5.14+) kills the whole subtree atomically; older kernels get
     /// SIGKILL per process, repeated by the caller until the tree is empty.
     pub fn kill_all(&self) {
-        let killfile = self.dir.join("cgroup.kill");
-        if killfile.exists() && fs::write(&killfile, "1").is_ok() {
+        if self.dir.has("cgroup.kill") && self.dir.write("cgroup.kill", "1").is_ok() {
             return;
         }
         for pid in self.pids() {
@@ -230,15 +219,17 @@ impl Job {
     /// job, or of one of its steps.
     pub fn usage(&self, step: Option<Option<u32>>) -> plan::Usage {
         let dir = match step {
-            Some(s) => self.dir.join(plan::step_dir(s)),
+            Some(s) => self.dir.join(&plan::step_dir(s)),
             None => self.dir.clone(),
         };
-        let cpu_usec = fs::read_to_string(dir.join("cpu.stat"))
+        let cpu_usec = dir
+            .read("cpu.stat")
             .ok()
             .and_then(|t| plan::cpu_stat_usec(&t));
         plan::Usage {
             cpu_usec,
-            max_rss_bytes: fs::read_to_string(dir.join("memory.peak"))
+            max_rss_bytes: dir
+                .read("memory.peak")
                 .ok()
                 .and_then(|t| t.trim().parse().ok())
                 .unwrap_or(0),
@@ -246,7 +237,8 @@ impl Job {
     }
 
     pub fn oom_kills(&self) -> u64 {
-        fs::read_to_string(self.dir.join("memory.events"))
+        self.dir
+            .read("memory.events")
             .ok()
             .and_then(|t| plan::oom_kills(&t))
             .unwrap_or(0)
