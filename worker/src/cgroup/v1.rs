@@ -1,9 +1,16 @@
 //! cgroup v1: one directory per controller hierarchy (`memory`, `cpu`, `devices`,
-//! `freezer`), the same `tandem/NODE/job_ID/step_S` tree in each.
+//! `freezer`), `tandem/NODE/job_ID` in each, and `job_ID/step_S` where a step's own
+//! directory serves a purpose.
 //!
-//! Limits are written on the job directory (v1 charges and limits hierarchically), processes
-//! join the step directories. Killing freezes the job first (the freezer hierarchy), so a
-//! process cannot fork new ones between reading `cgroup.procs` and the signal.
+//! Limits are written on the job directory (v1 charges and limits hierarchically). A step's
+//! processes join its directory in the memory hierarchy, which counts and limits per step
+//! (sacct's MaxRSS, the OOM kill of a step) and is where the worker finds a step's
+//! processes; in the cpu hierarchy too where `cpuacct` counts CPU time there. In the others
+//! they join the job's directory: the freezer freezes a job as a whole and the devices
+//! rules are the job's, so a step directory there would only cost a `mkdir` and an `rmdir`
+//! per step. (Without a memory hierarchy, the freezer's step directories track steps.)
+//! Killing freezes the job first, so a process cannot fork new ones between reading
+//! `cgroup.procs` and the signal.
 
 use std::fs;
 use std::io;
@@ -196,8 +203,14 @@ impl Job {
         Ok(procs)
     }
 
+    /// Whether steps get a directory of their own in `c` (see the module's notes).
     fn has_step_dir(&self, c: Controller) -> bool {
-        c != Controller::Cpu || self.cpu_accounting
+        match c {
+            Controller::Memory => true,
+            Controller::Cpu => self.cpu_accounting,
+            Controller::Freezer => self.dir(Controller::Memory).is_none(),
+            Controller::Devices => false,
+        }
     }
 
     /// A step's directories, one per controller that gives steps their own.
@@ -303,8 +316,15 @@ impl Job {
     /// Removes the job's directories (steps first); they must hold no process.
     pub fn remove(&self) -> io::Result<()> {
         let mut first_err = None;
-        for (_, dir) in self.joined() {
-            if let Err(e) = super::remove_tree(dir)
+        for (c, dir) in self.joined() {
+            // Where steps have no directory of their own, the job's usually comes away
+            // alone; the walk is for what someone else put there.
+            let removed = if self.has_step_dir(*c) {
+                super::remove_tree(dir)
+            } else {
+                dir.remove().or_else(|_| super::remove_tree(dir))
+            };
+            if let Err(e) = removed
                 && first_err.is_none()
             {
                 first_err = Some(e);
@@ -369,17 +389,31 @@ mod tests {
         );
         assert_eq!(read("devices/tandem/n1/job_7/devices.deny"), "c 195:1 rwm");
         let procs = job.add_step(None).unwrap();
-        assert_eq!(procs.len(), 4);
-        assert!(
-            procs.contains(
-                &tmp.path()
-                    .join("freezer/tandem/n1/job_7/step_batch/cgroup.procs")
-            )
+        // The step's own directory in the memory hierarchy; the job's in the others (no
+        // cpuacct in this cpu hierarchy).
+        let mut joined: Vec<String> = procs
+            .iter()
+            .map(|p| p.strip_prefix(tmp.path()).unwrap().display().to_string())
+            .collect();
+        joined.sort();
+        assert_eq!(
+            joined,
+            [
+                "cpu/tandem/n1/job_7/cgroup.procs",
+                "devices/tandem/n1/job_7/cgroup.procs",
+                "freezer/tandem/n1/job_7/cgroup.procs",
+                "memory/tandem/n1/job_7/step_batch/cgroup.procs",
+            ]
         );
+        assert!(
+            !tmp.path()
+                .join("freezer/tandem/n1/job_7/step_batch")
+                .exists()
+        );
+        assert_eq!(job.step_dirs(None).len(), 1);
         // pids come from the freezer hierarchy, steps included.
         fs::write(
-            tmp.path()
-                .join("freezer/tandem/n1/job_7/step_batch/cgroup.procs"),
+            tmp.path().join("freezer/tandem/n1/job_7/cgroup.procs"),
             "4242\n4243\n",
         )
         .unwrap();
@@ -426,8 +460,11 @@ mod tests {
         };
         t.create_job(4, &deny).unwrap();
         let step_job = t.existing_job(4).unwrap();
-        assert_eq!(step_job.add_step(Some(0)).unwrap().len(), 4);
-        assert!(tmp.path().join("devices/tandem/n1/job_4/step_0").is_dir());
+        let procs = step_job.add_step(Some(0)).unwrap();
+        assert_eq!(procs.len(), 4);
+        // The job's device rules hold its steps: they join its directory there.
+        assert!(procs.contains(&tmp.path().join("devices/tandem/n1/job_4/cgroup.procs")));
+        assert!(!tmp.path().join("devices/tandem/n1/job_4/step_0").exists());
     }
 
     #[test]
@@ -447,7 +484,7 @@ mod tests {
             assert_eq!(step_cpu.is_dir(), accounting);
             let job_cpu = cpu_base.join("job_2");
             assert!(joins(if accounting { &step_cpu } else { &job_cpu }));
-            assert_eq!(job.step_dirs(None).len(), if accounting { 3 } else { 2 });
+            assert_eq!(job.step_dirs(None).len(), if accounting { 2 } else { 1 });
             // What the step counted is read where it was counted.
             if accounting {
                 fs::write(step_cpu.join("cpuacct.stat"), "user 150\nsystem 50\n").unwrap();
@@ -462,6 +499,29 @@ mod tests {
                 .unwrap_or_else(|e| panic!("accounting {accounting}: {e}"));
             assert!(!cpu_base.join("job_2").exists());
         }
+    }
+
+    #[test]
+    fn without_a_memory_hierarchy_the_freezer_tracks_steps() {
+        let tmp = tempfile::tempdir().unwrap();
+        let t = Tree::prepare(
+            [Controller::Cpu, Controller::Freezer]
+                .iter()
+                .map(|c| (*c, tmp.path().join(c.name()).join("tandem/n1")))
+                .collect(),
+        )
+        .unwrap();
+        let job = t.create_job(8, &JobLimits::default()).unwrap();
+        let procs = job.add_step(Some(1)).unwrap();
+        let step = tmp.path().join("freezer/tandem/n1/job_8/step_1");
+        assert!(procs.contains(&step.join("cgroup.procs")), "{procs:?}");
+        assert_eq!(
+            job.step_dirs(Some(1))
+                .iter()
+                .map(Dir::path)
+                .collect::<Vec<_>>(),
+            [step]
+        );
     }
 
     #[test]
