@@ -207,33 +207,63 @@ impl Isolation {
         }
     }
 
-    /// Creates job `job_id`'s cgroup with its limits. `Ok(None)` without cgroups.
+    /// Creates job `job_id`'s cgroup with its limits, for its batch script. `Ok(None)`
+    /// without cgroups.
     ///
     /// A directory of the same id already there (a job requeued onto this node whose
     /// processes outlived the last cleanup) is cleared and the creation tried once more;
     /// looking for one first would cost every job a `stat` per hierarchy.
     pub fn create_job(&self, job_id: u64, alloc: &Allocation) -> io::Result<Option<JobCgroup>> {
         let limits = plan::job_limits(alloc, self.node_cpus, &self.gpus);
-        let create = || -> io::Result<Option<JobCgroup>> {
-            Ok(match &self.tree {
-                None => None,
-                Some(Tree::V1(t)) => Some(JobCgroup::V1(t.create_job(job_id, &limits)?)),
-                // GPUs to hide get an eBPF device program; failing that, an error.
-                Some(Tree::V2(t)) => Some(JobCgroup::V2(t.create_job(job_id, &limits)?)),
-            })
-        };
-        match create() {
+        match self.create(job_id, &limits) {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                let stale = match &self.tree {
-                    Some(Tree::V1(t)) => JobCgroup::V1(t.job(job_id)),
-                    Some(Tree::V2(t)) => JobCgroup::V2(t.job(job_id)),
-                    None => return Err(e),
+                let Some(stale) = self.job_handle(job_id) else {
+                    return Err(e);
                 };
                 warn!(job_id, "clearing a stale cgroup of the same job id");
                 destroy_blocking(&stale);
-                create()
+                self.create(job_id, &limits)
             }
             r => r,
+        }
+    }
+
+    /// The cgroup a step of job `job_id` joins on a node: the job's, made here (without
+    /// limits: they are the batch node's) when the job has none yet. `true` when this call
+    /// made it. Another step of the job starting here at the same moment may make it first;
+    /// then that one is joined, never cleared.
+    pub fn job_for_step(&self, job_id: u64) -> io::Result<(Option<JobCgroup>, bool)> {
+        if let Some(c) = self.existing_job(job_id) {
+            return Ok((Some(c), false));
+        }
+        let limits = plan::job_limits(&Allocation::default(), self.node_cpus, &self.gpus);
+        match self.create(job_id, &limits) {
+            Ok(c) => {
+                let created = c.is_some();
+                Ok((c, created))
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                Ok((self.existing_job(job_id), false))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn create(&self, job_id: u64, limits: &plan::JobLimits) -> io::Result<Option<JobCgroup>> {
+        Ok(match &self.tree {
+            None => None,
+            Some(Tree::V1(t)) => Some(JobCgroup::V1(t.create_job(job_id, limits)?)),
+            // GPUs to hide get an eBPF device program; failing that, an error.
+            Some(Tree::V2(t)) => Some(JobCgroup::V2(t.create_job(job_id, limits)?)),
+        })
+    }
+
+    /// A handle to job `job_id`'s directories, existing or not.
+    fn job_handle(&self, job_id: u64) -> Option<JobCgroup> {
+        match &self.tree {
+            None => None,
+            Some(Tree::V1(t)) => Some(JobCgroup::V1(t.job(job_id))),
+            Some(Tree::V2(t)) => Some(JobCgroup::V2(t.job(job_id))),
         }
     }
 
@@ -257,10 +287,8 @@ impl Isolation {
             Some(Tree::V2(t)) => t.leftover_jobs(),
         };
         for id in ids {
-            let job = match &self.tree {
-                Some(Tree::V1(t)) => JobCgroup::V1(t.job(id)),
-                Some(Tree::V2(t)) => JobCgroup::V2(t.job(id)),
-                None => return,
+            let Some(job) = self.job_handle(id) else {
+                return;
             };
             info!(
                 job_id = id,
@@ -713,6 +741,36 @@ mod tests {
         let err = iso.create_job(5, &alloc).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::AlreadyExists);
         assert!(err.to_string().contains("freezer/tandem/n1/job_5"), "{err}");
+    }
+
+    #[test]
+    fn a_step_joins_the_jobs_cgroup_and_never_clears_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tree = v1::Tree::prepare(
+            v1::Controller::ALL
+                .iter()
+                .map(|c| (*c, tmp.path().join(c.name()).join("tandem/n1")))
+                .collect(),
+        )
+        .unwrap();
+        let iso = Isolation {
+            tree: Some(Tree::V1(tree)),
+            node_cpus: 4,
+            gpus: Vec::new(),
+        };
+        // The first step on a node without the batch script makes the job's cgroup.
+        let (first, created) = iso.job_for_step(6).unwrap();
+        assert!(first.is_some() && created);
+        first.unwrap().add_step(Some(0)).unwrap();
+        let running = tmp.path().join("memory/tandem/n1/job_6/step_0");
+        assert!(running.is_dir());
+        // A second one joins it; the first step's directory stays.
+        let (second, created) = iso.job_for_step(6).unwrap();
+        assert!(second.is_some() && !created);
+        assert!(running.is_dir());
+        // Without cgroups, nothing to join or make.
+        let (none, created) = Isolation::off().job_for_step(6).unwrap();
+        assert!(none.is_none() && !created);
     }
 
     #[test]

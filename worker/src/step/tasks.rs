@@ -27,7 +27,6 @@ use tonic::Status;
 use tracing::{debug, warn};
 
 use super::registry::{StepKey, StepRegistry};
-use crate::cgroup::plan::Allocation;
 use crate::cgroup::{Isolation, JobCgroup};
 use crate::launch::exec::{self, Launcher};
 use crate::launch::limits::ExitReport;
@@ -71,14 +70,8 @@ impl Placement {
 
     /// The job's cgroup here, and whether this step created it.
     fn job_cgroup(&self, job_id: u64) -> (Option<JobCgroup>, bool) {
-        if let Some(c) = self.isolation.existing_job(job_id) {
-            return (Some(c), false);
-        }
-        match self.isolation.create_job(job_id, &Allocation::default()) {
-            Ok(c) => {
-                let created = c.is_some();
-                (c, created)
-            }
+        match self.isolation.job_for_step(job_id) {
+            Ok(c) => c,
             Err(e) => {
                 warn!(job_id, error = %e, "cannot create the job's cgroup: step tasks run outside it");
                 (None, false)
