@@ -833,8 +833,12 @@ pub enum AcctField {
     /// `NCPUS` and `NNodes`: AllocCPUS and AllocNodes under Slurm's other names.
     NCpus,
     NNodes,
-    /// Elapsed times allocated CPUs.
+    /// Elapsed times allocated CPUs, and the same in seconds.
     CpuTime,
+    CpuTimeRaw,
+    /// The CPUs and nodes asked for: the job's (what it holds once it runs) or a step's.
+    ReqCpus,
+    ReqNodes,
     /// CPU the processes used (user + system), and each part.
     TotalCpu,
     UserCpu,
@@ -859,6 +863,9 @@ impl AcctField {
             "ncpus" => NCpus,
             "nnodes" => NNodes,
             "cputime" => CpuTime,
+            "cputimeraw" => CpuTimeRaw,
+            "reqcpus" => ReqCpus,
+            "reqnodes" => ReqNodes,
             "totalcpu" => TotalCpu,
             "usercpu" => UserCpu,
             "systemcpu" => SystemCpu,
@@ -903,7 +910,7 @@ impl AcctField {
             Uid => 6,
             WorkDir => 20,
             Comment => 14,
-            NNodes | NTasks => 8,
+            NNodes | NTasks | ReqCpus | ReqNodes => 8,
             Reason => 22,
             Constraints => 19,
             _ => 10,
@@ -955,6 +962,9 @@ impl Field<JobView<'_>> for AcctField {
             NCpus => "NCPUS",
             NNodes => "NNodes",
             CpuTime => "CPUTime",
+            CpuTimeRaw => "CPUTimeRAW",
+            ReqCpus => "ReqCPUS",
+            ReqNodes => "ReqNodes",
             TotalCpu => "TotalCPU",
             UserCpu => "UserCPU",
             SystemCpu => "SystemCPU",
@@ -976,11 +986,12 @@ impl Field<JobView<'_>> for AcctField {
             JobName => j.name.to_string(),
             Partition => job_only(&|| j.partition.to_string()),
             Account => j.account.to_string(),
-            AllocCpus | NCpus => j.cpus.to_string(),
-            AllocNodes | NNodes => j.nodes.to_string(),
+            AllocCpus | NCpus | ReqCpus => j.cpus.to_string(),
+            AllocNodes | NNodes | ReqNodes => j.nodes.to_string(),
             CpuTime => {
                 tandem_sched::time::format_elapsed(j.elapsed_s.saturating_mul(u64::from(j.cpus)))
             }
+            CpuTimeRaw => j.elapsed_s.saturating_mul(u64::from(j.cpus)).to_string(),
             TotalCpu => cpu_time(
                 j.usage
                     .map_or(0, |u| u.user_cpu_usec.saturating_add(u.system_cpu_usec)),
@@ -1380,6 +1391,45 @@ mod tests {
         };
         let completed = JobView::from_job(&completed, 200);
         assert_eq!(f.delimited(Some(&completed), &ctx, "|"), "7|COMPLETED");
+    }
+
+    /// Slurm 22.05, `sbatch -N2 -n4 --wrap='srun true'`, three seconds long, the batch
+    /// script on a node holding three of the four CPUs: `sacct -P -o
+    /// JobID,ReqCPUS,ReqNodes,CPUTimeRAW` printed `4|4|2|12` and `4.batch|3|1|9`; the
+    /// table's header `JobID         ReqCPUS ReqNodes CPUTimeRAW`.
+    #[test]
+    fn requested_cpus_and_nodes_and_raw_cpu_time_as_sacct_prints_them() {
+        let info = JobInfo {
+            job_id: 4,
+            array_task_id: -1,
+            state: JobState::Completed as i32,
+            num_cpus: 4,
+            num_nodes: 2,
+            nodelist: "n[1-2]".into(),
+            start_time: 100,
+            end_time: 103,
+            steps: vec![tandem_proto::v1::StepInfo {
+                step_id: "batch".into(),
+                state: JobState::Completed as i32,
+                nodelist: "n1".into(),
+                start_time: 100,
+                end_time: 103,
+                tres: Some(tandem_proto::v1::Tres {
+                    cpus: 3,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..JobInfo::default()
+        };
+        let job = JobView::from_job(&info, 200);
+        let step = JobView::from_step(&job, &info.steps[0], 200);
+        let ctx = RenderCtx::default();
+        let f = sacct_format("JobID,ReqCPUS,ReqNodes,CPUTimeRAW").unwrap();
+        assert_eq!(f.delimited(Some(&job), &ctx, "|"), "4|4|2|12");
+        assert_eq!(f.delimited(Some(&step), &ctx, "|"), "4.batch|3|1|9");
+        assert_eq!(f.header(), "JobID         ReqCPUS ReqNodes CPUTimeRAW ");
+        assert!(sacct_format("reqcpus,reqnodes,cputimeraw").is_ok());
     }
 
     /// Slurm 22.05, `sbatch -H -w n[1-2] -x n3`: `squeue -o "%n|%x|%.10n"` printed
