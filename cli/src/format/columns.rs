@@ -1353,6 +1353,18 @@ mod tests {
         assert!(sacct_format("JobName%x").is_err());
     }
 
+    /// `sacct -P -o SPEC` of a job and of its first step, at time 200.
+    fn job_and_step_lines(info: &JobInfo, spec: &str) -> [String; 2] {
+        let job = JobView::from_job(info, 200);
+        let step = JobView::from_step(&job, &info.steps[0], 200);
+        let ctx = RenderCtx::default();
+        let f = sacct_format(spec).unwrap();
+        [
+            f.delimited(Some(&job), &ctx, "|"),
+            f.delimited(Some(&step), &ctx, "|"),
+        ]
+    }
+
     /// Slurm 22.05, `scancel` by root of a running job: `sacct -P` said `CANCELLED by 0` on
     /// the allocation line and `CANCELLED` on `.batch`; the table, `CANCELLED+`.
     #[test]
@@ -1371,12 +1383,13 @@ mod tests {
             }],
             ..JobInfo::default()
         };
+        assert_eq!(
+            job_and_step_lines(&info, "JobID,State"),
+            ["7|CANCELLED by 0", "7.batch|CANCELLED"]
+        );
         let job = JobView::from_job(&info, 200);
-        let step = JobView::from_step(&job, &info.steps[0], 200);
         let ctx = RenderCtx::default();
         let f = sacct_format("JobID,State").unwrap();
-        assert_eq!(f.delimited(Some(&job), &ctx, "|"), "7|CANCELLED by 0");
-        assert_eq!(f.delimited(Some(&step), &ctx, "|"), "7.batch|CANCELLED");
         assert_eq!(f.row(&job, &ctx), "7            CANCELLED+ ");
         // Ended any other way, or cancelled by the controller itself: the plain state.
         let by_controller = JobInfo {
@@ -1422,13 +1435,15 @@ mod tests {
             }],
             ..JobInfo::default()
         };
-        let job = JobView::from_job(&info, 200);
-        let step = JobView::from_step(&job, &info.steps[0], 200);
-        let ctx = RenderCtx::default();
-        let f = sacct_format("JobID,ReqCPUS,ReqNodes,CPUTimeRAW").unwrap();
-        assert_eq!(f.delimited(Some(&job), &ctx, "|"), "4|4|2|12");
-        assert_eq!(f.delimited(Some(&step), &ctx, "|"), "4.batch|3|1|9");
-        assert_eq!(f.header(), "JobID         ReqCPUS ReqNodes CPUTimeRAW ");
+        let spec = "JobID,ReqCPUS,ReqNodes,CPUTimeRAW";
+        assert_eq!(
+            job_and_step_lines(&info, spec),
+            ["4|4|2|12", "4.batch|3|1|9"]
+        );
+        assert_eq!(
+            sacct_format(spec).unwrap().header(),
+            "JobID         ReqCPUS ReqNodes CPUTimeRAW "
+        );
         assert!(sacct_format("reqcpus,reqnodes,cputimeraw").is_ok());
     }
 
