@@ -171,8 +171,19 @@ pub async fn run(args: Args) -> Exit {
     let output: Box<dyn Output> = if args.json {
         Box::new(Json)
     } else {
+        let wants_groups = format.as_deref().is_some_and(|f| {
+            f.split(',').any(|c| {
+                c.split('%')
+                    .next()
+                    .is_some_and(|n| n.eq_ignore_ascii_case("group"))
+            })
+        });
         let mut h = Human::new(format.map(Columns::Named), !args.noheader);
         h.ctx.mem_unit = mem_unit;
+        h.ctx.cluster = client.cluster_name.clone();
+        if wants_groups {
+            h.ctx.groups = group_names(sorted.iter().map(|j| j.gid));
+        }
         if args.parsable2 {
             h.delimited = Some(false);
         } else if args.parsable {
@@ -305,6 +316,20 @@ pub fn parse_when(s: &str, now: i64, utc_offset_s: i32) -> anyhow::Result<i64> {
         now,
         utc_offset_s,
     )?)
+}
+
+/// The group name of each gid, looked up once each (the group database may be remote).
+fn group_names(gids: impl Iterator<Item = u32>) -> std::collections::HashMap<u32, String> {
+    let mut names = std::collections::HashMap::new();
+    for gid in gids {
+        names.entry(gid).or_insert_with(|| {
+            nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid))
+                .ok()
+                .flatten()
+                .map_or_else(|| gid.to_string(), |g| g.name)
+        });
+    }
+    names
 }
 
 #[cfg(test)]

@@ -72,11 +72,16 @@ pub trait Field<R>: Copy {
 }
 
 /// What rendering needs besides the row.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct RenderCtx {
     pub utc_offset_s: i32,
     /// `sacct --units`: memory sizes in this unit (`K`, `M`, `G`, `T`, `P`).
     pub mem_unit: Option<char>,
+    /// sacct's `Cluster`.
+    pub cluster: String,
+    /// Group names by gid (sacct's `Group`), looked up once per gid before rendering; a
+    /// gid missing here prints as its number.
+    pub groups: std::collections::HashMap<u32, String>,
 }
 
 impl<F: Copy> Format<F> {
@@ -845,6 +850,9 @@ pub enum AcctField {
     SystemCpu,
     /// Peak memory of a step (blank on the allocation line, as Slurm leaves it).
     MaxRss,
+    Cluster,
+    Group,
+    Gid,
 }
 
 pub const SACCT_DEFAULT: &str = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode";
@@ -866,6 +874,9 @@ impl AcctField {
             "cputimeraw" => CpuTimeRaw,
             "reqcpus" => ReqCpus,
             "reqnodes" => ReqNodes,
+            "cluster" => Cluster,
+            "group" => Group,
+            "gid" => Gid,
             "totalcpu" => TotalCpu,
             "usercpu" => UserCpu,
             "systemcpu" => SystemCpu,
@@ -907,7 +918,8 @@ impl AcctField {
             NodeList => 15,
             User => 9,
             // Slurm 22.05's defaults (`sacct -o uid` and so on, read off its header).
-            Uid => 6,
+            Uid | Gid => 6,
+            Group => 9,
             WorkDir => 20,
             Comment => 14,
             NNodes | NTasks | ReqCpus | ReqNodes => 8,
@@ -965,6 +977,9 @@ impl Field<JobView<'_>> for AcctField {
             CpuTimeRaw => "CPUTimeRAW",
             ReqCpus => "ReqCPUS",
             ReqNodes => "ReqNodes",
+            Cluster => "Cluster",
+            Group => "Group",
+            Gid => "GID",
             TotalCpu => "TotalCPU",
             UserCpu => "UserCPU",
             SystemCpu => "SystemCPU",
@@ -1032,6 +1047,14 @@ impl Field<JobView<'_>> for AcctField {
             }
             User => job_only(&|| j.user.to_string()),
             Uid => job_only(&|| j.uid.to_string()),
+            Gid => job_only(&|| j.gid.to_string()),
+            Group => job_only(&|| {
+                ctx.groups
+                    .get(&j.gid)
+                    .cloned()
+                    .unwrap_or_else(|| j.gid.to_string())
+            }),
+            Cluster => ctx.cluster.clone(),
             Timelimit => job_only(&|| j.time_limit()),
             Qos => job_only(&|| j.qos.to_string()),
             WorkDir => job_only(&|| j.workdir.to_string()),
@@ -1445,6 +1468,36 @@ mod tests {
             "JobID         ReqCPUS ReqNodes CPUTimeRAW "
         );
         assert!(sacct_format("reqcpus,reqnodes,cputimeraw").is_ok());
+    }
+
+    /// Slurm 22.05, the same job as root on a cluster named `bench`: `sacct -P -o
+    /// JobID,Cluster,Group,GID` printed `4|bench|root|0` and `4.batch|bench||`.
+    #[test]
+    fn cluster_on_every_line_group_and_gid_on_the_jobs() {
+        let info = JobInfo {
+            job_id: 4,
+            array_task_id: -1,
+            gid: 0,
+            steps: vec![tandem_proto::v1::StepInfo {
+                step_id: "batch".into(),
+                ..Default::default()
+            }],
+            ..JobInfo::default()
+        };
+        let job = JobView::from_job(&info, 200);
+        let step = JobView::from_step(&job, &info.steps[0], 200);
+        let mut ctx = RenderCtx {
+            cluster: "bench".into(),
+            groups: [(0, "root".to_string())].into(),
+            ..RenderCtx::default()
+        };
+        let f = sacct_format("JobID,Cluster,Group,GID").unwrap();
+        assert_eq!(f.delimited(Some(&job), &ctx, "|"), "4|bench|root|0");
+        assert_eq!(f.delimited(Some(&step), &ctx, "|"), "4.batch|bench||");
+        assert_eq!(f.header(), "JobID           Cluster     Group    GID ");
+        // A gid the group database does not know: its number.
+        ctx.groups.clear();
+        assert_eq!(f.delimited(Some(&job), &ctx, "|"), "4|bench|0|0");
     }
 
     /// Slurm 22.05, `sbatch -H -w n[1-2] -x n3`: `squeue -o "%n|%x|%.10n"` printed

@@ -77,7 +77,7 @@ impl Human {
             delimited: None,
             ctx: RenderCtx {
                 utc_offset_s: crate::clock::local_utc_offset(),
-                mem_unit: None,
+                ..RenderCtx::default()
             },
         }
     }
