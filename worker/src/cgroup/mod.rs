@@ -712,21 +712,19 @@ mod tests {
         remove_tree(&base.join("step_9")).unwrap();
     }
 
+    /// Isolation of node `n1` in v1 hierarchies made of plain directories under `root`.
+    fn v1_isolation(root: &Path) -> Isolation {
+        Isolation {
+            tree: Some(Tree::V1(v1::tree_under(root))),
+            node_cpus: 4,
+            gpus: Vec::new(),
+        }
+    }
+
     #[test]
     fn a_stale_job_directory_is_cleared_and_the_job_created_anew() {
         let tmp = tempfile::tempdir().unwrap();
-        let tree = v1::Tree::prepare(
-            v1::Controller::ALL
-                .iter()
-                .map(|c| (*c, tmp.path().join(c.name()).join("tandem/n1")))
-                .collect(),
-        )
-        .unwrap();
-        let iso = Isolation {
-            tree: Some(Tree::V1(tree)),
-            node_cpus: 4,
-            gpus: Vec::new(),
-        };
+        let iso = v1_isolation(tmp.path());
         let alloc = Allocation::default();
         iso.create_job(5, &alloc).unwrap().unwrap();
         // The same id again (a requeued job whose cleanup here did not finish): cleared,
@@ -746,18 +744,7 @@ mod tests {
     #[test]
     fn a_step_joins_the_jobs_cgroup_and_never_clears_it() {
         let tmp = tempfile::tempdir().unwrap();
-        let tree = v1::Tree::prepare(
-            v1::Controller::ALL
-                .iter()
-                .map(|c| (*c, tmp.path().join(c.name()).join("tandem/n1")))
-                .collect(),
-        )
-        .unwrap();
-        let iso = Isolation {
-            tree: Some(Tree::V1(tree)),
-            node_cpus: 4,
-            gpus: Vec::new(),
-        };
+        let iso = v1_isolation(tmp.path());
         // The first step on a node without the batch script makes the job's cgroup.
         let (first, created) = iso.job_for_step(6).unwrap();
         assert!(first.is_some() && created);

@@ -347,25 +347,27 @@ fn wait_frozen(freezer: &Dir, within: Duration) {
     }
 }
 
+/// Node `n1`'s tree with all four hierarchies as plain directories under `root`.
+#[cfg(test)]
+pub(super) fn tree_under(root: &std::path::Path) -> Tree {
+    Tree::prepare(
+        Controller::ALL
+            .iter()
+            .map(|c| (*c, root.join(c.name()).join("tandem/n1")))
+            .collect(),
+    )
+    .unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cgroup::plan::CharDevice;
 
-    fn tree(root: &std::path::Path) -> Tree {
-        Tree::prepare(
-            Controller::ALL
-                .iter()
-                .map(|c| (*c, root.join(c.name()).join("tandem/n1")))
-                .collect(),
-        )
-        .unwrap()
-    }
-
     #[test]
     fn writes_the_limits_into_each_hierarchy() {
         let tmp = tempfile::tempdir().unwrap();
-        let t = tree(tmp.path());
+        let t = tree_under(tmp.path());
         let limits = JobLimits {
             mem_bytes: Some(32 << 20),
             cpu_quota_us: Some(200_000),
@@ -433,7 +435,7 @@ mod tests {
     #[test]
     fn a_job_that_denies_no_device_stays_out_of_the_devices_hierarchy() {
         let tmp = tempfile::tempdir().unwrap();
-        let t = tree(tmp.path());
+        let t = tree_under(tmp.path());
         let job = t.create_job(3, &JobLimits::default()).unwrap();
         let procs = job.add_step(None).unwrap();
         assert_eq!(procs.len(), 3);
@@ -476,7 +478,7 @@ mod tests {
             if accounting {
                 fs::write(cpu_base.join("cpuacct.stat"), "user 0\nsystem 0\n").unwrap();
             }
-            let t = tree(tmp.path());
+            let t = tree_under(tmp.path());
             let job = t.create_job(2, &JobLimits::default()).unwrap();
             let procs = job.add_step(None).unwrap();
             let step_cpu = cpu_base.join("job_2/step_batch");
@@ -527,7 +529,7 @@ mod tests {
     #[test]
     fn no_limits_write_nothing() {
         let tmp = tempfile::tempdir().unwrap();
-        let t = tree(tmp.path());
+        let t = tree_under(tmp.path());
         t.create_job(1, &JobLimits::default()).unwrap();
         let dir = tmp.path().join("memory/tandem/n1/job_1");
         assert!(dir.is_dir());
