@@ -20,6 +20,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
+use crate::bounded::{CALL_LIMIT, output_within, within};
 use crate::testkit::{TestCluster, tandem_bin};
 
 /// How long a bridge test waits for any one condition.
@@ -28,14 +29,16 @@ pub const T: Duration = Duration::from_secs(60);
 /// The name of the `TandemCluster` the bridges read (and the pool taint's value).
 pub const CLUSTER: &str = "pool";
 
+/// How long a killed process may take to die before it is left behind.
+const KILL_LIMIT: Duration = Duration::from_secs(10);
+
 /// A child process, killed (SIGKILL) when dropped; its output is in a log file.
 pub struct Proc(Child);
 
 impl Proc {
     /// Kills the process now (SIGKILL, as a crash) and reaps it.
     pub fn kill(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        crate::bounded::kill_and_reap(&mut self.0, KILL_LIMIT);
     }
 
     /// Whether the process has exited.
@@ -153,7 +156,6 @@ impl Setup {
 
 /// The batch side, the cluster resource and the bridges of one test.
 pub struct BridgeEnv {
-    dir: tempfile::TempDir,
     tandem: PathBuf,
     bridge: PathBuf,
     state: PathBuf,
@@ -169,13 +171,18 @@ pub struct BridgeEnv {
     kubeconfig: PathBuf,
     bridges: usize,
     client: kube::Client,
+    // Last: fields drop in order, and the processes above use what is in it.
+    dir: tempfile::TempDir,
 }
 
 impl Drop for BridgeEnv {
     /// A worker killed with SIGKILL leaves its jobs running, as a crashed slurmd does, and
     /// a test must not leave processes behind: while the controller and the workers are
-    /// still up, cancel every job and wait (at most 10 s) until none is running; then the
-    /// fields drop and kill the processes.
+    /// still up, cancel every job and wait (at most 10 s) until no batch job runs; then the
+    /// fields drop and kill the processes. Placeholders (the pods' jobs, named
+    /// `namespace/owner`) have no process on a worker and end only when a bridge reports
+    /// their pods gone, which the test's bridges, dropped first, no longer do: they are
+    /// cancelled but not waited for.
     fn drop(&mut self) {
         if self.controller.is_none() {
             return;
@@ -191,8 +198,8 @@ impl Drop for BridgeEnv {
         let _ = self.try_cli(&cancel);
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while std::time::Instant::now() < deadline {
-            match self.try_cli(&["squeue", "-h", "-t", "R,CG", "-o", "%i"]) {
-                Ok(out) if !out.trim().is_empty() => {
+            match self.try_cli(&["squeue", "-h", "-t", "R,CG", "-o", "%j"]) {
+                Ok(out) if out.lines().any(|name| !name.contains('/')) => {
                     std::thread::sleep(Duration::from_millis(100));
                 }
                 _ => return,
@@ -231,6 +238,8 @@ impl BridgeEnv {
                 .unwrap_or_else(|e| panic!("declaring node {}: {e}", n.name));
         }
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("a temp dir: {e}"));
+        crate::watchdog::arm();
+        crate::watchdog::logs_in(dir.path());
         let state = dir.path().join("state");
         std::fs::create_dir_all(&state).unwrap_or_else(|e| panic!("{}: {e}", state.display()));
         let key = state.join("tandem.key");
@@ -494,7 +503,7 @@ impl BridgeEnv {
         for (k, v) in self.cli_env() {
             c.env(k, v);
         }
-        let out = c.output().map_err(|e| format!("running tandem: {e}"))?;
+        let out = output_within(&mut c, CALL_LIMIT)?;
         if out.status.success() {
             Ok(String::from_utf8_lossy(&out.stdout).into_owned())
         } else {
@@ -536,7 +545,12 @@ impl BridgeEnv {
     ) -> Vec<Pod> {
         let deadline = tokio::time::Instant::now() + T;
         loop {
-            let pods = api.list(lp).await.map(|l| l.items).unwrap_or_default();
+            let pods = within(CALL_LIMIT, "listing pods", api.list(lp))
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .map(|l| l.items)
+                .unwrap_or_default();
             if cond(&pods) {
                 return pods;
             }
@@ -594,11 +608,16 @@ impl BridgeEnv {
     ) -> KubeEvent {
         let deadline = tokio::time::Instant::now() + T;
         loop {
-            let evs = api
-                .list(&ListParams::default())
-                .await
-                .map(|l| l.items)
-                .unwrap_or_default();
+            let evs = within(
+                CALL_LIMIT,
+                "listing events",
+                api.list(&ListParams::default()),
+            )
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .map(|l| l.items)
+            .unwrap_or_default();
             if let Some(e) = evs.iter().find(|e| cond(e)) {
                 return e.clone();
             }
@@ -897,7 +916,10 @@ impl BridgeEnv {
 
 /// Bridged pods on their nodes now: node -> `namespace/name`.
 async fn pods_on_nodes(api: &Api<Pod>) -> Option<BTreeMap<String, BTreeSet<String>>> {
-    let list = api.list(&ListParams::default()).await.ok()?;
+    let list = within(CALL_LIMIT, "listing pods", api.list(&ListParams::default()))
+        .await
+        .ok()?
+        .ok()?;
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for p in list.items {
         let Some(spec) = p.spec.as_ref() else {
@@ -934,7 +956,7 @@ fn batch_on_nodes(
     for (k, v) in env {
         c.env(k, v);
     }
-    let out = c.output().ok()?;
+    let out = output_within(&mut c, CALL_LIMIT).ok()?;
     if !out.status.success() {
         return None;
     }

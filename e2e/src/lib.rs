@@ -1,6 +1,7 @@
 //! Test harness for Tandem's Kubernetes parts, not a product.
 //!
 //! # Layout
+//! - [`bounded`]: bounds on the harness's waits for processes and requests.
 //! - [`apiserver`]: an in-memory Kubernetes API server speaking the REST API over HTTP/JSON
 //!   (also the `kube-sim` binary).
 //! - [`bridgekit`]: the bridge's e2e setup: controller, workers, `TandemCluster`, bridges.
@@ -13,8 +14,10 @@
 //!   the `tandem-demo` binary and `tests/story.rs`.
 //! - [`testkit`]: what e2e tests use: start the server, declare nodes, get a client, wait for
 //!   conditions; or a real cluster when `KUBECONFIG` is set.
+//! - [`watchdog`]: a deadline for a whole test, with a report of what hung.
 
 pub mod apiserver;
+pub mod bounded;
 pub mod bridgekit;
 pub mod kubelet;
 pub mod net;
@@ -22,3 +25,4 @@ pub mod proxy;
 pub mod scheduler;
 pub mod story;
 pub mod testkit;
+pub mod watchdog;

@@ -152,6 +152,7 @@ impl TestCluster {
 
     pub async fn start_with(options: Options) -> Result<Self, TestkitError> {
         init_tracing();
+        crate::watchdog::arm();
         let requests = RequestLog::default();
         if std::env::var_os("KUBECONFIG").is_some() {
             let config = kube::Config::from_kubeconfig(&kube::config::KubeConfigOptions::default())

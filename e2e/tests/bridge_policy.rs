@@ -30,6 +30,7 @@ fn evictions_seen(pods: Api<Pod>) -> Arc<Mutex<BTreeSet<String>>> {
     let out = seen.clone();
     tokio::spawn(async move {
         let mut events = watcher(pods, watcher::Config::default())
+            .default_backoff()
             .applied_objects()
             .boxed();
         while let Some(ev) = events.next().await {

@@ -74,7 +74,6 @@ impl Proc {
 
 impl Drop for Proc {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        crate::bounded::kill_and_reap(&mut self.child, std::time::Duration::from_secs(10));
     }
 }
