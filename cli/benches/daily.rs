@@ -181,6 +181,9 @@ fn run_figures(t: &Target, n: &Samples) -> anyhow::Result<Figures> {
     let sys = t.system;
     // Warm-up: page cache, connections, the controller's first-call paths.
     t.time("sbatch", &["--hold", "-o", "/dev/null", "--wrap=true"], 5)?;
+    // What starting the system wrote (a fresh cluster's database, certificates, spools;
+    // the warm-up's commits) is flushed before the first timed loop, not during it.
+    settle(Duration::from_secs(30));
 
     let first_done = t.sbatch_id(&["-o", "/dev/null", "--wrap=true"])?;
     let ms = t.time("sbatch", &["-o", "/dev/null", "--wrap=true"], n.sbatch)?;
