@@ -90,7 +90,9 @@ impl<F: Copy> Format<F> {
         F: Field<R>,
     {
         let mut out = String::new();
-        self.line_into(&mut out, |f| Cow::Borrowed(f.header()));
+        // A header too long for its column is cut without the mark values get (sacct's
+        // `TimelimitR`).
+        self.line_into(&mut out, false, |f| Cow::Borrowed(f.header()));
         out
     }
 
@@ -108,7 +110,7 @@ impl<F: Copy> Format<F> {
     where
         F: Field<R>,
     {
-        self.line_into(out, |f| f.cell(row, ctx));
+        self.line_into(out, self.trunc_mark, |f| f.cell(row, ctx));
     }
 
     /// The fields, in order.
@@ -155,7 +157,7 @@ impl<F: Copy> Format<F> {
             .join(sep)
     }
 
-    fn line_into<'r>(&self, out: &mut String, mut text: impl FnMut(F) -> Cow<'r, str>) {
+    fn line_into<'r>(&self, out: &mut String, mark: bool, mut text: impl FnMut(F) -> Cow<'r, str>) {
         // A last field with a width stays padded to it, as Slurm prints it.
         for p in &self.pieces {
             match p {
@@ -164,7 +166,7 @@ impl<F: Copy> Format<F> {
                     field,
                     width,
                     align,
-                } => fit_into(out, &text(*field), *width, *align, self.trunc_mark),
+                } => fit_into(out, &text(*field), *width, *align, mark),
             }
         }
     }
@@ -853,6 +855,14 @@ pub enum AcctField {
     Cluster,
     Group,
     Gid,
+    /// The time limit in minutes; `Partition_Limit` while a job without one waits.
+    TimelimitRaw,
+    /// What the job asked for (AllocTRES is what it holds, blank until it starts).
+    ReqTres,
+    /// Tandem has neither reservations nor workload keys: blank, as Slurm prints a job
+    /// without them.
+    Reservation,
+    WcKey,
 }
 
 pub const SACCT_DEFAULT: &str = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode";
@@ -877,6 +887,10 @@ impl AcctField {
             "cluster" => Cluster,
             "group" => Group,
             "gid" => Gid,
+            "timelimitraw" => TimelimitRaw,
+            "reqtres" => ReqTres,
+            "reservation" => Reservation,
+            "wckey" => WcKey,
             "totalcpu" => TotalCpu,
             "usercpu" => UserCpu,
             "systemcpu" => SystemCpu,
@@ -922,6 +936,7 @@ impl AcctField {
             Group => 9,
             WorkDir => 20,
             Comment => 14,
+            Reservation => 20,
             NNodes | NTasks | ReqCpus | ReqNodes => 8,
             Reason => 22,
             Constraints => 19,
@@ -980,6 +995,10 @@ impl Field<JobView<'_>> for AcctField {
             Cluster => "Cluster",
             Group => "Group",
             Gid => "GID",
+            TimelimitRaw => "TimelimitRaw",
+            ReqTres => "ReqTRES",
+            Reservation => "Reservation",
+            WcKey => "WCKey",
             TotalCpu => "TotalCPU",
             UserCpu => "UserCPU",
             SystemCpu => "SystemCPU",
@@ -1020,7 +1039,12 @@ impl Field<JobView<'_>> for AcctField {
                 },
                 _ => String::new(),
             },
+            // Nothing is allocated before a job starts (a job cancelled while pending never
+            // held anything).
+            AllocTres if j.start_time.is_none() && !step => String::new(),
             AllocTres => j.tres.sorted(),
+            ReqTres => job_only(&|| j.tres.sorted()),
+            Reservation | WcKey => String::new(),
             State => match j.cancelled_by {
                 // Slurm 22.05's allocation line of a cancelled job: `CANCELLED by 1000`
                 // (`CANCELLED+` in a 10-wide column); steps say `CANCELLED`.
@@ -1055,7 +1079,8 @@ impl Field<JobView<'_>> for AcctField {
                     .unwrap_or_else(|| j.gid.to_string())
             }),
             Cluster => ctx.cluster.clone(),
-            Timelimit => job_only(&|| j.time_limit()),
+            Timelimit => job_only(&|| Limit::of(j).render(false)),
+            TimelimitRaw => job_only(&|| Limit::of(j).render(true)),
             Qos => job_only(&|| j.qos.to_string()),
             WorkDir => job_only(&|| j.workdir.to_string()),
             Comment => job_only(&|| j.comment.to_string()),
@@ -1075,6 +1100,47 @@ impl Field<JobView<'_>> for AcctField {
             Constraints => job_only(&|| j.constraint.to_string()),
             Restarts => job_only(&|| j.restarts.to_string()),
         }
+    }
+}
+
+/// A job's time limit as sacct has it: whole minutes (Slurm stores minutes, rounding a
+/// limit in seconds up), none, or none yet.
+enum Limit {
+    Minutes(u64),
+    Unlimited,
+    /// A job that asked for no limit and has not started: the partition's applies once it
+    /// does.
+    Partition,
+}
+
+impl Limit {
+    fn of(j: &JobView) -> Limit {
+        match j.time_limit_s {
+            Some(s) => Limit::Minutes(s.div_ceil(60)),
+            None if j.state == "PENDING" => Limit::Partition,
+            None => Limit::Unlimited,
+        }
+    }
+
+    /// sacct's Timelimit, or with `raw` its TimelimitRaw (minutes).
+    fn render(&self, raw: bool) -> String {
+        match *self {
+            Limit::Minutes(m) if raw => m.to_string(),
+            Limit::Minutes(m) => minutes_as_time(m),
+            Limit::Unlimited => "UNLIMITED".to_owned(),
+            Limit::Partition => "Partition_Limit".to_owned(),
+        }
+    }
+}
+
+/// sacct's Timelimit (Slurm's `mins2time_str`): `D-HH:MM:SS` past a day, else `HH:MM:SS`
+/// (squeue writes `5:00` where sacct writes `00:05:00`).
+fn minutes_as_time(m: u64) -> String {
+    let (d, h, min) = (m / 1440, m % 1440 / 60, m % 60);
+    if d > 0 {
+        format!("{d}-{h:02}:{min:02}:00")
+    } else {
+        format!("{h:02}:{min:02}:00")
     }
 }
 
@@ -1468,6 +1534,71 @@ mod tests {
             "JobID         ReqCPUS ReqNodes CPUTimeRAW "
         );
         assert!(sacct_format("reqcpus,reqnodes,cputimeraw").is_ok());
+    }
+
+    /// Slurm 22.05, `sacct -P -o JobID,Timelimit,TimelimitRaw,ReqTRES,AllocTRES`: `sbatch
+    /// -t 5` done, `11207|00:05:00|5|billing=1,cpu=1,node=1|billing=1,cpu=1,node=1` (less
+    /// the reference's `mem=1M`) and `11207.batch|||` with the step's own AllocTRES; held
+    /// with `-t 90`, `-t 2-0`, `-t 0:30` and `-t 3-04:05:00`: `01:30:00|90`,
+    /// `2-00:00:00|2880`, `00:01:00|1`, `3-04:05:00|4565`, and a blank AllocTRES; held
+    /// without `-t`, `Partition_Limit|Partition_Limit`. The table's header:
+    /// `JobID         Timelimit TimelimitR`; Reservation and WCKey blank.
+    #[test]
+    fn time_limits_and_requested_tres_as_sacct_prints_them() {
+        let mut info = JobInfo {
+            job_id: 11207,
+            array_task_id: -1,
+            state: JobState::Completed as i32,
+            num_cpus: 1,
+            num_nodes: 1,
+            time_limit_s: 300,
+            start_time: 100,
+            end_time: 101,
+            steps: vec![tandem_proto::v1::StepInfo {
+                step_id: "batch".into(),
+                state: JobState::Completed as i32,
+                nodelist: "n1".into(),
+                tres: Some(tandem_proto::v1::Tres {
+                    cpus: 1,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..JobInfo::default()
+        };
+        let spec = "JobID,Timelimit,TimelimitRaw,ReqTRES,AllocTRES,Reservation,WCKey";
+        assert_eq!(
+            job_and_step_lines(&info, spec),
+            [
+                "11207|00:05:00|5|billing=1,cpu=1,node=1|billing=1,cpu=1,node=1||",
+                "11207.batch||||cpu=1,mem=0,node=1||"
+            ]
+        );
+        info.state = JobState::Pending as i32;
+        info.start_time = 0;
+        info.end_time = 0;
+        for (secs, limit, raw) in [
+            (90 * 60, "01:30:00", "90"),
+            (2 * 86_400, "2-00:00:00", "2880"),
+            (30, "00:01:00", "1"),
+            (3 * 86_400 + 4 * 3600 + 5 * 60, "3-04:05:00", "4565"),
+            (0, "Partition_Limit", "Partition_Limit"),
+        ] {
+            info.time_limit_s = secs;
+            let [job, _] = job_and_step_lines(&info, "JobID,Timelimit,TimelimitRaw,AllocTRES");
+            assert_eq!(job, format!("11207|{limit}|{raw}|"));
+        }
+        // Started without a limit: the partition's, here none.
+        info.state = JobState::Running as i32;
+        info.start_time = 100;
+        let [job, _] = job_and_step_lines(&info, "JobID,Timelimit,TimelimitRaw");
+        assert_eq!(job, "11207|UNLIMITED|UNLIMITED");
+        assert_eq!(
+            sacct_format("JobID,Timelimit,TimelimitRaw")
+                .unwrap()
+                .header(),
+            "JobID         Timelimit TimelimitR "
+        );
     }
 
     /// Slurm 22.05, the same job as root on a cluster named `bench`: `sacct -P -o
