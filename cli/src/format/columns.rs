@@ -1443,6 +1443,38 @@ mod tests {
     }
 
     /// `sacct -P -o SPEC` of a job and of its first step, at time 200.
+    /// A completed job of `(cpus, nodes)` that ran over `(start, end)`, its batch step on
+    /// `n1` holding `batch_cpus`.
+    fn completed_with_batch(
+        job_id: u64,
+        (cpus, nodes): (u32, u32),
+        batch_cpus: u32,
+        (start, end): (i64, i64),
+    ) -> JobInfo {
+        JobInfo {
+            job_id,
+            array_task_id: -1,
+            state: JobState::Completed as i32,
+            num_cpus: cpus,
+            num_nodes: nodes,
+            start_time: start,
+            end_time: end,
+            steps: vec![tandem_proto::v1::StepInfo {
+                step_id: "batch".into(),
+                state: JobState::Completed as i32,
+                nodelist: "n1".into(),
+                start_time: start,
+                end_time: end,
+                tres: Some(tandem_proto::v1::Tres {
+                    cpus: batch_cpus,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..JobInfo::default()
+        }
+    }
+
     fn job_and_step_lines(info: &JobInfo, spec: &str) -> [String; 2] {
         let job = JobView::from_job(info, 200);
         let step = JobView::from_step(&job, &info.steps[0], 200);
@@ -1501,29 +1533,8 @@ mod tests {
     /// table's header `JobID         ReqCPUS ReqNodes CPUTimeRAW`.
     #[test]
     fn requested_cpus_and_nodes_and_raw_cpu_time_as_sacct_prints_them() {
-        let info = JobInfo {
-            job_id: 4,
-            array_task_id: -1,
-            state: JobState::Completed as i32,
-            num_cpus: 4,
-            num_nodes: 2,
-            nodelist: "n[1-2]".into(),
-            start_time: 100,
-            end_time: 103,
-            steps: vec![tandem_proto::v1::StepInfo {
-                step_id: "batch".into(),
-                state: JobState::Completed as i32,
-                nodelist: "n1".into(),
-                start_time: 100,
-                end_time: 103,
-                tres: Some(tandem_proto::v1::Tres {
-                    cpus: 3,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }],
-            ..JobInfo::default()
-        };
+        let mut info = completed_with_batch(4, (4, 2), 3, (100, 103));
+        info.nodelist = "n[1-2]".into();
         let spec = "JobID,ReqCPUS,ReqNodes,CPUTimeRAW";
         assert_eq!(
             job_and_step_lines(&info, spec),
@@ -1545,27 +1556,8 @@ mod tests {
     /// `JobID         Timelimit TimelimitR`; Reservation and WCKey blank.
     #[test]
     fn time_limits_and_requested_tres_as_sacct_prints_them() {
-        let mut info = JobInfo {
-            job_id: 11207,
-            array_task_id: -1,
-            state: JobState::Completed as i32,
-            num_cpus: 1,
-            num_nodes: 1,
-            time_limit_s: 300,
-            start_time: 100,
-            end_time: 101,
-            steps: vec![tandem_proto::v1::StepInfo {
-                step_id: "batch".into(),
-                state: JobState::Completed as i32,
-                nodelist: "n1".into(),
-                tres: Some(tandem_proto::v1::Tres {
-                    cpus: 1,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }],
-            ..JobInfo::default()
-        };
+        let mut info = completed_with_batch(11207, (1, 1), 1, (100, 101));
+        info.time_limit_s = 300;
         let spec = "JobID,Timelimit,TimelimitRaw,ReqTRES,AllocTRES,Reservation,WCKey";
         assert_eq!(
             job_and_step_lines(&info, spec),
