@@ -167,7 +167,7 @@ fn backtraces(pid: u32, own_only: bool) -> String {
     gdb.args(["-batch", "-nx", "-p", &pid.to_string()])
         .args(["-ex", "thread apply all bt 40"])
         .stdin(std::process::Stdio::null());
-    match crate::bounded::output_within(&mut gdb, Duration::from_secs(120)) {
+    match crate::bounded::output_within(&mut gdb, Duration::from_secs(30)) {
         // Each thread's innermost frames and those in this workspace's code.
         Ok(o) => {
             let text = String::from_utf8_lossy(&o.stdout);
