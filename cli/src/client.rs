@@ -151,6 +151,12 @@ pub fn status_error(s: tonic::Status) -> anyhow::Error {
     match s.code() {
         Code::Unavailable => anyhow::anyhow!("controller unavailable: {}", s.message()),
         Code::Unauthenticated => anyhow::anyhow!("authentication failed: {}", s.message()),
+        // tonic's own deadline ([`endpoint::message_timeout`]), not the server's words.
+        Code::Cancelled if s.message() == tonic::TimeoutExpired(()).to_string() => anyhow::anyhow!(
+            "the controller did not answer within {} s ({} sets how long to wait)",
+            endpoint::message_timeout().as_secs(),
+            endpoint::ENV_MSG_TIMEOUT
+        ),
         _ => anyhow::anyhow!("{}", s.message()),
     }
 }

@@ -390,6 +390,7 @@ pub async fn connect_local(path: &Path) -> Result<Channel, tonic::transport::Err
     // The authority is only what HTTP/2's `:authority` header carries; the socket is `path`.
     Endpoint::from_static("http://localhost")
         .connect_timeout(Duration::from_secs(5))
+        .timeout(crate::endpoint::message_timeout())
         .connect_with_connector(LocalConnector {
             path: Arc::from(path),
         })
