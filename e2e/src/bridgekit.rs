@@ -545,12 +545,7 @@ impl BridgeEnv {
     ) -> Vec<Pod> {
         let deadline = tokio::time::Instant::now() + T;
         loop {
-            let pods = within(CALL_LIMIT, "listing pods", api.list(lp))
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .map(|l| l.items)
-                .unwrap_or_default();
+            let pods = list_bounded(api, lp).await.unwrap_or_default();
             if cond(&pods) {
                 return pods;
             }
@@ -608,16 +603,9 @@ impl BridgeEnv {
     ) -> KubeEvent {
         let deadline = tokio::time::Instant::now() + T;
         loop {
-            let evs = within(
-                CALL_LIMIT,
-                "listing events",
-                api.list(&ListParams::default()),
-            )
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .map(|l| l.items)
-            .unwrap_or_default();
+            let evs = list_bounded(api, &ListParams::default())
+                .await
+                .unwrap_or_default();
             if let Some(e) = evs.iter().find(|e| cond(e)) {
                 return e.clone();
             }
@@ -914,14 +902,21 @@ impl BridgeEnv {
     }
 }
 
+/// The objects `lp` selects in `api`; `None` if the list failed or took longer than
+/// [`CALL_LIMIT`].
+async fn list_bounded<K>(api: &Api<K>, lp: &ListParams) -> Option<Vec<K>>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let listed = within(CALL_LIMIT, "a list", api.list(lp)).await.ok()?;
+    listed.ok().map(|l| l.items)
+}
+
 /// Bridged pods on their nodes now: node -> `namespace/name`.
 async fn pods_on_nodes(api: &Api<Pod>) -> Option<BTreeMap<String, BTreeSet<String>>> {
-    let list = within(CALL_LIMIT, "listing pods", api.list(&ListParams::default()))
-        .await
-        .ok()?
-        .ok()?;
+    let pods = list_bounded(api, &ListParams::default()).await?;
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for p in list.items {
+    for p in pods {
         let Some(spec) = p.spec.as_ref() else {
             continue;
         };
