@@ -1442,7 +1442,6 @@ mod tests {
         assert!(sacct_format("JobName%x").is_err());
     }
 
-    /// `sacct -P -o SPEC` of a job and of its first step, at time 200.
     /// A completed job of `(cpus, nodes)` that ran over `(start, end)`, its batch step on
     /// `n1` holding `batch_cpus`.
     fn completed_with_batch(
@@ -1475,6 +1474,7 @@ mod tests {
         }
     }
 
+    /// `sacct -P -o SPEC` of a job and of its first step, at time 200.
     fn job_and_step_lines(info: &JobInfo, spec: &str) -> [String; 2] {
         let job = JobView::from_job(info, 200);
         let step = JobView::from_step(&job, &info.steps[0], 200);
