@@ -19,6 +19,8 @@
 //! that slurmctld's scheduling of them does not take CPU from Tandem's loops.
 //!
 //! Figures:
+//! - `sbatch_to_output`: on an idle cluster, one job at a time, from `sbatch`'s return to the
+//!   job's first line in its output file: how long a researcher waits to see a job start.
 //! - `sbatch_running`: sequential `sbatch --wrap=true -o /dev/null`; the jobs run meanwhile.
 //! - `sbatch_held`: the same with `--hold` (the submit path alone).
 //! - `sbatch_held_tcp` (Tandem only, compared with Slurm's `sbatch_held`): the same over
@@ -168,6 +170,7 @@ fn record(figs: &mut Figures, system: System, bench: &'static str, ms: Vec<f64>)
 }
 
 struct Samples {
+    first_output: usize,
     held_jobs: usize,
     sbatch: usize,
     reads: usize,
@@ -184,6 +187,9 @@ fn run_figures(t: &Target, n: &Samples) -> anyhow::Result<Figures> {
     // What starting the system wrote (a fresh cluster's database, certificates, spools;
     // the warm-up's commits) is flushed before the first timed loop, not during it.
     settle(Duration::from_secs(30));
+
+    let ms = sbatch_to_output(t, n.first_output)?;
+    record(&mut figs, sys, "sbatch_to_output", ms);
 
     let first_done = t.sbatch_id(&["-o", "/dev/null", "--wrap=true"])?;
     let ms = t.time("sbatch", &["-o", "/dev/null", "--wrap=true"], n.sbatch)?;
@@ -258,6 +264,34 @@ fn run_figures(t: &Target, n: &Samples) -> anyhow::Result<Figures> {
     let ms = srun_in_allocation(t, n.srun)?;
     record(&mut figs, sys, "srun_n2_in_allocation", ms);
     Ok(figs)
+}
+
+/// `samples` jobs, one at a time on an otherwise idle cluster: ms from `sbatch`'s return to
+/// the job's line in its output file.
+fn sbatch_to_output(t: &Target, samples: usize) -> anyhow::Result<Vec<f64>> {
+    let mut ms = Vec::with_capacity(samples);
+    for i in 0..samples {
+        let out = t.work.join(format!("first-output-{i}.txt"));
+        let _ = std::fs::remove_file(&out);
+        t.ok(
+            "sbatch",
+            &["-o", &out.to_string_lossy(), "--wrap=echo started"],
+        )?;
+        let returned = Instant::now();
+        while std::fs::metadata(&out).map_or(true, |m| m.len() == 0) {
+            anyhow::ensure!(
+                returned.elapsed() < Duration::from_secs(120),
+                "{}: job {i} wrote no output in 120 s",
+                t.system.name()
+            );
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        ms.push(returned.elapsed().as_secs_f64() * 1000.0);
+        // Idle between jobs, as when a researcher submits by hand: nothing the previous
+        // start set in motion is still warm.
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(ms)
 }
 
 /// Until sacct records job `id` as COMPLETED.
@@ -484,6 +518,7 @@ fn main() -> anyhow::Result<()> {
     let quick = std::env::args().any(|a| a == "--quick");
     let n = if quick {
         Samples {
+            first_output: 5,
             held_jobs: 1_000,
             sbatch: 60,
             reads: 20,
@@ -492,6 +527,7 @@ fn main() -> anyhow::Result<()> {
         }
     } else {
         Samples {
+            first_output: 20,
             held_jobs: 5_000,
             sbatch: 400,
             reads: 100,

@@ -311,7 +311,8 @@ impl JobCgroup {
         }
     }
 
-    /// Creates a step's cgroup; returns the `cgroup.procs` files its processes join.
+    /// Creates a step's cgroup; returns the files its processes write themselves into to join
+    /// it (`tasks` on v1, see [`v1::Job::add_step`]; `cgroup.procs` on v2).
     pub fn add_step(&self, step: Option<u32>) -> io::Result<Vec<PathBuf>> {
         match self {
             Self::V1(j) => j.add_step(step),

@@ -185,8 +185,14 @@ impl Job {
             .filter(|(c, _)| self.devices || *c != Controller::Devices)
     }
 
-    /// Creates a step's directories (which inherit the job's limits); returns the
-    /// `cgroup.procs` files its processes write themselves into.
+    /// Creates a step's directories (which inherit the job's limits); returns the files its
+    /// processes write themselves into: `tasks`, not `cgroup.procs`. A `0` in `cgroup.procs`
+    /// moves the writer's whole thread group, under the kernel's global lock against forks
+    /// and exits, whose taking waits for an RCU grace period when no migration happened
+    /// moments before: 14 ms a job start on the 2-core VM, against 0.45 ms for a `0` in
+    /// `tasks`, which moves the calling thread alone and skips that lock. The writer is
+    /// always single-threaded (the child between clone and `exec`, or the launcher before
+    /// it starts a thread), so its thread is its whole process.
     pub fn add_step(&self, step: Option<u32>) -> io::Result<Vec<PathBuf>> {
         let name = plan::step_dir(step);
         let mut procs = Vec::with_capacity(self.dirs.len());
@@ -198,7 +204,7 @@ impl Job {
             } else {
                 dir.clone()
             };
-            procs.push(d.path().join("cgroup.procs"));
+            procs.push(d.path().join("tasks"));
         }
         Ok(procs)
     }
@@ -401,10 +407,10 @@ mod tests {
         assert_eq!(
             joined,
             [
-                "cpu/tandem/n1/job_7/cgroup.procs",
-                "devices/tandem/n1/job_7/cgroup.procs",
-                "freezer/tandem/n1/job_7/cgroup.procs",
-                "memory/tandem/n1/job_7/step_batch/cgroup.procs",
+                "cpu/tandem/n1/job_7/tasks",
+                "devices/tandem/n1/job_7/tasks",
+                "freezer/tandem/n1/job_7/tasks",
+                "memory/tandem/n1/job_7/step_batch/tasks",
             ]
         );
         assert!(
@@ -465,7 +471,7 @@ mod tests {
         let procs = step_job.add_step(Some(0)).unwrap();
         assert_eq!(procs.len(), 4);
         // The job's device rules hold its steps: they join its directory there.
-        assert!(procs.contains(&tmp.path().join("devices/tandem/n1/job_4/cgroup.procs")));
+        assert!(procs.contains(&tmp.path().join("devices/tandem/n1/job_4/tasks")));
         assert!(!tmp.path().join("devices/tandem/n1/job_4/step_0").exists());
     }
 
@@ -482,7 +488,7 @@ mod tests {
             let job = t.create_job(2, &JobLimits::default()).unwrap();
             let procs = job.add_step(None).unwrap();
             let step_cpu = cpu_base.join("job_2/step_batch");
-            let joins = |p: &std::path::Path| procs.contains(&p.join("cgroup.procs"));
+            let joins = |p: &std::path::Path| procs.contains(&p.join("tasks"));
             assert_eq!(step_cpu.is_dir(), accounting);
             let job_cpu = cpu_base.join("job_2");
             assert!(joins(if accounting { &step_cpu } else { &job_cpu }));
@@ -516,7 +522,7 @@ mod tests {
         let job = t.create_job(8, &JobLimits::default()).unwrap();
         let procs = job.add_step(Some(1)).unwrap();
         let step = tmp.path().join("freezer/tandem/n1/job_8/step_1");
-        assert!(procs.contains(&step.join("cgroup.procs")), "{procs:?}");
+        assert!(procs.contains(&step.join("tasks")), "{procs:?}");
         assert_eq!(
             job.step_dirs(Some(1))
                 .iter()

@@ -8,8 +8,9 @@
 //! errno back). The launcher joins the cgroup, takes the user's supplementary groups and
 //! drops root, then `exec`s the program in place (same pid, same process group):
 //!
-//! 1. writes `0` ("this process") into each of its step's `cgroup.procs` files, so the job
-//!    is inside its cgroup before it runs a single instruction of its own;
+//! 1. writes `0` ("this process") into each of its step's join files (v1's `tasks`, v2's
+//!    `cgroup.procs`; it has no other thread yet), so the job is inside its cgroup before it
+//!    runs a single instruction of its own;
 //! 2. as root: `setgroups(the user's groups)`, `setgid`, `setuid` (the order `initgroups`
 //!    followed by a privilege drop needs);
 //! 3. `chdir` to the working directory as the user and `exec` with the job's environment.

@@ -5,8 +5,8 @@
 //! the join happens between `fork` and `exec`. When the process also drops from root to the
 //! job's user, the launcher ([`super::exec`]) does the join, `setgroups`, `setgid`, `setuid`
 //! and the `exec` (it can report which of them failed, and why). When it does not, all that
-//! is left is one `write("0")` per `cgroup.procs` file, which a `pre_exec` hook does on
-//! descriptors opened before the fork. That saves every such start an `exec` of the launcher
+//! is left is one `write("0")` per join file (v1's `tasks`, v2's `cgroup.procs`), which a
+//! `pre_exec` hook does on descriptors opened before the fork. That saves every such start an `exec` of the launcher
 //! and a request file (measured at about a fifth of the CPU a trivial job costs the node).
 //!
 //! The module's only `unsafe` is `pre_exec`; the proof is at the call.
@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 use tokio::process::Command;
 
-/// Opens `procs` (each a `cgroup.procs` file) for writing now, and makes `cmd`'s child write
+/// Opens `procs` (each a join file: v1's `tasks`, v2's `cgroup.procs`) for writing now, and makes `cmd`'s child write
 /// itself into each between `fork` and `exec`. An open failure is returned at once (the
 /// cgroup is gone or not ours); a write failure in the child fails the spawn with its errno.
 pub fn join_in_child(cmd: &mut Command, procs: &[PathBuf]) -> io::Result<()> {
@@ -40,7 +40,7 @@ pub fn join_in_child(cmd: &mut Command, procs: &[PathBuf]) -> io::Result<()> {
     Ok(())
 }
 
-/// Opens each `cgroup.procs` file for writing, close-on-exec (std's default: the job never
+/// Opens each join file for writing, close-on-exec (std's default: the job never
 /// sees these descriptors); an error names the file.
 pub fn open_procs(procs: &[PathBuf]) -> io::Result<Vec<File>> {
     procs
@@ -54,7 +54,8 @@ pub fn open_procs(procs: &[PathBuf]) -> io::Result<Vec<File>> {
         .collect()
 }
 
-/// `0` in `cgroup.procs` moves the writing process (with its threads) into that cgroup.
+/// `0` moves the writer into that cgroup: the process (v2's `cgroup.procs`) or the calling
+/// thread (v1's `tasks`), which is the whole process of a child between fork and `exec`.
 fn write_zero(files: &[File]) -> io::Result<()> {
     for f in files {
         nix::unistd::write(f, b"0")?;

@@ -2,7 +2,7 @@
 //! `clone(CLONE_VM | CLONE_VFORK | CLONE_PIDFD)`, the way `posix_spawn` starts a process.
 //!
 //! The script must be inside its cgroups before it runs an instruction of its own, so the
-//! join (`write("0")` to each `cgroup.procs`) happens between clone and `exec`. std only
+//! join (`write("0")` to each join file) happens between clone and `exec`. std only
 //! offers that through `pre_exec`, which makes it `fork`: the kernel copies the worker's
 //! page tables, every page the worker's threads then write is copied on fault until the
 //! child execs, and exec tears the copy down again. That was about a sixth of what a
@@ -65,7 +65,7 @@ pub struct Spawn<'a> {
     pub stdin: Option<&'a File>,
     pub stdout: &'a File,
     pub stderr: &'a File,
-    /// `cgroup.procs` files, open for writing.
+    /// The cgroups' join files (v1's `tasks`, v2's `cgroup.procs`), open for writing.
     pub cgroup_procs: &'a [File],
     /// File-creation mask; `None`: the worker's.
     pub umask: Option<u32>,
