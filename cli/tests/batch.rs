@@ -216,12 +216,33 @@ fn sinfo_and_scontrol_show_the_nodes() {
         sinfo,
         "PARTITION AVAIL  TIMELIMIT  NODES  STATE NODELIST\nbatch*       up   infinite      3   idle node-[1-3]\n"
     );
+    // What the worker reported of its machine, in Slurm's lines.
     let node = c.ok(&["scontrol", "show", "node", "node-2"]);
-    assert!(node.starts_with("NodeName=node-2\n"), "{node}");
-    assert!(node.contains("Gres=gpu:2"), "{node}");
+    let arch = format!(
+        "NodeName=node-2 Arch={} CoresPerSocket=1 \n",
+        std::env::consts::ARCH
+    );
+    assert!(node.starts_with(&arch), "{node}");
+    assert!(node.contains("\n   Gres=gpu:2\n"), "{node}");
+    assert!(
+        node.contains("\n   NodeAddr=127.0.0.1 NodeHostName="),
+        "{node}"
+    );
+    assert!(node.contains("\n   OS=Linux "), "{node}");
+    assert!(
+        !node.contains("Unknown"),
+        "boot and start times known: {node}"
+    );
     let part = c.ok(&["scontrol", "show", "partition"]);
     assert!(
-        part.contains("PartitionName=batch\n") && part.contains("Nodes=node-[1-3]"),
+        part.starts_with(
+            "PartitionName=batch\n   AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL\n"
+        ) && part.contains("\n   Nodes=node-[1-3]\n")
+            && part.contains("\n   OverTimeLimit=NONE PreemptMode=OFF\n"),
+        "{part}"
+    );
+    assert!(
+        part.ends_with("\n   TRES=cpu=12,mem=12G,node=3,billing=12,gres/gpu=6\n\n"),
         "{part}"
     );
     let json: serde_json::Value = serde_json::from_str(&c.ok(&["sinfo", "--json"])).unwrap();

@@ -75,7 +75,7 @@ use crate::launch::{self, ArrayFacts, LaunchFacts, Payload};
 use crate::metrics::Metrics;
 use crate::steps::{self, StepRec};
 use crate::store::{Batch, Committer, Effect, JobRecordRow, Store, StoreError};
-use crate::workers::{ConnId, WorkerTx, Workers};
+use crate::workers::{ConnId, Reported, WorkerTx, Workers};
 
 pub type Reply<T> = oneshot::Sender<Result<T, Status>>;
 pub use watch::WatchTx;

@@ -29,8 +29,23 @@ struct Conn {
 struct Entry {
     conn: Option<Conn>,
     last_heard: Instant,
-    step_address: String,
-    version: String,
+    about: Reported,
+}
+
+/// What a worker said of itself when it registered: kept for the node listing, not stored
+/// (a restarted controller learns it again when the worker reconnects).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reported {
+    /// host:port of its step service.
+    pub step_address: String,
+    pub version: String,
+    /// `uname -m`, and system, release and version of `uname`.
+    pub arch: String,
+    pub os: String,
+    pub hostname: String,
+    /// Unix seconds: when the machine booted, when the worker started; 0 = unknown.
+    pub machine_boot_time: i64,
+    pub started: i64,
 }
 
 /// The worker table.
@@ -56,8 +71,7 @@ impl Workers {
         node: &str,
         id: ConnId,
         tx: WorkerTx,
-        step_address: String,
-        version: String,
+        about: Reported,
         now: Instant,
     ) {
         self.nodes.insert(
@@ -65,8 +79,7 @@ impl Workers {
             Entry {
                 conn: Some(Conn { id, tx }),
                 last_heard: now,
-                step_address,
-                version,
+                about,
             },
         );
     }
@@ -99,11 +112,15 @@ impl Workers {
     }
 
     pub fn step_address(&self, node: &str) -> &str {
-        self.nodes.get(node).map_or("", |e| e.step_address.as_str())
+        self.nodes
+            .get(node)
+            .map_or("", |e| e.about.step_address.as_str())
     }
 
-    pub fn version(&self, node: &str) -> &str {
-        self.nodes.get(node).map_or("", |e| e.version.as_str())
+    /// What the node's worker reported; `None` for a node not heard from since this
+    /// controller started.
+    pub fn reported(&self, node: &str) -> Option<&Reported> {
+        self.nodes.get(node).map(|e| &e.about)
     }
 
     /// Sends one message; false if the worker is not connected.
@@ -138,14 +155,22 @@ impl Workers {
 mod tests {
     use super::*;
 
+    fn at(step_address: &str) -> Reported {
+        Reported {
+            step_address: step_address.into(),
+            version: "v".into(),
+            ..Reported::default()
+        }
+    }
+
     #[test]
     fn stale_disconnect_does_not_drop_the_new_stream() {
         let t0 = Instant::now();
         let mut w = Workers::new(t0);
         let (tx1, _rx1) = mpsc::unbounded_channel();
         let (tx2, mut rx2) = mpsc::unbounded_channel();
-        w.connected("n1", 1, tx1, "a:1".into(), "v".into(), t0);
-        w.connected("n1", 2, tx2, "a:2".into(), "v".into(), t0);
+        w.connected("n1", 1, tx1, at("a:1"), t0);
+        w.connected("n1", 2, tx2, at("a:2"), t0);
         w.disconnected("n1", 1);
         assert!(w.heard("n1", 2, t0));
         assert!(w.send(
@@ -171,7 +196,7 @@ mod tests {
         let t0 = Instant::now();
         let mut w = Workers::new(t0);
         let (tx, _rx) = mpsc::unbounded_channel();
-        w.connected("n1", 7, tx, String::new(), String::new(), t0);
+        w.connected("n1", 7, tx, Reported::default(), t0);
         let t1 = t0 + Duration::from_secs(5);
         assert!(!w.heard("n1", 6, t1));
         assert_eq!(w.silence("n1", t1), Duration::from_secs(5));

@@ -48,6 +48,7 @@ pub mod cgroup;
 pub mod config;
 pub mod error;
 pub mod gpu;
+mod host;
 mod jobs;
 mod journal;
 pub mod launch;
@@ -189,6 +190,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             ),
     );
 
+    let host = host::Host::read();
     let register = Register {
         node_name: config.node_name.clone(),
         resources: Some(Tres {
@@ -203,6 +205,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         gpus,
         boot_time: unix_now(),
         partitions: config.partitions.clone(),
+        arch: host.arch,
+        os: host.os,
+        machine_boot_time: host.boot_time,
+        hostname: host.hostname,
         ..Default::default()
     };
     info!(

@@ -1136,12 +1136,7 @@ impl Limit {
 /// sacct's Timelimit (Slurm's `mins2time_str`): `D-HH:MM:SS` past a day, else `HH:MM:SS`
 /// (squeue writes `5:00` where sacct writes `00:05:00`).
 fn minutes_as_time(m: u64) -> String {
-    let (d, h, min) = (m / 1440, m % 1440 / 60, m % 60);
-    if d > 0 {
-        format!("{d}-{h:02}:{min:02}:00")
-    } else {
-        format!("{h:02}:{min:02}:00")
-    }
+    tandem_sched::time::format_elapsed(m.saturating_mul(60))
 }
 
 /// sacct's CPU times (Slurm's `_elapsed_time`): `D-HH:MM:SS` past a day, `HH:MM:SS` past

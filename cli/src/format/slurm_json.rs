@@ -563,28 +563,44 @@ pub struct Node<'a> {
     pub address: &'a str,
     pub alloc_cpus: u32,
     pub alloc_memory: u64,
+    /// `uname -m` as the worker reported it; empty until it registers.
+    pub architecture: &'a str,
+    pub boards: u32,
     pub boot_time: i64,
+    /// Cores per socket: Slurm's inference for a node declared by CPU count (see `sockets`).
+    pub cores: u32,
     pub cpus: u32,
     pub features: String,
     /// `gpu:8`, `gpu:h100:8`; empty without GPUs.
     pub gres: String,
     pub gres_used: String,
+    pub hostname: &'a str,
     pub idle_cpus: u32,
     /// Tandem's time partition, `batch` or `kube` (not in Slurm's schema).
     pub mode: &'static str,
     pub name: &'a str,
+    pub operating_system: &'a str,
     pub partitions: &'a [String],
+    /// The worker's step-service port; 0 until it registers.
+    pub port: u32,
     pub real_memory: u64,
     pub reason: &'a str,
+    /// When the worker started (`0` unknown).
+    pub slurmd_start_time: i64,
     /// The worker's version: Tandem's node daemon stands where slurmd would.
     pub slurmd_version: &'a str,
+    /// One socket per CPU, one core and one thread each: Tandem keeps no CPU topology.
+    pub sockets: u32,
     /// Base state, lower case: `idle`, `mixed`, `allocated`, `down`.
     pub state: &'static str,
     /// `DRAIN` while draining or drained.
     pub state_flags: Vec<&'static str>,
+    pub temporary_disk: u32,
+    pub threads: u32,
     pub tres: String,
     /// `null` when nothing is allocated.
     pub tres_used: Option<String>,
+    pub weight: u32,
 }
 
 /// `gpu:N` or `gpu:TYPE:N`.
@@ -612,34 +628,28 @@ fn node_tres(cpus: u32, mem_mb: u64, gpus: u32) -> String {
 
 impl<'a> Node<'a> {
     pub fn from_view(n: &'a NodeView) -> Node<'a> {
-        let upper = n.state.as_str();
-        let base = upper.split('+').next().unwrap_or(upper);
-        let busy = if n.cpus_alloc >= n.cpus && n.cpus > 0 {
-            "allocated"
-        } else if n.cpus_alloc > 0 || n.gpus_alloc > 0 {
-            "mixed"
-        } else {
-            "idle"
-        };
         // Slurm keeps draining as a flag on the state the node's use gives it.
-        let (state, drain) = match base {
-            "IDLE" => ("idle", false),
-            "MIXED" => ("mixed", false),
-            "ALLOCATED" => ("allocated", false),
-            "DOWN" => ("down", false),
-            "DRAINED" | "DRAINING" | "DRAIN" => (busy, true),
-            "COMPLETING" => ("completing", false),
-            "FUTURE" => ("future", false),
-            _ => ("unknown", false),
+        let (base, drain) = n.base_state();
+        let state = match base {
+            "IDLE" => "idle",
+            "MIXED" => "mixed",
+            "ALLOCATED" => "allocated",
+            "DOWN" => "down",
+            "COMPLETING" => "completing",
+            "FUTURE" => "future",
+            _ => "unknown",
         };
-        let drain = drain || upper.contains("+DRAIN");
         let used = node_tres(n.cpus_alloc, n.mem_alloc_mb, n.gpus_alloc);
+        let (host, port) = n.host_and_port().unwrap_or((n.address.as_str(), ""));
         Node {
             active_features: n.features.join(","),
-            address: &n.address,
+            address: host,
             alloc_cpus: n.cpus_alloc,
             alloc_memory: n.mem_alloc_mb,
+            architecture: &n.arch,
+            boards: 1,
             boot_time: unset_zero(n.boot_time),
+            cores: 1,
             cpus: n.cpus,
             features: n.features.join(","),
             gres: if n.gpus > 0 {
@@ -652,17 +662,29 @@ impl<'a> Node<'a> {
             } else {
                 String::new()
             },
+            hostname: if n.hostname.is_empty() {
+                &n.name
+            } else {
+                &n.hostname
+            },
             idle_cpus: n.cpus.saturating_sub(n.cpus_alloc),
             mode: n.mode,
             name: &n.name,
+            operating_system: &n.os,
             partitions: &n.partitions,
+            port: port.parse().unwrap_or(0),
             real_memory: n.mem_mb,
             reason: &n.reason,
+            slurmd_start_time: unset_zero(n.worker_start_time),
             slurmd_version: &n.version,
+            sockets: n.cpus,
             state,
             state_flags: if drain { vec!["DRAIN"] } else { Vec::new() },
+            temporary_disk: 0,
+            threads: 1,
             tres: node_tres(n.cpus, n.mem_mb, n.gpus),
             tres_used: (!used.is_empty()).then_some(used),
+            weight: 1,
         }
     }
 }
@@ -1007,8 +1029,11 @@ mod tests {
                 gpu_type: String::new(),
             }),
             partitions: vec!["batch".into(), "gpu".into()],
-            address: "10.0.0.1".into(),
+            address: "10.0.0.1:6818".into(),
             worker_version: "0.1.0".into(),
+            arch: "x86_64".into(),
+            os: "Linux 6.8.0".into(),
+            worker_start_time: 1_796_456_415,
             ..NodeInfo::default()
         })
     }
@@ -1051,6 +1076,22 @@ mod tests {
         assert_eq!(n1["alloc_cpus"], 2);
         assert_eq!(n1["idle_cpus"], 62);
         assert_eq!(n1["real_memory"], 256 * 1024);
+        // v0.0.38's machine fields: the worker's report, and Slurm's values for what Tandem
+        // does not keep (no topology: a socket per CPU).
+        assert_eq!(n1["address"], "10.0.0.1");
+        assert_eq!(n1["port"], 6818);
+        assert_eq!(n1["hostname"], "node-1");
+        assert_eq!(n1["architecture"], "x86_64");
+        assert_eq!(n1["operating_system"], "Linux 6.8.0");
+        assert_eq!(n1["slurmd_start_time"], 1_796_456_415);
+        assert_eq!(
+            (&n1["sockets"], &n1["cores"], &n1["threads"], &n1["boards"]),
+            (&json!(64), &json!(1), &json!(1), &json!(1))
+        );
+        assert_eq!(
+            (&n1["weight"], &n1["temporary_disk"]),
+            (&json!(1), &json!(0))
+        );
         assert_eq!(n1["gres"], "gpu:h100:8");
         assert_eq!(n1["gres_used"], "gpu:h100:1");
         assert_eq!(n1["tres"], "cpu=64,mem=256G,gres/gpu=8");

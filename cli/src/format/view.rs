@@ -470,11 +470,18 @@ pub struct NodeView {
     pub reason: String,
     /// Who gave the reason and when (sinfo -R); `None` when unknown.
     pub reason_by: Option<(String, i64)>,
+    /// The worker's step service, `host:port` (`[v6]:port`); empty when not heard from.
     pub address: String,
+    /// When the machine booted and when its worker started.
     pub boot_time: Option<i64>,
+    pub worker_start_time: Option<i64>,
     pub last_heartbeat: Option<i64>,
     pub running_jobs: Vec<u64>,
     pub version: String,
+    /// `uname`'s machine, and system, release and version; empty when not heard from.
+    pub arch: String,
+    pub os: String,
+    pub hostname: String,
 }
 
 impl NodeView {
@@ -502,10 +509,59 @@ impl NodeView {
                 .then(|| (n.reason_user.clone(), n.reason_time)),
             address: n.address.clone(),
             boot_time: opt_time(n.boot_time),
+            worker_start_time: opt_time(n.worker_start_time),
             last_heartbeat: opt_time(n.last_heartbeat),
             running_jobs: n.running_jobs.clone(),
             version: n.worker_version.clone(),
+            arch: n.arch.clone(),
+            os: n.os.clone(),
+            hostname: n.hostname.clone(),
         }
+    }
+
+    /// The state without the drain flag, as Slurm keeps it (`IDLE`, `MIXED`, `ALLOCATED`,
+    /// `DOWN`, ...: a draining or drained node is still idle, mixed or allocated), and whether
+    /// it drains.
+    pub fn base_state(&self) -> (&'static str, bool) {
+        let s = self.state.as_str();
+        let base = s.split('+').next().unwrap_or(s);
+        let busy = if self.cpus_alloc >= self.cpus && self.cpus > 0 {
+            "ALLOCATED"
+        } else if self.cpus_alloc > 0 || self.gpus_alloc > 0 {
+            "MIXED"
+        } else {
+            "IDLE"
+        };
+        let (state, drain) = match base {
+            "IDLE" => ("IDLE", false),
+            "MIXED" => ("MIXED", false),
+            "ALLOCATED" => ("ALLOCATED", false),
+            "DOWN" => ("DOWN", false),
+            "DRAINED" | "DRAINING" | "DRAIN" => (busy, true),
+            "COMPLETING" => ("COMPLETING", false),
+            "FUTURE" => ("FUTURE", false),
+            _ => ("UNKNOWN", false),
+        };
+        (state, drain || s.contains("+DRAIN"))
+    }
+
+    /// scontrol's `State=`: the base state and its flags, `IDLE+DRAIN`, `MIXED+DRAIN`.
+    pub fn state_with_flags(&self) -> String {
+        match self.base_state() {
+            (base, true) => format!("{base}+DRAIN"),
+            (base, false) => base.to_string(),
+        }
+    }
+
+    /// The step service's host and port, split as scontrol prints them (`NodeAddr=`,
+    /// `Port=`); `None` when the address is unknown or has no port.
+    pub fn host_and_port(&self) -> Option<(&str, &str)> {
+        let (host, port) = self.address.rsplit_once(':')?;
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        (!host.is_empty() && !port.is_empty()).then_some((host, port))
     }
 
     /// sinfo's compact state (`idle`, `mix`, `alloc`, `down`, `drain`, `drng`).
@@ -550,6 +606,11 @@ pub struct PartitionView {
     pub nodes: Vec<String>,
     pub total_cpus: u32,
     pub total_gpus: u32,
+    pub total_mem_mb: u64,
+    /// `OFF`, or the mode preempted jobs get unless their QOS names one.
+    pub preempt_mode: String,
+    /// `DefMemPerCPU`, MB; `None` when jobs without `--mem` reserve none.
+    pub default_mem_per_cpu_mb: Option<u64>,
     pub priority_tier: u32,
     pub priority_job_factor: u32,
     pub allowed_accounts: Vec<String>,
@@ -571,6 +632,14 @@ impl PartitionView {
             nodes: p.nodes.clone(),
             total_cpus: p.total_cpus,
             total_gpus: p.total_gpus,
+            total_mem_mb: p.total_mem_mb,
+            preempt_mode: if p.preempt_mode.is_empty() {
+                "OFF".to_string()
+            } else {
+                p.preempt_mode.clone()
+            },
+            default_mem_per_cpu_mb: (p.default_mem_per_cpu_mb > 0)
+                .then_some(p.default_mem_per_cpu_mb),
             priority_tier: p.priority_tier,
             priority_job_factor: p.priority_job_factor,
             allowed_accounts: p.allowed_accounts.clone(),

@@ -18,6 +18,7 @@ use tandem_sched::{JobId, State, Tres};
 use tonic::Status;
 
 use crate::launch::Payload;
+use crate::workers::Reported;
 
 /// Slurm's default `max_script_size` is 4 MB.
 pub const MAX_SCRIPT_BYTES: usize = 4 << 20;
@@ -672,7 +673,8 @@ pub const PAYLOAD_FIELDS: [u32; 8] = [
     job_field::ALLOC_SID,
 ];
 
-pub fn node_info(n: &Node, address: &str, version: &str) -> v1::NodeInfo {
+pub fn node_info(n: &Node, reported: Option<&Reported>) -> v1::NodeInfo {
+    let about = reported.cloned().unwrap_or_default();
     v1::NodeInfo {
         name: n.name.clone(),
         state: n.state().name().to_owned(),
@@ -688,11 +690,15 @@ pub fn node_info(n: &Node, address: &str, version: &str) -> v1::NodeInfo {
             .map(|(u, _)| u.clone())
             .unwrap_or_default(),
         reason_time: n.reason_by.as_ref().map_or(0, |(_, t)| *t),
-        boot_time: 0,
+        boot_time: about.machine_boot_time,
         last_heartbeat: n.last_seen,
-        address: address.to_owned(),
+        address: about.step_address,
         running_jobs: n.jobs.iter().map(|j| j.0).collect(),
-        worker_version: version.to_owned(),
+        worker_version: about.version,
+        arch: about.arch,
+        os: about.os,
+        hostname: about.hostname,
+        worker_start_time: about.started,
         drain: n.drain,
         // Needs the jobs; filled by the state actor's node listing.
         busy_until: 0,
@@ -714,6 +720,14 @@ pub fn partition_info(st: &State, p: &Partition) -> v1::PartitionInfo {
         priority_job_factor: u32::from(p.priority_job_factor),
         total_cpus: nodes.iter().map(|n| n.total.cpus).sum(),
         total_gpus: nodes.iter().map(|n| n.total.gpus).sum(),
+        total_mem_mb: nodes.iter().map(|n| n.total.mem_mb).sum(),
+        preempt_mode: if st.config().qos.iter().any(|q| !q.preempt.is_empty()) {
+            "REQUEUE"
+        } else {
+            "OFF"
+        }
+        .to_owned(),
+        default_mem_per_cpu_mb: st.config().sched.default_mem_per_cpu_mb,
     }
 }
 

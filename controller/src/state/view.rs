@@ -458,11 +458,7 @@ impl Actor {
             .st
             .nodes()
             .map(|n| {
-                let mut info = convert::node_info(
-                    n,
-                    self.workers.step_address(&n.name),
-                    self.workers.version(&n.name),
-                );
+                let mut info = convert::node_info(n, self.workers.reported(&n.name));
                 info.busy_until = self.busy_until(n);
                 info
             })

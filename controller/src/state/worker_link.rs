@@ -41,14 +41,17 @@ impl Actor {
                     .unwrap_or(u64::MAX),
             })),
         }));
-        self.workers.connected(
-            &name,
-            conn,
-            tx,
-            reg.step_address.clone(),
-            reg.version.clone(),
-            Instant::now(),
-        );
+        let about = Reported {
+            step_address: reg.step_address.clone(),
+            version: reg.version.clone(),
+            arch: reg.arch.clone(),
+            os: reg.os.clone(),
+            hostname: reg.hostname.clone(),
+            machine_boot_time: reg.machine_boot_time,
+            started: reg.boot_time,
+        };
+        self.workers
+            .connected(&name, conn, tx, about, Instant::now());
         info!(node = %name, cpus = res.cpus, gpus = res.gpus, running = reg.running_jobs.len(), "worker registered");
         self.apply_effects(effects);
         self.pass_wanted = true;
