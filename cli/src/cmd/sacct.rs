@@ -59,6 +59,9 @@ pub struct Args {
     /// Only allocations, not steps.
     #[arg(short = 'X', long = "allocations")]
     pub allocations: bool,
+    /// List the fields -o takes, and nothing else.
+    #[arg(short = 'e', long = "helpformat")]
+    pub helpformat: bool,
     /// Fields: JobID,JobName%20,State,... (JobName%20 sets a width). Given twice, the
     /// lists add up, as in Slurm (`-o JobID -o State` shows both).
     #[arg(short = 'o', long = "format", value_name = "FIELDS")]
@@ -87,6 +90,11 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> Exit {
+    // As Slurm's: the list alone, whatever else the command line asks.
+    if args.helpformat {
+        print!("{}", crate::format::columns::sacct_helpformat());
+        return Ok(0);
+    }
     let mem_unit = args.units.as_deref().map(mem_unit).transpose()?;
     let format = match (args.format.is_empty(), args.brief) {
         (false, _) => Some(args.format.join(",")),

@@ -867,59 +867,84 @@ pub enum AcctField {
 
 pub const SACCT_DEFAULT: &str = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode";
 
+/// `sacct -e`: the field names, as Slurm 22.05 lists its own, in case-blind alphabetical
+/// order, four to a line, each padded to 19 characters.
+pub fn sacct_helpformat() -> String {
+    let mut names: Vec<&str> = AcctField::ALL.iter().map(|f| f.header()).collect();
+    names.sort_by_key(|n| n.to_ascii_lowercase());
+    let mut out = String::new();
+    for (i, name) in names.iter().enumerate() {
+        if i % 4 != 0 {
+            out.push(' ');
+        } else if i > 0 {
+            out.push('\n');
+        }
+        out.push_str(&format!("{name:<19}"));
+    }
+    out.push('\n');
+    out
+}
+
 impl AcctField {
-    pub fn from_name(name: &str) -> Option<AcctField> {
+    /// Every field Tandem's sacct prints.
+    pub const ALL: [AcctField; 47] = {
         use AcctField::*;
-        Some(match name.to_ascii_lowercase().as_str() {
-            "jobid" => JobId,
-            "jobidraw" => JobIdRaw,
-            "jobname" => JobName,
-            "partition" => Partition,
-            "account" => Account,
-            "alloccpus" => AllocCpus,
-            "allocnodes" => AllocNodes,
-            "ncpus" => NCpus,
-            "nnodes" => NNodes,
-            "cputime" => CpuTime,
-            "cputimeraw" => CpuTimeRaw,
-            "reqcpus" => ReqCpus,
-            "reqnodes" => ReqNodes,
-            "cluster" => Cluster,
-            "group" => Group,
-            "gid" => Gid,
-            "timelimitraw" => TimelimitRaw,
-            "reqtres" => ReqTres,
-            "reservation" => Reservation,
-            "wckey" => WcKey,
-            "totalcpu" => TotalCpu,
-            "usercpu" => UserCpu,
-            "systemcpu" => SystemCpu,
-            "maxrss" => MaxRss,
-            "alloctres" => AllocTres,
-            "state" => State,
-            "exitcode" => ExitCode,
-            "derivedexitcode" => DerivedExitCode,
-            "elapsed" => Elapsed,
-            "elapsedraw" => ElapsedRaw,
-            "start" => Start,
-            "end" => End,
-            "submit" => Submit,
-            "eligible" => Eligible,
-            "nodelist" => NodeList,
-            "user" => User,
-            "uid" => Uid,
-            "timelimit" => Timelimit,
-            "qos" => Qos,
-            "workdir" => WorkDir,
-            "comment" => Comment,
-            "ntasks" => NTasks,
-            "reqmem" => ReqMem,
-            "reason" => Reason,
-            "priority" => Priority,
-            "constraints" => Constraints,
-            "restarts" => Restarts,
-            _ => return None,
-        })
+        [
+            JobId,
+            JobIdRaw,
+            JobName,
+            Partition,
+            Account,
+            AllocCpus,
+            AllocNodes,
+            AllocTres,
+            State,
+            ExitCode,
+            DerivedExitCode,
+            Elapsed,
+            ElapsedRaw,
+            Start,
+            End,
+            Submit,
+            Eligible,
+            NodeList,
+            User,
+            Uid,
+            Timelimit,
+            Qos,
+            WorkDir,
+            Comment,
+            NTasks,
+            ReqMem,
+            Reason,
+            Priority,
+            Constraints,
+            Restarts,
+            NCpus,
+            NNodes,
+            CpuTime,
+            CpuTimeRaw,
+            ReqCpus,
+            ReqNodes,
+            TotalCpu,
+            UserCpu,
+            SystemCpu,
+            MaxRss,
+            Cluster,
+            Group,
+            Gid,
+            TimelimitRaw,
+            ReqTres,
+            Reservation,
+            WcKey,
+        ]
+    };
+
+    /// The field of a name, in any case (`jobid`, `JobID`).
+    pub fn from_name(name: &str) -> Option<AcctField> {
+        Self::ALL
+            .into_iter()
+            .find(|f| f.header().eq_ignore_ascii_case(name))
     }
 
     fn width(self) -> usize {
@@ -1540,6 +1565,45 @@ mod tests {
             "JobID         ReqCPUS ReqNodes CPUTimeRAW "
         );
         assert!(sacct_format("reqcpus,reqnodes,cputimeraw").is_ok());
+    }
+
+    /// Slurm 22.05's `sacct -e` lists its fields four to a line, each padded to 19
+    /// characters, in case-blind alphabetical order (`... Constraints ... CPUTime ...`):
+    ///
+    /// ```text
+    /// Account             AdminComment        AllocCPUS           AllocNodes
+    /// AllocTRES           AssocID             AveCPU              AveCPUFreq
+    /// ...
+    /// User                UserCPU             WCKey               WCKeyID
+    /// WorkDir
+    /// ```
+    ///
+    /// (every line padded to its last column, `WorkDir` to 19). Tandem lists the ones it
+    /// prints, each of which `-o` takes back in any case.
+    #[test]
+    fn helpformat_lists_every_field_as_slurm_lays_its_list_out() {
+        let text = sacct_helpformat();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "Account             AllocCPUS           AllocNodes          AllocTRES          "
+        );
+        assert_eq!(
+            lines[1],
+            "Cluster             Comment             Constraints         CPUTime            "
+        );
+        assert_eq!(lines.len(), AcctField::ALL.len().div_ceil(4));
+        assert!(lines.iter().all(|l| l.len() <= 79), "{text}");
+        let names: Vec<&str> = text.split_whitespace().collect();
+        assert_eq!(names.len(), AcctField::ALL.len());
+        let mut sorted = names.clone();
+        sorted.sort_by_key(|n| n.to_ascii_lowercase());
+        assert_eq!(names, sorted);
+        for n in names {
+            let f = AcctField::from_name(n).unwrap_or_else(|| panic!("{n} not taken back"));
+            assert_eq!(AcctField::from_name(&n.to_ascii_lowercase()), Some(f));
+        }
+        assert!(text.ends_with("WorkDir            \n"), "{text}");
     }
 
     /// Slurm 22.05, `sacct -P -o JobID,Timelimit,TimelimitRaw,ReqTRES,AllocTRES`: `sbatch
