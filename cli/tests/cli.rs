@@ -62,6 +62,35 @@ fn no_cluster_is_a_clear_error() {
     assert_one_line_error(&out, "squeue", "tandem up");
 }
 
+/// Slurm 22.05's scontrol refuses to drain or down a node without a reason before it asks
+/// the controller, in these words, exit code 1; with a reason it goes on (here to the
+/// missing cluster).
+#[test]
+fn draining_a_node_needs_a_reason_as_in_slurm() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        Command::new(TANDEM)
+            .arg("scontrol")
+            .args(args)
+            .env("TANDEM_CONFIG", dir.path().join("missing.json"))
+            .env_remove("TANDEM_CONTROLLER")
+            .output()
+            .unwrap()
+    };
+    for state in ["State=DRAIN", "state=down"] {
+        let out = run(&["update", "NodeName=node-1", state]);
+        assert_eq!(out.status.code(), Some(1), "{state}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            "You must specify a reason when DOWNING or DRAINING a node. Request denied\n"
+        );
+    }
+    let out = run(&["update", "NodeName=node-1", "State=DRAIN", "Reason=disk"]);
+    assert_one_line_error(&out, "scontrol", "tandem up");
+    let out = run(&["update", "NodeName=node-1", "State=RESUME"]);
+    assert_one_line_error(&out, "scontrol", "tandem up");
+}
+
 /// The Slurm commands' binary is linked at a fixed address (`build.rs`: no relocations for
 /// the loader at every call); the daemons' binary stays position-independent.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]

@@ -273,6 +273,13 @@ pub async fn run(args: Args) -> Exit {
             return Ok(0);
         }
         Request::Ping => return ping().await,
+        // Slurm's scontrol refuses this itself, in these words and without its name.
+        Request::UpdateNode { state, reason, .. }
+            if reason.trim().is_empty() && matches!(state.as_str(), "DRAIN" | "DOWN") =>
+        {
+            eprintln!("You must specify a reason when DOWNING or DRAINING a node. Request denied");
+            return Ok(1);
+        }
         _ => {}
     }
     let mut client = Client::connect().await?;

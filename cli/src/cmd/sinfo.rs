@@ -151,12 +151,7 @@ pub fn group(
 ) -> Vec<SinfoRow> {
     let node_oriented = grouping == Grouping::Node;
     let by_mode = grouping == Grouping::StateAndMode;
-    let state_ok = |n: &NodeView| {
-        wanted_states.is_empty()
-            || wanted_states
-                .iter()
-                .any(|s| *s == n.state_compact() || *s == n.state.to_ascii_lowercase())
-    };
+    let state_ok = |n: &NodeView| wanted_states.is_empty() || in_states(n, wanted_states);
     if grouping == Grouping::Reason {
         return reason_rows(parts, nodes, wanted_parts, &state_ok);
     }
@@ -195,6 +190,11 @@ pub fn group(
                 nodes: Vec::new(),
             });
         }
+        if grouping != Grouping::Partition {
+            // Slurm's order (`#P,-t`): within a partition, states by decreasing value,
+            // drain (a flag above every base state) first. The sort is stable.
+            groups.sort_by_key(|(_, g)| std::cmp::Reverse(g.first().map_or(0, state_rank)));
+        }
         rows.extend(groups.into_iter().map(|(_, nodes)| SinfoRow {
             partition: p.clone(),
             nodes,
@@ -210,6 +210,44 @@ pub fn group(
         rows.sort_by(|a, b| first_name(a).cmp(&first_name(b)));
     }
     rows
+}
+
+/// Whether `-t` asks for `n`: by its own state (`drain`, `drng`, `idle`, `idle+drain`'s
+/// long name), by the state its use gives it under the drain flag (a drained idle node is
+/// `idle` too, as in Slurm), or by the flag (`drain` takes draining nodes as well).
+fn in_states(n: &NodeView, wanted: &[String]) -> bool {
+    let (base, drain) = n.base_state();
+    let base_names: &[&str] = match base {
+        "IDLE" => &["idle"],
+        "MIXED" => &["mix", "mixed"],
+        "ALLOCATED" => &["alloc", "allocated"],
+        "DOWN" => &["down"],
+        "COMPLETING" => &["comp", "completing"],
+        "FUTURE" => &["futr", "future"],
+        _ => &[],
+    };
+    wanted.iter().any(|s| {
+        *s == n.state_compact()
+            || *s == n.state.to_ascii_lowercase()
+            || base_names.contains(&s.as_str())
+            || (drain && s == "drain")
+    })
+}
+
+/// Slurm's numeric node state (its enum, `NODE_STATE_DRAIN` and `NODE_STATE_COMPLETING`
+/// as the flags they are there), which sinfo's default order sorts by.
+fn state_rank(n: &NodeView) -> u32 {
+    let (base, drain) = n.base_state();
+    let value = match base {
+        "DOWN" => 1,
+        "IDLE" => 2,
+        "ALLOCATED" => 3,
+        "MIXED" => 5,
+        "FUTURE" => 6,
+        "COMPLETING" => 0x400 + 3,
+        _ => 0,
+    };
+    value + if drain { 0x200 } else { 0 }
 }
 
 /// `sinfo -R`: each down or drained node with a reason once, whatever its partitions,
@@ -258,7 +296,7 @@ fn reason_rows(
 }
 
 /// `node-10` after `node-9`: the name without its trailing digits, then their value.
-fn name_key(name: &str) -> (&str, u64, &str) {
+pub(crate) fn name_key(name: &str) -> (&str, u64, &str) {
     let stem = name.trim_end_matches(|c: char| c.is_ascii_digit());
     let number = name[stem.len()..].parse().unwrap_or(0);
     (stem, number, name)
@@ -385,6 +423,69 @@ mod tests {
             Grouping::Node,
         );
         assert_eq!(idle_only.len(), 2);
+    }
+
+    /// Slurm 22.05 with n1 running a job, n8 drained and the rest idle: `sinfo` lists
+    /// `drain n8`, `mix n1`, `idle n[2-7]` (states by decreasing value, drain first), and
+    /// `sinfo -t idle` keeps the drained idle node: `drain n8`, `idle n[2-7]`; `-t drain`
+    /// takes draining nodes too.
+    #[test]
+    fn rows_go_drain_first_and_a_drained_idle_node_is_idle() {
+        let p = PartitionView::from_partition(&PartitionInfo {
+            name: "batch".into(),
+            is_default: true,
+            state: "UP".into(),
+            nodes: (1..=8).map(|i| format!("node-{i}")).collect(),
+            ..PartitionInfo::default()
+        });
+        let nodes: Vec<NodeView> = (1..=8)
+            .map(|i| {
+                let state = match i {
+                    1 => "MIXED",
+                    8 => "DRAINED",
+                    _ => "IDLE",
+                };
+                node(&format!("node-{i}"), state)
+            })
+            .collect();
+        let f = sinfo_format(SINFO_DEFAULT).unwrap();
+        let ctx = RenderCtx::default();
+        let lines = |states: &[&str]| {
+            let states: Vec<String> = states.iter().map(|s| s.to_string()).collect();
+            group(
+                std::slice::from_ref(&p),
+                &nodes,
+                &[],
+                &states,
+                Grouping::State,
+            )
+            .iter()
+            .map(|r| f.row(r, &ctx))
+            .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            lines(&[]),
+            [
+                "batch*       up   infinite      1  drain node-8",
+                "batch*       up   infinite      1    mix node-1",
+                "batch*       up   infinite      6   idle node-[2-7]",
+            ]
+        );
+        assert_eq!(
+            lines(&["idle"]),
+            [
+                "batch*       up   infinite      1  drain node-8",
+                "batch*       up   infinite      6   idle node-[2-7]",
+            ]
+        );
+        assert_eq!(
+            lines(&["drain"]),
+            ["batch*       up   infinite      1  drain node-8"]
+        );
+        assert_eq!(
+            lines(&["mix"]),
+            ["batch*       up   infinite      1    mix node-1"]
+        );
     }
 
     #[test]

@@ -125,7 +125,10 @@ pub async fn run(args: Args) -> Exit {
         fold_arrays: !args.array,
         fields,
     };
-    let keys = sort_keys(args.sort.as_deref())?;
+    let mut keys = sort_keys(args.sort.as_deref())?;
+    if keys.is_empty() && !args.start {
+        keys = DEFAULT_SORT.to_vec();
+    }
     let mut client = Client::connect().await?;
     let resp = client.jobs.list_jobs(req).await.rpc()?;
     if single && resp.jobs.is_empty() {
@@ -191,8 +194,10 @@ fn output_of(args: &Args) -> anyhow::Result<(Box<dyn Output>, Vec<String>)> {
         (None, None, false) => None,
     };
     let human = Human::new(columns, !args.noheader);
-    // Sort keys are column letters too (`sort_keys` refuses the others).
-    let sort_keys = args.sort.as_deref().unwrap_or("").chars();
+    // Sort keys are column letters too (`sort_keys` refuses the others); without -S, the
+    // default order's.
+    let default_keys: String = DEFAULT_SORT.iter().map(|(_, c)| *c).collect();
+    let sort_keys = args.sort.as_deref().unwrap_or(&default_keys).chars();
     let mut fields: Vec<String> = human
         .job_format()?
         .fields()
@@ -208,6 +213,10 @@ fn output_of(args: &Args) -> anyhow::Result<(Box<dyn Output>, Vec<String>)> {
     }
     Ok((Box::new(human), fields))
 }
+
+/// Slurm's order without `-S` (`P,t,-p`): by partition, then state (its short name: CD,
+/// F, PD, R), then highest priority first; ties in job id order.
+const DEFAULT_SORT: [(bool, char); 3] = [(false, 'P'), (false, 't'), (true, 'p')];
 
 /// `-S` keys: squeue's letters (`i`, `P`, `t`, `u`, `j`, `Q`, `M`, `S`, `V`, `D`), comma
 /// separated, `-` for descending. Checked before anything is asked of the controller.
@@ -225,7 +234,7 @@ fn sort_keys(keys: Option<&str>) -> anyhow::Result<Vec<(bool, char)>> {
         let (Some(c), None) = (chars.next(), chars.next()) else {
             anyhow::bail!("invalid sort key {k:?}");
         };
-        if !"iPtTujQMSVD".contains(c) {
+        if !"iPtTujpQMSVD".contains(c) {
             anyhow::bail!("invalid sort key {k:?}");
         }
         parsed.push((desc, c));
@@ -268,13 +277,15 @@ fn sort(jobs: &mut [&JobInfo], keys: &[(bool, char)], now: i64) {
         return;
     }
     let state = |j: &JobInfo| state_name(j.state());
+    let compact = |j: &JobInfo| crate::format::view::state_compact(j.state());
     let elapsed = |j: &JobInfo| elapsed_s(j.start_time, j.end_time, now);
     jobs.sort_by(|a, b| {
         for (desc, c) in keys {
             let ord = match c {
                 'i' => id_key(a).cmp(&id_key(b)),
                 'P' => a.partition.cmp(&b.partition),
-                't' | 'T' => state(a).cmp(state(b)),
+                't' => compact(a).cmp(compact(b)),
+                'T' => state(a).cmp(state(b)),
                 'u' => a.user.cmp(&b.user),
                 'j' => a.name.cmp(&b.name),
                 'Q' | 'p' => a.priority.cmp(&b.priority),
@@ -312,6 +323,7 @@ mod tests {
                 "nodelist",
                 "num_nodes",
                 "partition",
+                "priority",
                 "reason",
                 "start_time",
                 "user"
@@ -321,7 +333,11 @@ mod tests {
             fields_for(&["-o", "%i %u", "-S", "-Q"]),
             ["priority", "user"]
         );
-        assert_eq!(fields_for(&["-O", "jobid,state"]), ["job_id"]);
+        // The default order (partition, state, priority) needs its fields too.
+        assert_eq!(
+            fields_for(&["-O", "jobid,state"]),
+            ["partition", "priority"]
+        );
         // JSON carries every field.
         assert!(fields_for(&["--json"]).is_empty());
     }
@@ -355,5 +371,34 @@ mod tests {
         assert_eq!(ids("u,-i"), [12, 3, 9, 4]);
         assert!(sort_keys(Some("x")).is_err());
         assert!(sort_keys(Some("PP")).is_err());
+    }
+
+    /// Slurm 22.05's squeue without `-S`, a running job 1, held 2, dependent 3 and a held
+    /// array 4: `3 PD (Dependency)`, `4_[0-3] PD (JobHeldUser)`, `2 PD (JobHeldUser)`,
+    /// `1 R`; with `-t all`, state by short name: CA, CD, F, PD, R.
+    #[test]
+    fn the_default_order_is_slurms_partition_state_then_priority() {
+        use tandem_proto::v1::JobState;
+        let with = |id: u64, state: JobState, priority: u64| JobInfo {
+            state: state as i32,
+            partition: "batch".into(),
+            ..job(id, 0, priority, "root")
+        };
+        let records = [
+            with(1, JobState::Running, 100),
+            with(2, JobState::Pending, 0),
+            with(3, JobState::Pending, 100),
+            with(5, JobState::Failed, 100),
+            with(6, JobState::Completed, 100),
+            with(7, JobState::Cancelled, 100),
+            JobInfo {
+                partition: "a-first".into(),
+                ..with(8, JobState::Running, 1)
+            },
+        ];
+        let mut jobs: Vec<&JobInfo> = records.iter().collect();
+        sort(&mut jobs, &DEFAULT_SORT, 0);
+        let ids: Vec<u64> = jobs.iter().map(|j| j.job_id).collect();
+        assert_eq!(ids, [8, 7, 6, 5, 3, 2, 1]);
     }
 }

@@ -689,14 +689,20 @@ impl<'a> Node<'a> {
     }
 }
 
-/// sinfo's nodes: each node once, in the order the table lists them.
+/// sinfo's nodes: each node once.
 pub fn sinfo_nodes(rows: &[SinfoRow]) -> Vec<Node<'_>> {
     let mut seen = std::collections::HashSet::new();
-    rows.iter()
+    let mut nodes: Vec<&NodeView> = rows
+        .iter()
         .flat_map(|r| &r.nodes)
         .filter(|n| seen.insert(n.name.as_str()))
-        .map(Node::from_view)
-        .collect()
+        .collect();
+    // By name (node-2 before node-10), as Slurm lists its node table, not in the rows'
+    // state order.
+    nodes.sort_by(|a, b| {
+        crate::cmd::sinfo::name_key(&a.name).cmp(&crate::cmd::sinfo::name_key(&b.name))
+    });
+    nodes.into_iter().map(Node::from_view).collect()
 }
 
 /// A partition as scontrol shows it (v0.0.38 `partition`).

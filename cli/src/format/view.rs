@@ -406,9 +406,12 @@ impl<'a> JobView<'a> {
             .map(|(t, limit)| t.saturating_add(i64::try_from(limit).unwrap_or(i64::MAX)))
     }
 
-    /// squeue's `%R`: the reason in parentheses while pending, else the node list.
+    /// squeue's `%R`: why a job waits, or why it failed (FAILED, TIMEOUT and OUT_OF_MEMORY
+    /// print their reason, as Slurm's squeue does: `(NonZeroExitCode)`), else the nodes it
+    /// holds or held.
     pub fn reason_or_nodes(&self) -> String {
-        if self.is_pending() || self.nodelist.is_empty() {
+        let failed = matches!(self.state, "FAILED" | "TIMEOUT" | "OUT_OF_MEMORY");
+        if self.is_pending() || failed || self.nodelist.is_empty() {
             format!("({})", self.reason)
         } else {
             self.nodelist.to_string()

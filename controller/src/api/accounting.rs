@@ -280,10 +280,37 @@ impl Accounting for AccountingService {
         }
         let active = active
             .into_iter()
-            .filter(|j| !tandem_sched_terminal(j.state) && matches(j, &req, &states));
+            .filter(|j| !tandem_sched_terminal(j.state) && matches(j, &req, &states))
+            .map(with_batch_step);
         let jobs = merge_runs(stored, active);
         Ok(Response::new(v1::ListJobRecordsResponse { jobs }))
     }
+}
+
+/// A started job's `JOBID.batch` line while it runs, as sacct shows it (Slurm 22.05:
+/// `19.batch batch a1 1 RUNNING 0:0`); its run's record carries the exact one when it ends
+/// (`state::persist`). The view holds the job's whole allocation only, so the line gets an
+/// even share of it, on the first node.
+fn with_batch_step(mut info: v1::JobInfo) -> v1::JobInfo {
+    use v1::JobState::{Completing, Running, Suspended};
+    let started = matches!(info.state(), Running | Suspended | Completing) && info.start_time > 0;
+    if !started || info.steps.iter().any(|s| s.step_id == "batch") {
+        return info;
+    }
+    let host = tandem_sched::hostlist::expand(&info.nodelist)
+        .ok()
+        .and_then(|nodes| nodes.into_iter().next())
+        .unwrap_or_default();
+    let nodes = info.num_nodes.max(1);
+    let share = info.tres.clone().map(|t| v1::Tres {
+        cpus: t.cpus / nodes,
+        mem_mb: t.mem_mb / u64::from(nodes),
+        gpus: t.gpus / nodes,
+        gpu_type: t.gpu_type,
+    });
+    let batch = convert::batch_step(&info, &host, share, None);
+    info.steps.insert(0, batch);
+    info
 }
 
 /// sacct's lines: the stored runs `(job id, run, record)`, then each active job whose
@@ -357,6 +384,44 @@ mod tests {
             restarts,
             ..Default::default()
         }
+    }
+
+    /// A running job's batch line, as Slurm lists it under the job in sacct; a pending job
+    /// has none, and a line already there is not doubled.
+    #[test]
+    fn a_running_job_has_its_batch_line() {
+        use v1::JobState::{Pending, Running};
+        let running = v1::JobInfo {
+            nodelist: "node-[3-4]".into(),
+            num_nodes: 2,
+            start_time: 100,
+            tres: Some(v1::Tres {
+                cpus: 8,
+                mem_mb: 4096,
+                gpus: 2,
+                gpu_type: "h100".into(),
+            }),
+            ..info(7, Running, 0)
+        };
+        let listed = with_batch_step(running.clone());
+        assert_eq!(listed.steps.len(), 1);
+        let batch = &listed.steps[0];
+        assert_eq!(
+            (
+                batch.step_id.as_str(),
+                batch.nodelist.as_str(),
+                batch.ntasks
+            ),
+            ("batch", "node-3", 1)
+        );
+        assert_eq!(
+            (batch.state, batch.start_time, batch.end_time),
+            (Running as i32, 100, 0)
+        );
+        let tres = batch.tres.clone().unwrap();
+        assert_eq!((tres.cpus, tres.mem_mb, tres.gpus), (4, 2048, 1));
+        assert_eq!(with_batch_step(listed.clone()).steps.len(), 1);
+        assert!(with_batch_step(info(8, Pending, 0)).steps.is_empty());
     }
 
     /// A job seen running (or pending) in memory whose run ended before the store was

@@ -705,6 +705,29 @@ pub fn node_info(n: &Node, reported: Option<&Reported>) -> v1::NodeInfo {
     }
 }
 
+/// sacct's `JOBID.batch` line of a started job: the batch script's own step, on the batch
+/// host, with what the job holds there, in the job's state and with its exit.
+pub fn batch_step(
+    info: &v1::JobInfo,
+    host: &str,
+    tres: Option<v1::Tres>,
+    usage: Option<v1::ResourceUsage>,
+) -> v1::StepInfo {
+    v1::StepInfo {
+        step_id: "batch".into(),
+        name: "batch".into(),
+        state: info.state,
+        nodelist: host.to_owned(),
+        ntasks: 1,
+        start_time: info.start_time,
+        end_time: info.end_time,
+        exit_code: info.exit_code,
+        signal: info.exit_signal,
+        tres,
+        usage,
+    }
+}
+
 pub fn partition_info(st: &State, p: &Partition) -> v1::PartitionInfo {
     let nodes: Vec<&Node> = st.partition_nodes(&p.name).collect();
     v1::PartitionInfo {

@@ -189,22 +189,8 @@ fn record_row(
             .and_then(|a| a.nodes.first())
             .map(|n| convert::tres(&n.tres(), gpu_type.as_deref()))
             .or_else(|| info.tres.clone());
-        info.steps.insert(
-            0,
-            v1::StepInfo {
-                step_id: "batch".into(),
-                name: "batch".into(),
-                state: info.state,
-                nodelist: batch_host.to_owned(),
-                ntasks: 1,
-                start_time: info.start_time,
-                end_time: info.end_time,
-                exit_code: info.exit_code,
-                signal: info.exit_signal,
-                tres: batch_tres,
-                usage: batch_usage,
-            },
-        );
+        let batch = convert::batch_step(&info, batch_host, batch_tres, batch_usage);
+        info.steps.insert(0, batch);
     }
     let state = v1::JobState::try_from(info.state)
         .map(|s| s.as_str_name().trim_start_matches("JOB_STATE_").to_owned())
