@@ -44,8 +44,10 @@ fn job(j: &JobView, ctx: &RenderCtx) -> String {
     }
     first.push(("JobName", j.name.to_string()));
     let (stdout, stderr, stdin) = std_paths(j);
-    // Slurm 22.05's lines and their order; fields Tandem does not have are left out rather
-    // than made up.
+    // Slurm 22.05's lines and their order. Keys for what Tandem's jobs cannot ask for carry
+    // the value Slurm prints for a job that did not (TimeMin, the socket/core layout, temp
+    // disk, licenses, power); keys whose value Tandem does not know (BatchFlag, AccrueTime,
+    // LastSchedEval) are left out rather than made up.
     let mut lines = vec![
         first,
         vec![
@@ -73,6 +75,7 @@ fn job(j: &JobView, ctx: &RenderCtx) -> String {
         vec![
             ("RunTime", tandem_sched::time::format_elapsed(j.elapsed_s)),
             ("TimeLimit", limit(j.time_limit_s, "UNLIMITED")),
+            ("TimeMin", "N/A".to_string()),
         ],
         vec![
             ("SubmitTime", ts(j.submit_time)),
@@ -124,15 +127,35 @@ fn job(j: &JobView, ctx: &RenderCtx) -> String {
             ("NumCPUs", j.cpus.to_string()),
             ("NumTasks", j.tasks.to_string()),
             ("CPUs/Task", j.cpus_per_task.max(1).to_string()),
+            ("ReqB:S:C:T", "0:0:*:*".to_string()),
         ],
         vec![("TRES", j.tres.to_string())],
         vec![
+            ("Socks/Node", "*".to_string()),
+            ("NtasksPerN:B:S:C", format!("{}:0:*:*", j.ntasks_per_node)),
+            ("CoreSpec", "*".to_string()),
+        ],
+        vec![
+            // What one node must offer: a task's CPUs, times the tasks it must take.
+            (
+                "MinCPUsNode",
+                (j.cpus_per_task.max(1) * j.ntasks_per_node.max(1)).to_string(),
+            ),
             min_memory(j),
+            ("MinTmpDiskNode", "0".to_string()),
+        ],
+        vec![
             ("Features", null(j.constraint).to_string()),
+            ("DelayBoot", "00:00:00".to_string()),
+        ],
+        vec![
             (
                 "OverSubscribe",
                 if j.exclusive { "NO" } else { "OK" }.to_string(),
             ),
+            ("Contiguous", "0".to_string()),
+            ("Licenses", "(null)".to_string()),
+            ("Network", "(null)".to_string()),
         ],
     ]);
     if let Some(gres) = j.tres_per_node() {
@@ -143,10 +166,13 @@ fn job(j: &JobView, ctx: &RenderCtx) -> String {
     if !j.comment.is_empty() {
         lines.push(vec![("Comment", j.comment.to_string())]);
     }
+    // Slurm ends the record with `Power=` and a line of its indent alone.
     lines.extend([
         vec![("StdErr", stderr)],
         vec![("StdIn", stdin)],
         vec![("StdOut", stdout)],
+        vec![("Power", String::new())],
+        Vec::new(),
     ]);
     block(&lines)
 }
@@ -444,9 +470,12 @@ mod tests {
         let text = jobs(&[j], &RenderCtx::default());
         // The lines of Slurm 22.05's `scontrol show job`, in its order, with the fields
         // Tandem has.
+        // Slurm 22.05 ends the record with `   Power=`, a line of three spaces, and a blank
+        // line.
+        assert!(text.ends_with("\n   Power=\n   \n\n"), "{text:?}");
         let keys: Vec<Vec<&str>> = text
             .lines()
-            .filter(|l| !l.is_empty())
+            .filter(|l| !l.trim().is_empty())
             .map(|l| {
                 l.split_whitespace()
                     .map(|kv| kv.split('=').next().unwrap_or_default())
@@ -459,21 +488,25 @@ mod tests {
             vec!["Priority", "Nice", "Account", "QOS"],
             vec!["JobState", "Reason", "Dependency"],
             vec!["Requeue", "Restarts", "Reboot", "ExitCode"],
-            vec!["RunTime", "TimeLimit"],
+            vec!["RunTime", "TimeLimit", "TimeMin"],
             vec!["SubmitTime", "EligibleTime"],
             vec!["StartTime", "EndTime", "Deadline"],
             vec!["Partition", "AllocNode:Sid"],
             vec!["ReqNodeList", "ExcNodeList"],
             vec!["NodeList"],
             vec!["BatchHost"],
-            vec!["NumNodes", "NumCPUs", "NumTasks", "CPUs/Task"],
+            vec!["NumNodes", "NumCPUs", "NumTasks", "CPUs/Task", "ReqB:S:C:T"],
             vec!["TRES"],
-            vec!["MinMemoryNode", "Features", "OverSubscribe"],
+            vec!["Socks/Node", "NtasksPerN:B:S:C", "CoreSpec"],
+            vec!["MinCPUsNode", "MinMemoryNode", "MinTmpDiskNode"],
+            vec!["Features", "DelayBoot"],
+            vec!["OverSubscribe", "Contiguous", "Licenses", "Network"],
             vec!["Command"],
             vec!["WorkDir"],
             vec!["StdErr"],
             vec!["StdIn"],
             vec!["StdOut"],
+            vec!["Power"],
         ];
         assert_eq!(keys, want, "{text}");
         let mut lines = text.lines();
@@ -496,7 +529,10 @@ mod tests {
         assert!(text.contains(" JobState=RUNNING "));
         // No limit: `TimeLimit=UNLIMITED`. Slurm 22.05 printed `-t 5`, `-t 60` and `-t 2-0` as
         // `TimeLimit=00:05:00`, `01:00:00` and `2-00:00:00` (squeue's `5:00` is its own).
-        assert!(text.contains(" TimeLimit=UNLIMITED\n"), "{text}");
+        assert!(
+            text.contains(" TimeLimit=UNLIMITED TimeMin=N/A\n"),
+            "{text}"
+        );
         for (secs, shown) in [
             (300, "00:05:00"),
             (3600, "01:00:00"),
@@ -507,7 +543,10 @@ mod tests {
                 ..info.clone()
             };
             let text = jobs(&[JobView::from_job(&limited, 0)], &RenderCtx::default());
-            assert!(text.contains(&format!(" TimeLimit={shown}\n")), "{text}");
+            assert!(
+                text.contains(&format!(" TimeLimit={shown} TimeMin=N/A\n")),
+                "{text}"
+            );
         }
         // The reference printed `Partition=batch AllocNode:Sid=localhost:28358` and, with
         // no memory asked, a bare `MinMemoryNode=0`.
@@ -516,8 +555,25 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("\n   MinMemoryNode=0 Features=(null)"),
+            text.contains(
+                "\n   MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0\n   \
+                 Features=(null) DelayBoot=00:00:00\n   \
+                 OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null)\n"
+            ),
             "{text}"
+        );
+        // `--ntasks-per-node=2 -c 2`: `NtasksPerN:B:S:C=2:0:*:*` and `MinCPUsNode=4`.
+        let per_node = JobInfo {
+            ntasks_per_node: 2,
+            cpus_per_task: 2,
+            ..info.clone()
+        };
+        let text_node = jobs(&[JobView::from_job(&per_node, 0)], &RenderCtx::default());
+        assert!(
+            text_node.contains(
+                "\n   Socks/Node=* NtasksPerN:B:S:C=2:0:*:* CoreSpec=*\n   MinCPUsNode=4 "
+            ),
+            "{text_node}"
         );
         // `--mem-per-cpu=100` showed `MinMemoryCPU=100M` in its place.
         let per_cpu = JobInfo {
@@ -526,7 +582,7 @@ mod tests {
         };
         let text_cpu = jobs(&[JobView::from_job(&per_cpu, 0)], &RenderCtx::default());
         assert!(
-            text_cpu.contains("\n   MinMemoryCPU=100M Features="),
+            text_cpu.contains(" MinMemoryCPU=100M MinTmpDiskNode=0\n"),
             "{text_cpu}"
         );
         // Slurm 22.05 without -o/-e/-i: `StdErr=` and `StdOut=` the default file in the
@@ -534,7 +590,7 @@ mod tests {
         assert!(
             text.ends_with(
                 "   StdErr=/home/alice/slurm-3.out\n   StdIn=/dev/null\n   \
-                 StdOut=/home/alice/slurm-3.out\n\n"
+                 StdOut=/home/alice/slurm-3.out\n   Power=\n   \n\n"
             ),
             "{text}"
         );
@@ -549,7 +605,7 @@ mod tests {
         assert!(
             text.ends_with(
                 "   StdErr=/tmp/train.3\n   StdIn=/home/alice/in.txt\n   \
-                 StdOut=/home/alice/slurm-3.out\n\n"
+                 StdOut=/home/alice/slurm-3.out\n   Power=\n   \n\n"
             ),
             "{text}"
         );

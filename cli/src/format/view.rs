@@ -42,6 +42,8 @@ pub struct JobView<'a> {
     pub cpus: u32,
     pub tasks: u32,
     pub cpus_per_task: u32,
+    /// `--ntasks-per-node`; 0 when not asked.
+    pub ntasks_per_node: u32,
     pub mem_mb: u64,
     pub gpus: u32,
     pub gpu_type: &'a str,
@@ -291,6 +293,7 @@ impl<'a> JobView<'a> {
             cpus: j.num_cpus,
             tasks: j.num_tasks,
             cpus_per_task: j.cpus_per_task,
+            ntasks_per_node: j.ntasks_per_node,
             mem_mb: tres.map_or(0, |t| t.mem_mb),
             gpus: tres.map_or(0, |t| t.gpus),
             gpu_type: tres.map_or("", |t| t.gpu_type.as_str()),
