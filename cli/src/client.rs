@@ -2,7 +2,6 @@
 
 use std::sync::OnceLock;
 
-use anyhow::Context as _;
 use tandem_proto::auth::{ClientAuth, Identity};
 use tandem_proto::endpoint::{self, AuthChannel, Endpoint, MAX_RESPONSE_BYTES};
 use tandem_proto::net::{self, ClientSecurity};
@@ -172,7 +171,9 @@ impl<T> RpcResult<T> for Result<tonic::Response<T>, tonic::Status> {
     }
 }
 
-/// Reads a file, naming it in the error.
+/// Reads a file, naming it in the error in Slurm's words (`Unable to open file job.sh`,
+/// without the system's reason, as sbatch prints it).
 pub fn read_file(path: &std::path::Path) -> anyhow::Result<String> {
-    std::fs::read_to_string(path).with_context(|| format!("Unable to open file {}", path.display()))
+    std::fs::read_to_string(path)
+        .map_err(|_| anyhow::anyhow!("Unable to open file {}", path.display()))
 }

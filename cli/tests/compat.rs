@@ -1287,7 +1287,12 @@ fn command_names_the_script_as_slurm_does() {
     assert_eq!(show(piped), "(null)");
 
     let missing = c.run(&["sbatch", "--hold", "nowhere.sh"]);
-    util::assert_one_line_error(&missing, "sbatch", "Unable to open file nowhere.sh");
+    // Slurm 22.05: `sbatch: error: Unable to open file nowhere.sh`, no reason after it.
+    assert_eq!(
+        String::from_utf8_lossy(&missing.stderr),
+        "sbatch: error: Unable to open file nowhere.sh\n"
+    );
+    assert_eq!(missing.status.code(), Some(1));
 }
 
 /// The variables a batch script sees about its GPUs, its task ids and how it was submitted,
