@@ -79,6 +79,18 @@ fn job_over_its_mem_ends_out_of_memory_and_its_neighbour_completes() {
         sacct,
         format!("{neighbour}|neighbour|COMPLETED\n{hog}|hog|OUT_OF_MEMORY\n"),
     );
+    // squeue's %R names why it failed, as Slurm's `(OutOfMemory)`.
+    let queue = c.ok(&[
+        "squeue",
+        "-h",
+        "-t",
+        "all",
+        "-j",
+        &hog.to_string(),
+        "-o",
+        "%T %R",
+    ]);
+    assert_eq!(queue, "OUT_OF_MEMORY (OutOfMemory)\n");
 }
 
 fn alive(pid: i32) -> bool {

@@ -433,6 +433,8 @@ pub enum Reason {
     TimeLimit,
     NodeDown,
     JobLaunchFailure,
+    /// The kernel's OOM killer ended a process of the job (Slurm's `FAIL_OOM`).
+    OutOfMemory,
 }
 
 impl Reason {
@@ -464,6 +466,7 @@ impl Reason {
             Reason::TimeLimit => "TimeLimit",
             Reason::NodeDown => "NodeDown",
             Reason::JobLaunchFailure => "JobLaunchFailure",
+            Reason::OutOfMemory => "OutOfMemory",
         }
     }
 }

@@ -203,9 +203,9 @@ impl State {
             None if outcome.launch_error.is_some() => (JobState::Failed, Reason::JobLaunchFailure),
             None if outcome.timed_out => (JobState::Timeout, Reason::TimeLimit),
             None if outcome.cancelled => (JobState::Cancelled, Reason::None),
-            // As Slurm: an OOM kill anywhere in the job ends it OUT_OF_MEMORY, even when
-            // the batch script survived it.
-            None if outcome.out_of_memory => (JobState::OutOfMemory, Reason::None),
+            // As Slurm: an OOM kill anywhere in the job ends it OUT_OF_MEMORY (reason
+            // OutOfMemory), even when the batch script survived it.
+            None if outcome.out_of_memory => (JobState::OutOfMemory, Reason::OutOfMemory),
             None if outcome.signal != 0 || outcome.exit_code != 0 => {
                 (JobState::Failed, Reason::NonZeroExitCode)
             }
