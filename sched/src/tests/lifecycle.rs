@@ -147,7 +147,7 @@ fn job_outcomes_map_to_slurm_states() {
                 ..Default::default()
             },
             JobState::OutOfMemory,
-            Reason::None,
+            Reason::OutOfMemory,
         ),
         (
             JobOutcome {
