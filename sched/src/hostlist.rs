@@ -25,6 +25,15 @@ fn herr(input: &str, problem: impl Into<String>) -> HostlistError {
     }
 }
 
+/// The first name of a host-list expression (a job's batch host), expanding only the first
+/// item; `None` for an empty or malformed one.
+pub fn first(expr: &str) -> Option<String> {
+    let item = split_top(expr).ok()?.into_iter().find(|i| !i.is_empty())?;
+    let mut names = Vec::new();
+    expand_item(expr, item, &mut names).ok()?;
+    names.into_iter().next()
+}
+
 /// Expands a host-list expression into names, in the order written. Empty input gives an
 /// empty list; duplicates are kept (callers that need a set dedupe).
 pub fn expand(expr: &str) -> Result<Vec<String>, HostlistError> {
@@ -277,6 +286,15 @@ mod tests {
 
     fn v(names: &[&str]) -> Vec<String> {
         names.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn first_is_the_first_name_written() {
+        assert_eq!(first("node-[3-4],gpu-1").as_deref(), Some("node-3"));
+        assert_eq!(first(",gpu-[07-09]").as_deref(), Some("gpu-07"));
+        assert_eq!(first("n1").as_deref(), Some("n1"));
+        assert_eq!(first(""), None);
+        assert_eq!(first("node-[3-"), None);
     }
 
     #[test]

@@ -336,9 +336,7 @@ impl<'a> JobView<'a> {
 
     /// The node that runs the batch script (the first of the job's nodes), once it has any.
     pub fn batch_host(&self) -> Option<String> {
-        tandem_sched::hostlist::expand(self.nodelist)
-            .ok()
-            .and_then(|h| h.into_iter().next())
+        tandem_sched::hostlist::first(self.nodelist)
     }
 
     /// A step row for sacct: it inherits the job's identity and reports its own use.

@@ -297,10 +297,7 @@ fn with_batch_step(mut info: v1::JobInfo) -> v1::JobInfo {
     if !started || info.steps.iter().any(|s| s.step_id == "batch") {
         return info;
     }
-    let host = tandem_sched::hostlist::expand(&info.nodelist)
-        .ok()
-        .and_then(|nodes| nodes.into_iter().next())
-        .unwrap_or_default();
+    let host = tandem_sched::hostlist::first(&info.nodelist).unwrap_or_default();
     let nodes = info.num_nodes.max(1);
     let share = info.tres.clone().map(|t| v1::Tres {
         cpus: t.cpus / nodes,
