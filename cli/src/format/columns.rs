@@ -805,8 +805,23 @@ impl Format<SinfoField> {
 
 // === sacct ===
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AcctField {
+/// Declares the sacct fields once: the enum and [`AcctField::ALL`] come from one list, so
+/// no field can be printable but missing from `-o` and `-e`.
+macro_rules! acct_fields {
+    ($($(#[$attr:meta])* $field:ident,)*) => {
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum AcctField {
+            $($(#[$attr])* $field,)*
+        }
+
+        impl AcctField {
+            /// Every field Tandem's sacct prints.
+            pub const ALL: &'static [AcctField] = &[$(AcctField::$field,)*];
+        }
+    };
+}
+
+acct_fields! {
     JobId,
     JobIdRaw,
     JobName,
@@ -886,64 +901,11 @@ pub fn sacct_helpformat() -> String {
 }
 
 impl AcctField {
-    /// Every field Tandem's sacct prints.
-    pub const ALL: [AcctField; 47] = {
-        use AcctField::*;
-        [
-            JobId,
-            JobIdRaw,
-            JobName,
-            Partition,
-            Account,
-            AllocCpus,
-            AllocNodes,
-            AllocTres,
-            State,
-            ExitCode,
-            DerivedExitCode,
-            Elapsed,
-            ElapsedRaw,
-            Start,
-            End,
-            Submit,
-            Eligible,
-            NodeList,
-            User,
-            Uid,
-            Timelimit,
-            Qos,
-            WorkDir,
-            Comment,
-            NTasks,
-            ReqMem,
-            Reason,
-            Priority,
-            Constraints,
-            Restarts,
-            NCpus,
-            NNodes,
-            CpuTime,
-            CpuTimeRaw,
-            ReqCpus,
-            ReqNodes,
-            TotalCpu,
-            UserCpu,
-            SystemCpu,
-            MaxRss,
-            Cluster,
-            Group,
-            Gid,
-            TimelimitRaw,
-            ReqTres,
-            Reservation,
-            WcKey,
-        ]
-    };
-
     /// The field of a name, in any case (`jobid`, `JobID`).
     pub fn from_name(name: &str) -> Option<AcctField> {
         Self::ALL
-            .into_iter()
+            .iter()
+            .copied()
             .find(|f| f.header().eq_ignore_ascii_case(name))
     }
 
