@@ -128,7 +128,8 @@ impl State {
 
     /// The node's worker is gone (timeout) or an operator set it DOWN: it takes no work and
     /// its jobs end NODE_FAIL, or go back to PENDING when requeue is allowed. The other nodes
-    /// of a multi-node job are told to kill their part.
+    /// of a multi-node job are told to kill their part. A `kube`-mode placeholder does not
+    /// end here: see [`State::placeholder_on_lost_node`].
     pub fn node_lost(
         &mut self,
         name: &str,
@@ -152,9 +153,46 @@ impl State {
         let jobs = self.nodes[id.index()].jobs.clone();
         let mut effects = Vec::new();
         for job in jobs {
-            effects.extend(self.fail_job_on_lost_node(job, id, now));
+            let kube = self
+                .jobs
+                .get(&job)
+                .is_some_and(|j| j.spec.mode == NodeMode::Kube);
+            if kube {
+                effects.extend(self.placeholder_on_lost_node(job));
+            } else {
+                effects.extend(self.fail_job_on_lost_node(job, id, now));
+            }
         }
         Ok(effects)
+    }
+
+    /// A placeholder's pods run under the kubelet, not the worker: a lost worker or an
+    /// operator's DOWN says nothing about whether they still run, on this node or the
+    /// others. Freeing its nodes now would hand them to batch work beside live pods, so the
+    /// placeholder is only marked ending NODE_FAIL (the controller asks the bridge to evict
+    /// the pods) and keeps every node, in `kube` mode, until the bridge reports the pods
+    /// gone ([`State::job_ended`] then ends it NODE_FAIL and frees them). An ending already
+    /// asked for (scancel, preemption, requeue) keeps its meaning and is not asked again.
+    fn placeholder_on_lost_node(&mut self, job: JobId) -> Vec<Effect> {
+        let Some(j) = self.jobs.get(&job) else {
+            return Vec::new();
+        };
+        if j.state != JobState::Running || j.kill.is_some() {
+            return Vec::new();
+        }
+        // Every node, the lost one included: its kubelet may well be alive.
+        let nodes: Vec<NodeId> = j
+            .alloc
+            .as_ref()
+            .map(|a| a.node_ids().collect())
+            .unwrap_or_default();
+        self.with_job(job, |j| j.kill = Some(KillReason::NodeFail));
+        vec![Effect::Terminate {
+            job,
+            nodes,
+            reason: SignalReason::NodeFail,
+            grace_s: 0,
+        }]
     }
 
     fn fail_job_on_lost_node(&mut self, job: JobId, lost: NodeId, now: i64) -> Vec<Effect> {

@@ -5,12 +5,14 @@
 //! - `arrays`: task splitting, throttle, array dependencies
 //! - `invariants`: property test over random event sequences
 //! - `admin`: run-time account, user and QOS changes (sacctmgr)
+//! - `placeholders`: `kube`-mode jobs on lost, downed and drained nodes
 
 mod admin;
 mod arrays;
 mod invariants;
 mod lifecycle;
 mod placement;
+mod placeholders;
 
 use crate::job::{JobOutcome, JobState};
 use crate::state::State;
