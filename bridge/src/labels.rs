@@ -12,6 +12,13 @@ pub const TIME_LIMIT: &str = "tandem.dev/time-limit";
 /// Written by the bridge on every pod it binds: the placeholder job's id.
 pub const JOB_ID: &str = "tandem.dev/job-id";
 
+/// Finalizer the bridge puts on every pod before binding it, and removes once the kubelet
+/// reported the pod's containers stopped (or its node has been gone for the grace period).
+/// A force delete (`--grace-period=0 --force`) then leaves the object in place, marked for
+/// deletion, while the kubelet stops the containers: the pod's slot is judged from what
+/// the node reports, never from the object vanishing.
+pub const SLOT_FINALIZER: &str = "tandem.dev/slot-protection";
+
 /// The annotations a user may set, in the order error messages list them.
 pub const USER_ANNOTATIONS: [&str; 4] = [PARTITION, QOS, ACCOUNT, TIME_LIMIT];
 /// The prefix of every Tandem annotation; an unknown key under it is a typo, refused.
@@ -23,7 +30,8 @@ pub const MANAGED_LABEL: &str = "tandem.dev/managed";
 
 /// Node label kept in step with the controller: `batch` or `kube`.
 pub const MODE_LABEL: &str = "tandem.dev/mode";
-/// Node taint key of pool nodes (`tandem.dev/pool=<cluster>:NoSchedule`).
+/// Node taint key of pool nodes: `tandem.dev/pool=<cluster>:NoSchedule` always, and
+/// `tandem.dev/pool=<cluster>:NoExecute` too while the node is in `batch` mode.
 pub const POOL_TAINT: &str = "tandem.dev/pool";
 
 /// scheduler-plugins coscheduling: the pod's PodGroup (same namespace).

@@ -3,6 +3,16 @@
 //! label `tandem.dev/mode=batch|kube`, kept in step with the controller, so
 //! `kubectl get nodes -L tandem.dev/mode` shows the time partition.
 //!
+//! While in `batch` mode a pool node also carries `tandem.dev/pool=<cluster>:NoExecute`
+//! (same key, second effect). `NoSchedule` only keeps schedulers away; a pod that reached
+//! the node another way (a preset `spec.nodeName`, a bind by someone else, a pod that was
+//! there before the node joined the pool) would keep running next to batch jobs. With
+//! `NoExecute`, Kubernetes' taint manager evicts every pod without a matching toleration,
+//! and the kubelet refuses to admit new ones. Bridged pods tolerate `NoSchedule` only (the
+//! webhook adds exactly that), so they are evicted too should one ever be on a batch node;
+//! Tandem's worker pods must tolerate the key with every effect (`operator: Exists`, no
+//! effect). In `kube` mode the `NoExecute` taint is removed: the bridge binds pods there.
+//!
 //! [`plan`] is pure: from the Node as observed and the controller's view of it, what to
 //! change (nothing when in step, so no request storm) and whether the change is a flip worth
 //! an Event. [`json_patch()`] turns a plan into a JSON patch that tests the observed
@@ -82,17 +92,28 @@ pub fn plan(node: &Node, controller: Controller, cluster: &str) -> Option<Plan> 
         .as_ref()
         .and_then(|s| s.taints.clone())
         .unwrap_or_default();
-    let ours = |t: &Taint| {
-        t.key == POOL_TAINT && t.value.as_deref() == Some(cluster) && t.effect == "NoSchedule"
+    let wanted = pool_taints(cluster, want);
+    let same = |a: &Taint, b: &Taint| a.key == b.key && a.value == b.value && a.effect == b.effect;
+    let pool: Vec<&Taint> = taints.iter().filter(|t| t.key == POOL_TAINT).collect();
+    let in_step =
+        pool.len() == wanted.len() && wanted.iter().all(|w| pool.iter().any(|t| same(t, w)));
+    let taints = if in_step {
+        None
+    } else {
+        // A taint of ours already there is kept as it is (its `timeAdded`, which the taint
+        // manager reads, included); the others of the key are another cluster's or stale.
+        let wanted: Vec<Taint> = wanted
+            .into_iter()
+            .map(|w| {
+                pool.iter()
+                    .find(|t| same(t, &w))
+                    .map_or(w, |t| (*t).clone())
+            })
+            .collect();
+        let mut kept: Vec<Taint> = taints.into_iter().filter(|t| t.key != POOL_TAINT).collect();
+        kept.extend(wanted);
+        Some(kept)
     };
-    let taints =
-        if taints.iter().filter(|t| t.key == POOL_TAINT).count() == 1 && taints.iter().any(ours) {
-            None
-        } else {
-            let mut kept: Vec<Taint> = taints.into_iter().filter(|t| t.key != POOL_TAINT).collect();
-            kept.push(pool_taint(cluster));
-            Some(kept)
-        };
     if label.is_none() && taints.is_none() {
         return None;
     }
@@ -103,7 +124,7 @@ pub fn plan(node: &Node, controller: Controller, cluster: &str) -> Option<Plan> 
     })
 }
 
-/// `tandem.dev/pool=<cluster>:NoSchedule`.
+/// `tandem.dev/pool=<cluster>:NoSchedule`: on every pool node, in either mode.
 pub fn pool_taint(cluster: &str) -> Taint {
     Taint {
         key: POOL_TAINT.to_owned(),
@@ -111,6 +132,41 @@ pub fn pool_taint(cluster: &str) -> Taint {
         effect: "NoSchedule".to_owned(),
         time_added: None,
     }
+}
+
+/// `tandem.dev/pool=<cluster>:NoExecute`: on a pool node while it is in `batch` mode, so
+/// that no pod without Tandem's toleration stays on it.
+pub fn batch_taint(cluster: &str) -> Taint {
+    Taint {
+        effect: "NoExecute".to_owned(),
+        ..pool_taint(cluster)
+    }
+}
+
+/// The pool taints a node in `mode` carries, in the order they are written.
+pub fn pool_taints(cluster: &str, mode: Mode) -> Vec<Taint> {
+    match mode {
+        Mode::Kube => vec![pool_taint(cluster)],
+        Mode::Batch => vec![pool_taint(cluster), batch_taint(cluster)],
+    }
+}
+
+/// Whether `node` is a pool node of some Tandem cluster: it carries the mode label or a
+/// taint with the pool key (whatever its value). Admission keeps other pods off such nodes.
+/// A node the bridge has not marked yet is not recognised; it gets the marks at the bridge's
+/// next node sync, and its `NoExecute` taint evicts what got there meanwhile.
+pub fn is_pool_node(node: &Node) -> bool {
+    let labelled = node
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(MODE_LABEL));
+    let tainted = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| t.key == POOL_TAINT));
+    labelled || tainted
 }
 
 /// The JSON patch (RFC 6902) applying `plan` to `node`: a `test` of the observed
@@ -193,11 +249,23 @@ mod tests {
         assert_eq!(plan(&n, KUBE, "pool"), None);
     }
 
+    /// `n` with one more taint.
+    fn tainted(mut n: Node, key: &str, value: &str, effect: &str) -> Node {
+        let spec = n.spec.get_or_insert_with(NodeSpec::default);
+        spec.taints.get_or_insert_with(Vec::new).push(Taint {
+            key: key.into(),
+            value: Some(value.into()),
+            effect: effect.into(),
+            time_added: None,
+        });
+        n
+    }
+
     #[test]
     fn missing_label_is_set_without_a_flip() {
         let n = node(None, &[(POOL_TAINT, "pool")]);
-        let p = plan(&n, BATCH, "pool").unwrap();
-        assert_eq!(p.label, Some(Mode::Batch));
+        let p = plan(&n, KUBE, "pool").unwrap();
+        assert_eq!(p.label, Some(Mode::Kube));
         assert_eq!(p.taints, None);
         assert_eq!(p.flip, None, "first labelling is not a flip");
         let ops = json_patch(&n, &p);
@@ -205,7 +273,7 @@ mod tests {
             ops,
             json!([
                 {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
-                {"op": "add", "path": "/metadata/labels", "value": {"tandem.dev/mode": "batch"}},
+                {"op": "add", "path": "/metadata/labels", "value": {"tandem.dev/mode": "kube"}},
             ])
         );
     }
@@ -252,13 +320,76 @@ mod tests {
 
     #[test]
     fn another_clusters_taint_is_replaced() {
-        let n = node(Some("batch"), &[(POOL_TAINT, "elsewhere"), ("gpu", "x")]);
-        let p = plan(&n, BATCH, "pool").unwrap();
+        let n = node(Some("kube"), &[(POOL_TAINT, "elsewhere"), ("gpu", "x")]);
+        let p = plan(&n, KUBE, "pool").unwrap();
         assert_eq!(p.label, None);
         let t = p.taints.unwrap();
         assert_eq!(t.iter().filter(|t| t.key == POOL_TAINT).count(), 1);
         assert!(t.contains(&pool_taint("pool")));
         assert!(t.iter().any(|t| t.key == "gpu"));
+        let n = tainted(n, POOL_TAINT, "elsewhere", "NoExecute");
+        let t = plan(&n, BATCH, "pool").unwrap().taints.unwrap();
+        let pool: Vec<&Taint> = t.iter().filter(|t| t.key == POOL_TAINT).collect();
+        assert_eq!(pool, [&pool_taint("pool"), &batch_taint("pool")]);
+    }
+
+    #[test]
+    fn a_batch_node_carries_no_execute_and_a_kube_node_does_not() {
+        // In kube mode with only NoSchedule: in step.
+        let kube = node(Some("kube"), &[(POOL_TAINT, "pool"), ("gpu", "x")]);
+        assert_eq!(plan(&kube, KUBE, "pool"), None);
+        // Turning batch: the NoExecute taint is added beside NoSchedule, others kept.
+        let p = plan(&kube, BATCH, "pool").unwrap();
+        assert_eq!(p.label, Some(Mode::Batch));
+        assert_eq!(p.flip, Some((Mode::Kube, Mode::Batch)));
+        let t = p.taints.clone().unwrap();
+        assert_eq!(t[0].key, "gpu", "other taints kept, first");
+        assert_eq!(t[1..], [pool_taint("pool"), batch_taint("pool")]);
+        assert_eq!(t[2].effect, "NoExecute");
+        assert_eq!(t[2].value.as_deref(), Some("pool"));
+        let ops = json_patch(&kube, &p);
+        assert_eq!(ops[2]["path"], "/spec/taints");
+        assert_eq!(ops[2]["value"][2]["effect"], "NoExecute");
+        // A batch node with both: in step; the NoExecute taint's timeAdded is not a
+        // difference (the API server stamps it).
+        let mut batch = tainted(
+            node(Some("batch"), &[(POOL_TAINT, "pool")]),
+            POOL_TAINT,
+            "pool",
+            "NoExecute",
+        );
+        if let Some(t) = batch.spec.as_mut().and_then(|s| s.taints.as_mut()) {
+            t[1].time_added = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        }
+        assert_eq!(plan(&batch, BATCH, "pool"), None);
+        // Back to kube: the NoExecute taint goes, NoSchedule stays.
+        let p = plan(&batch, KUBE, "pool").unwrap();
+        assert_eq!(p.taints, Some(vec![pool_taint("pool")]));
+        // A duplicate NoSchedule beside the right pair is cleaned up, keeping timeAdded.
+        let dup = tainted(batch.clone(), POOL_TAINT, "pool", "NoSchedule");
+        let t = plan(&dup, BATCH, "pool").unwrap().taints.unwrap();
+        assert_eq!(t.len(), 2);
+        assert!(
+            t[1].time_added.is_some(),
+            "the existing NoExecute taint is kept"
+        );
+        // Batch node with NoSchedule only (written by an older bridge): NoExecute added.
+        let old = node(Some("batch"), &[(POOL_TAINT, "pool")]);
+        let p = plan(&old, BATCH, "pool").unwrap();
+        assert_eq!((p.label, p.flip), (None, None));
+        assert_eq!(p.taints, Some(pool_taints("pool", Mode::Batch)));
+    }
+
+    #[test]
+    fn pool_nodes_are_told_by_the_label_or_the_taint_key() {
+        assert!(is_pool_node(&node(Some("batch"), &[])));
+        assert!(is_pool_node(&node(None, &[(POOL_TAINT, "other")])));
+        assert!(!is_pool_node(&node(None, &[("gpu", "x")])));
+        let mut bare = node(None, &[]);
+        bare.spec = None;
+        assert!(!is_pool_node(&bare));
     }
 
     #[test]
@@ -269,7 +400,8 @@ mod tests {
         assert_eq!(
             json_patch(&n, &p)[1],
             json!({"op": "add", "path": "/spec", "value": {"taints": [
-                {"key": "tandem.dev/pool", "value": "pool", "effect": "NoSchedule"}]}})
+                {"key": "tandem.dev/pool", "value": "pool", "effect": "NoSchedule"},
+                {"key": "tandem.dev/pool", "value": "pool", "effect": "NoExecute"}]}})
         );
     }
 

@@ -7,7 +7,7 @@ use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use serde_json::Value;
 
-use super::admit::{Mode, Op, Verdict, View, admit};
+use super::admit::{Mode, Op, Requester, Verdict, View, admit, guard_binding};
 
 /// The response review for the request `body`, as JSON. A body that is not a Pod review is
 /// refused (the API server then reports the message), never allowed blindly.
@@ -27,6 +27,13 @@ fn to_wire(review: AdmissionReview<DynamicObject>) -> Value {
 }
 
 fn decide(mode: Mode, body: &[u8], view: View<'_>) -> AdmissionReview<DynamicObject> {
+    // A binding is not a Pod: tell the two apart before reading the object as one.
+    let binding = serde_json::from_slice::<Value>(body).ok().is_some_and(|v| {
+        v.pointer("/request/subResource").and_then(Value::as_str) == Some("binding")
+    });
+    if binding {
+        return decide_binding(mode, body, view);
+    }
     let review: AdmissionReview<Pod> = match serde_json::from_slice(body) {
         Ok(r) => r,
         Err(e) => return unreadable(body, &format!("not a Pod AdmissionReview: {e}")),
@@ -41,8 +48,8 @@ fn decide(mode: Mode, body: &[u8], view: View<'_>) -> AdmissionReview<DynamicObj
         Operation::Update => Op::Update,
         Operation::Delete | Operation::Connect => Op::Other,
     };
-    // Only whole pods are judged; the webhook configuration names `pods` alone, so a
-    // subresource here is a configuration mistake that must not block bindings or status.
+    // Only whole pods (and bindings, above) are judged; another subresource here is a
+    // configuration mistake that must not block status writes or evictions.
     if req.sub_resource.is_some() || op == Op::Other {
         return resp.into_review();
     }
@@ -54,7 +61,8 @@ fn decide(mode: Mode, body: &[u8], view: View<'_>) -> AdmissionReview<DynamicObj
         .as_deref()
         .or(pod.metadata.namespace.as_deref())
         .unwrap_or_default();
-    match admit(mode, op, namespace, pod, req.old_object.as_ref(), view) {
+    let who = requester(&req.user_info);
+    match admit(mode, op, namespace, pod, req.old_object.as_ref(), who, view) {
         Verdict::Allow => resp.into_review(),
         Verdict::Deny(msg) => deny(resp, &msg).into_review(),
         Verdict::Patch(ops) => {
@@ -66,6 +74,43 @@ fn decide(mode: Mode, body: &[u8], view: View<'_>) -> AdmissionReview<DynamicObj
                 Err(e) => deny(resp, &format!("building the patch: {e}")).into_review(),
             }
         }
+    }
+}
+
+/// A `pods/binding` `CREATE`: the pod goes to `target.name`. Judged by the guard alone
+/// (every endpoint gives the same answer, so a configuration that sends bindings to
+/// `/mutate` is not a hole).
+fn decide_binding(_mode: Mode, body: &[u8], view: View<'_>) -> AdmissionReview<DynamicObject> {
+    let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
+        Ok(r) => r,
+        Err(e) => return unreadable(body, &format!("not a Binding AdmissionReview: {e}")),
+    };
+    let req: AdmissionRequest<DynamicObject> = match review.try_into() {
+        Ok(r) => r,
+        Err(_) => return unreadable(body, "AdmissionReview without a request"),
+    };
+    let resp = AdmissionResponse::from(&req);
+    if req.operation != Operation::Create {
+        return resp.into_review();
+    }
+    let target = req
+        .object
+        .as_ref()
+        .and_then(|b| b.data.pointer("/target/name"))
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty());
+    let Some(node) = target else {
+        return deny(resp, "target.name: the binding names no node").into_review();
+    };
+    match guard_binding(node, requester(&req.user_info), view.guard) {
+        Verdict::Deny(msg) => deny(resp, &msg).into_review(),
+        Verdict::Allow | Verdict::Patch(_) => resp.into_review(),
+    }
+}
+
+fn requester(u: &k8s_openapi::api::authentication::v1::UserInfo) -> Requester<'_> {
+    Requester {
+        username: u.username.as_deref().unwrap_or_default(),
     }
 }
 
@@ -116,11 +161,80 @@ mod tests {
             account: "inference".into(),
             ..Default::default()
         }];
+        let pool: std::collections::BTreeSet<String> = ["b1".to_owned()].into();
+        let binders = vec!["system:serviceaccount:tandem:tandem-bridge".to_owned()];
         let view = View {
             cluster: "pool",
             policies: Ok(&ps),
+            guard: super::super::admit::Guard {
+                pool_nodes: Ok(&pool),
+                operators: &[],
+                binders: &binders,
+            },
         };
         respond(mode, body, view)
+    }
+
+    /// A `pods/binding` review of pod `p` onto `node` by `user`.
+    fn binding(user: &str, node: &str) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "u-2",
+                "kind": {"group": "", "version": "v1", "kind": "Binding"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "subResource": "binding",
+                "name": "p", "namespace": "web", "operation": "CREATE",
+                "userInfo": {"username": user, "groups": ["system:authenticated"]},
+                "object": {"apiVersion": "v1", "kind": "Binding",
+                    "metadata": {"name": "p", "namespace": "web"},
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": node}},
+                "oldObject": null, "dryRun": false,
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_binding_onto_a_pool_node_is_refused_unless_the_binder_is_trusted() {
+        for mode in [Mode::Guard, Mode::Mutate, Mode::Validate] {
+            let r = answer(mode, &binding("alice", "b1"));
+            let resp = &r["response"];
+            assert_eq!(resp["uid"], "u-2");
+            assert_eq!(resp["allowed"], false, "{mode:?}");
+            assert_eq!(resp["status"]["code"], 403);
+            let m = resp["status"]["message"].as_str().unwrap();
+            assert!(
+                m.contains("\"b1\" is a Tandem pool node") && m.contains("alice may not"),
+                "{m}"
+            );
+        }
+        let r = answer(
+            Mode::Guard,
+            &binding("system:serviceaccount:tandem:tandem-bridge", "b1"),
+        );
+        assert_eq!(r["response"]["allowed"], true);
+        let r = answer(Mode::Guard, &binding("alice", "cpu-1"));
+        assert_eq!(r["response"]["allowed"], true);
+        let r = answer(Mode::Guard, &binding("alice", ""));
+        assert_eq!(r["response"]["allowed"], false);
+    }
+
+    #[test]
+    fn the_guard_reads_the_requester_from_the_review() {
+        // A pod naming a pool node in a namespace nobody maps: refused by the guard, which
+        // needs no namespace map; the same pod on another node passes untouched.
+        let r = answer(
+            Mode::Guard,
+            &review("CREATE", "web", pod(json!({"nodeName": "b1"}))),
+        );
+        assert_eq!(r["response"]["allowed"], false);
+        let r = answer(
+            Mode::Guard,
+            &review("CREATE", "web", pod(json!({"nodeName": "n2"}))),
+        );
+        assert_eq!(r["response"]["allowed"], true);
+        assert!(r["response"].get("patch").is_none());
     }
 
     fn pod(extra: Value) -> Value {

@@ -1,4 +1,4 @@
-//! The HTTPS server: `/mutate`, `/validate`, `/healthz`, `/readyz`.
+//! The HTTPS server: `/mutate`, `/validate`, `/guard`, `/healthz`, `/readyz`.
 //!
 //! TLS (rustls) with the serving certificate and key read from PEM files, read again when
 //! either file changes (a Secret volume is updated in place by the kubelet), so a rotated
@@ -119,7 +119,7 @@ pub async fn start(cfg: Config, policies: Arc<Policies>) -> Result<Running, Erro
         }
     });
     // The address in the message itself: with port 0, this is how it is learnt.
-    info!("webhook serving /mutate and /validate over TLS on {local_addr}");
+    info!("webhook serving /mutate, /validate and /guard over TLS on {local_addr}");
     Ok(Running {
         local_addr,
         tasks: vec![accept, reload, serve],
@@ -130,6 +130,7 @@ fn router(policies: Arc<Policies>) -> Router {
     Router::new()
         .route("/mutate", post(mutate))
         .route("/validate", post(validate))
+        .route("/guard", post(guard))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .with_state(policies)
@@ -143,18 +144,23 @@ async fn validate(State(p): State<Arc<Policies>>, body: Bytes) -> axum::Json<ser
     answer(Mode::Validate, &p, &body)
 }
 
+async fn guard(State(p): State<Arc<Policies>>, body: Bytes) -> axum::Json<serde_json::Value> {
+    answer(Mode::Guard, &p, &body)
+}
+
 fn answer(mode: Mode, p: &Policies, body: &[u8]) -> axum::Json<serde_json::Value> {
     axum::Json(p.with_view(|view| respond(mode, body, view)))
 }
 
-/// Ready once the namespace map has been read: before that every pod would be refused.
+/// Ready once the namespace map and the Node list have been read: before that every
+/// managed pod, and every pod naming a node, would be refused.
 async fn readyz(State(p): State<Arc<Policies>>) -> (StatusCode, &'static str) {
     if p.ready() {
         (StatusCode::OK, "ok")
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            "namespace map not read yet",
+            "namespace map or Node list not read yet",
         )
     }
 }
