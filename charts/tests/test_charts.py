@@ -266,6 +266,17 @@ def check_references(chart: str, objs: list[dict[str, Any]], values: dict[str, A
             hook = cfg["webhooks"][0]
             assert hook["clientConfig"]["service"]["name"] == svc["metadata"]["name"]
             assert hook["namespaceSelector"]["matchExpressions"], "webhook without namespaceSelector"
+            assert "UPDATE" in hook["rules"][0]["operations"], "account edits are not checked"
+            guards = by_kind(objs, "ValidatingWebhookConfiguration")
+            if values.get("webhook", {}).get("guard", {}).get("enabled", True):
+                (gcfg,) = guards
+                (guard,) = gcfg["webhooks"]
+                assert guard["clientConfig"]["service"]["path"] == "/guard"
+                assert guard["clientConfig"]["service"]["name"] == svc["metadata"]["name"]
+                assert any("pods/binding" in r["resources"] for r in guard["rules"]), "bindings unguarded"
+                assert guard["matchConditions"], "the guard is called for every pod"
+            else:
+                assert not guards, "guard disabled but rendered"
             tls_secret = next(
                 v["secret"]["secretName"] for v in dep["spec"]["template"]["spec"]["volumes"]
                 if v["name"] == "webhook-tls"
@@ -286,6 +297,8 @@ def check_references(chart: str, objs: list[dict[str, Any]], values: dict[str, A
                 assert flag("--secret") == tls_secret
                 assert flag("--service") == svc["metadata"]["name"]
                 assert flag("--mutating-webhook") == cfg["metadata"]["name"]
+                if guards:
+                    assert flag("--validating-webhook") == guards[0]["metadata"]["name"]
                 assert flag("--namespace") == NAMESPACE
                 assert "post-install" in job["metadata"]["annotations"]["helm.sh/hook"]
         else:

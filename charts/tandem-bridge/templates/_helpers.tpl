@@ -44,3 +44,32 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "tandem-bridge.leaseName" -}}
 {{- printf "%s-leader" (include "tandem-bridge.fullname" .) -}}
 {{- end -}}
+{{- define "tandem-bridge.guardName" -}}
+{{- printf "guard.%s" (include "tandem-bridge.webhookName" .) -}}
+{{- end -}}
+
+{{/* Usernames whose operator pods may reach pool nodes, comma-separated. */}}
+{{- define "tandem-bridge.guardOperators" -}}
+{{- $out := list -}}
+{{- range .Values.webhook.guard.operatorServiceAccounts -}}
+{{- if contains "/" . -}}
+{{- $p := splitList "/" . -}}
+{{- $out = append $out (printf "system:serviceaccount:%s:%s" (index $p 0) (index $p 1)) -}}
+{{- else -}}
+{{- $out = append $out (printf "system:serviceaccount:%s:%s" $.Release.Namespace .) -}}
+{{- end -}}
+{{- end -}}
+{{- join "," $out -}}
+{{- end -}}
+
+{{/* Usernames that may bind pods onto pool nodes: this bridge and the configured ones. */}}
+{{- define "tandem-bridge.guardBinders" -}}
+{{- $self := printf "system:serviceaccount:%s:%s" .Release.Namespace (include "tandem-bridge.serviceAccountName" .) -}}
+{{- join "," (prepend .Values.webhook.guard.binders $self | uniq) -}}
+{{- end -}}
+
+{{/* CEL: whether the pod `.` (object or oldObject) tolerates the pool taint key, or every
+     taint; the guard's rule (bridge/src/webhook/admit.rs, tolerates_pool_key). */}}
+{{- define "tandem-bridge.toleratesPool" -}}
+(has({{ . }}.spec.tolerations) && {{ . }}.spec.tolerations.exists(t, (has(t.key) && t.key == 'tandem.dev/pool') || ((!has(t.key) || t.key == '') && has(t.operator) && t.operator == 'Exists')))
+{{- end -}}
