@@ -2,7 +2,8 @@
 //! placeholder job is scheduled like a batch job onto a node that switches to `kube` mode,
 //! is never launched on the worker, is found again by its pod group's UID, ends when the
 //! bridge reports its pods gone, and is ended early (scancel, time limit) only by asking the
-//! bridge, through the watch stream, to evict. Workers are `FakeWorker`s.
+//! bridge, through the watch stream, to evict: by scancel, the time limit, or the loss of one
+//! of its nodes, which frees none of them before the pods are gone. Workers are `FakeWorker`s.
 
 mod support;
 
@@ -13,7 +14,8 @@ use support::{Controller, WAIT, alice};
 use tandem_proto::auth::{Identity, Role};
 use tandem_proto::endpoint::AuthChannel;
 use tandem_proto::v1::bridge_client::BridgeClient;
-use tandem_proto::v1::{self, JobState};
+use tandem_proto::v1::nodes_client::NodesClient;
+use tandem_proto::v1::{self, JobState, controller_message, worker_message};
 
 fn bridge() -> Identity {
     Identity::service(Role::Bridge, "tandem-bridge", 0, 0)
@@ -257,5 +259,216 @@ async fn a_placeholder_past_its_time_limit_is_asked_to_end_and_ends_timeout() {
     assert_eq!(ev.ending, JobState::Timeout as i32);
     let ended = end(&mut b, id).await.unwrap();
     assert_eq!(ended.state, JobState::Timeout as i32);
+    c.stop().await;
+}
+
+fn two_node_group(uid: &str) -> v1::SubmitPlaceholderRequest {
+    v1::SubmitPlaceholderRequest {
+        nodes: 2,
+        ..group(uid, 1)
+    }
+}
+
+fn batch_spec(name: &str) -> v1::JobSpec {
+    v1::JobSpec {
+        name: name.into(),
+        script: "#!/bin/sh\ntrue\n".into(),
+        workdir: "/tmp".into(),
+        ..Default::default()
+    }
+}
+
+async fn node(c: &Controller, name: &str) -> v1::NodeInfo {
+    let mut nodes = NodesClient::new(c.channel(&root()).await);
+    let mut list = nodes
+        .list_nodes(v1::ListNodesRequest {
+            nodes: name.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes;
+    assert_eq!(list.len(), 1, "{list:?}");
+    list.remove(0)
+}
+
+/// Fails if the worker is sent a launch within `window`: a node the placeholder still holds
+/// must not be given to batch work.
+async fn no_launch(w: &mut FakeWorker, window: Duration) {
+    let until = tokio::time::Instant::now() + window;
+    while let Ok(m) = tokio::time::timeout_at(until, w.rx.message()).await {
+        if let Ok(Some(v1::ControllerMessage {
+            msg: Some(controller_message::Msg::LaunchJob(l)),
+        })) = m
+        {
+            panic!("job {} launched on a node the placeholder holds", l.job_id);
+        }
+    }
+}
+
+/// `scontrol update State=DOWN` on one node of a two-node placeholder: the placeholder is
+/// not ended (its pods run under the kubelet, not the worker); the bridge is asked to evict
+/// them (ending NODE_FAIL), both nodes stay held in `kube` mode, and only the bridge's report
+/// ends the job NODE_FAIL and frees them. The node cannot be removed meanwhile.
+#[tokio::test]
+async fn a_downed_node_asks_the_bridge_to_evict_and_the_placeholder_holds_its_nodes_until_then() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Controller::start(dir.path(), |_| {}).await;
+    let _k1 = FakeWorker::attach(&c, register("k1", 8, 8192, 2)).await;
+    let mut k2 = FakeWorker::attach(&c, register("k2", 8, 8192, 2)).await;
+    let mut b = client(&c, &bridge()).await;
+    let (mut watch, _) = Watch::start(&mut b).await;
+    let id = b
+        .submit_placeholder(two_node_group("g2n"))
+        .await
+        .unwrap()
+        .into_inner()
+        .job_id;
+    let ev = watch
+        .until("running", |e| is(e, id, JobState::Running))
+        .await;
+    assert_eq!(ev.nodes, vec!["k1".to_owned(), "k2".to_owned()]);
+    let mut jobs = c.jobs(&alice()).await;
+    let batch = jobs
+        .submit(v1::SubmitRequest {
+            spec: Some(batch_spec("train")),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .job_id;
+
+    let mut admin = NodesClient::new(c.channel(&root()).await);
+    admin
+        .update_node(v1::UpdateNodeRequest {
+            nodes: "k1".into(),
+            state: "DOWN".into(),
+            reason: "bad gpu".into(),
+        })
+        .await
+        .unwrap();
+    let ev = watch
+        .until("ending", |e| e.job_id == id && e.ending != 0)
+        .await;
+    assert_eq!(
+        (ev.state, ev.ending),
+        (JobState::Running as i32, JobState::NodeFail as i32)
+    );
+    assert_eq!(ev.nodes, vec!["k1".to_owned(), "k2".to_owned()]);
+    no_launch(&mut k2, Duration::from_secs(1)).await;
+    let (n1, n2) = (node(&c, "k1").await, node(&c, "k2").await);
+    assert_eq!(n1.state, "DOWN");
+    assert_eq!(n1.running_jobs, vec![id]);
+    assert_eq!(n2.running_jobs, vec![id]);
+    assert_eq!(n2.mode, v1::NodeMode::Kube as i32);
+    assert_eq!(n1.mode, v1::NodeMode::Kube as i32);
+
+    // The node cannot leave the controller while the pods may run there, forced or not.
+    for force in [true, false] {
+        let e = admin
+            .remove_node(v1::RemoveNodeRequest {
+                nodes: "k1".into(),
+                force,
+                reason: String::new(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    }
+    assert_eq!(node(&c, "k1").await.running_jobs, vec![id]);
+
+    // The pods are gone: NODE_FAIL, and only now does k2 take the batch job.
+    let ended = end(&mut b, id).await.unwrap();
+    assert_eq!(ended.state, JobState::NodeFail as i32);
+    watch
+        .until("node_fail", |e| is(e, id, JobState::NodeFail))
+        .await;
+    assert_eq!(k2.expect_launch().await.job_id, batch);
+    assert_eq!(node(&c, "k1").await.state, "DOWN");
+    let rec = c
+        .acct(&root())
+        .await
+        .list_job_records(v1::ListJobRecordsRequest {
+            jobs: vec![v1::JobRef {
+                job_id: id,
+                array_tasks: String::new(),
+            }],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs;
+    assert_eq!(rec.len(), 1, "{rec:?}");
+    assert_eq!(rec[0].state, JobState::NodeFail as i32);
+    assert_eq!(rec[0].reason, "NodeDown");
+    assert_eq!(rec[0].nodelist, "k[1-2]");
+    admin
+        .remove_node(v1::RemoveNodeRequest {
+            nodes: "k1".into(),
+            force: false,
+            reason: String::new(),
+        })
+        .await
+        .unwrap();
+    c.stop().await;
+}
+
+/// The worker under one node of a placeholder goes silent: the same, by the timeout.
+#[tokio::test]
+async fn a_silent_worker_under_a_placeholder_asks_the_bridge_to_evict() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Controller::start(dir.path(), |cfg| {
+        cfg.node_timeout = Duration::from_millis(600);
+    })
+    .await;
+    let _k1 = FakeWorker::attach(&c, register("k1", 8, 8192, 2)).await;
+    let mut k2 = FakeWorker::attach(&c, register("k2", 8, 8192, 2)).await;
+    // k2 stays alive; k1 never heartbeats.
+    let beat = k2.tx.clone();
+    let beating = tokio::spawn(async move {
+        loop {
+            let hb = v1::WorkerMessage {
+                msg: Some(worker_message::Msg::Heartbeat(v1::Heartbeat::default())),
+            };
+            if beat.send(hb).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let mut b = client(&c, &bridge()).await;
+    let (mut watch, _) = Watch::start(&mut b).await;
+    let id = b
+        .submit_placeholder(two_node_group("silent"))
+        .await
+        .unwrap()
+        .into_inner()
+        .job_id;
+    let batch = c
+        .jobs(&alice())
+        .await
+        .submit(v1::SubmitRequest {
+            spec: Some(batch_spec("train")),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .job_id;
+    let ev = watch
+        .until("ending", |e| e.job_id == id && e.ending != 0)
+        .await;
+    assert_eq!(
+        (ev.state, ev.ending),
+        (JobState::Running as i32, JobState::NodeFail as i32)
+    );
+    no_launch(&mut k2, Duration::from_secs(1)).await;
+    assert_eq!(node(&c, "k1").await.state, "DOWN");
+    assert_eq!(node(&c, "k2").await.running_jobs, vec![id]);
+    let ended = end(&mut b, id).await.unwrap();
+    assert_eq!(ended.state, JobState::NodeFail as i32);
+    assert_eq!(k2.expect_launch().await.job_id, batch);
+    beating.abort();
     c.stop().await;
 }

@@ -3,7 +3,7 @@
 
 use tandem_proto::auth::Identity;
 use tandem_proto::v1;
-use tandem_sched::node::Node;
+use tandem_sched::node::{Node, NodeMode};
 use tonic::Status;
 use tracing::info;
 
@@ -47,6 +47,27 @@ impl Actor {
         for n in names {
             match self.st.node_by_name(&n) {
                 Some(node) => {
+                    // Forcing fails batch jobs on the spot, but a placeholder's pods run
+                    // under the kubelet whatever the worker does: losing the node only asks
+                    // the bridge to evict them, and the node stays held (in `kube` mode)
+                    // until they are gone. Removing it before then would let a new worker
+                    // there take batch work beside live pods.
+                    let bridged: Vec<String> = node
+                        .jobs
+                        .iter()
+                        .filter(|j| {
+                            self.st
+                                .job(**j)
+                                .is_some_and(|j| j.spec.mode == NodeMode::Kube)
+                        })
+                        .map(|j| j.0.to_string())
+                        .collect();
+                    if !bridged.is_empty() && req.force {
+                        return Err(Status::failed_precondition(format!(
+                            "node {n} holds bridged pods (placeholder job(s) {}); set it DOWN so the bridge evicts them, and remove it once they are gone",
+                            bridged.join(",")
+                        )));
+                    }
                     if !node.jobs.is_empty() && !req.force {
                         return Err(Status::failed_precondition(format!(
                             "node {n} still runs {} job(s); drain it first or remove with force (requeues them)",
