@@ -41,6 +41,11 @@ impl Actor {
                         .job(job)
                         .is_some_and(|j| j.spec.mode == tandem_sched::node::NodeMode::Kube)
                     {
+                        info!(
+                            job_id = job.0,
+                            reason = reason.name(),
+                            "placeholder ending: the bridge evicts its pods; its nodes stay held until it reports them gone"
+                        );
                         continue;
                     }
                     for n in nodes {

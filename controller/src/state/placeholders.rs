@@ -3,8 +3,10 @@
 //! A placeholder is scheduled like any job and never launched: the bridge binds the pods
 //! where it runs. It is found again by its pod group's UID (a restarted bridge submits
 //! again and gets the same job), and it ends only when the bridge reports the pods gone,
-//! so a terminating pod keeps its node. To end one early (scancel, preemption, time limit)
-//! the controller marks it ending; the bridge evicts the pods, then reports.
+//! so a terminating pod keeps its node. To end one early (scancel, preemption, time limit,
+//! or the loss of one of its nodes: the pods run under the kubelet, so a lost worker or an
+//! operator's DOWN does not mean they stopped) the controller marks it ending; the bridge
+//! evicts the pods, then reports. Every node stays held, in `kube` mode, until then.
 //!
 //! Watchers get a snapshot, then every change after the batch holding it commits: the
 //! bridge never binds on an allocation the store does not know. A watcher whose queue
