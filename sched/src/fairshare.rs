@@ -150,6 +150,12 @@ struct Assoc {
     usage: f64,
     /// Tombstone: removed associations keep their index but take no part.
     removed: bool,
+    /// A user association created on first use (a job's submit without association
+    /// enforcement), not listed in the configuration. The tree is the only record of it,
+    /// so a restart that rebuilds the tree from the lists must carry it over, or its usage
+    /// and its jobs' fair share are lost. Trees stored before the flag load as `false`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    auto: bool,
 }
 
 /// The account tree (accounts, sub-accounts, user associations) with shares and
@@ -181,6 +187,7 @@ impl AssocTree {
             shares: DEFAULT_SHARES,
             usage: 0.0,
             removed: false,
+            auto: false,
         };
         let mut accounts = HashMap::new();
         accounts.insert(ROOT_ACCOUNT.to_string(), AssocIdx(0));
@@ -245,6 +252,33 @@ impl AssocTree {
             .or_default()
             .insert(user.to_string(), idx);
         Ok(idx)
+    }
+
+    /// Associate `user` with `account` on first use (see [`AssocTree::is_auto`]).
+    pub fn add_user_on_first_use(
+        &mut self,
+        user: &str,
+        account: &str,
+        shares: u32,
+    ) -> Result<AssocIdx, FairShareError> {
+        let idx = self.add_user(user, account, shares)?;
+        self.assocs[idx.index()].auto = true;
+        Ok(idx)
+    }
+
+    /// Whether a user association was created on first use rather than configured.
+    pub fn is_auto(&self, idx: AssocIdx) -> bool {
+        self.assocs[idx.index()].auto
+    }
+
+    /// Marks a user association as created on first use (a stored tree from before the
+    /// mark existed; see `tandem-controller`'s recovery). Accounts are never marked.
+    pub fn mark_auto(&mut self, idx: AssocIdx) {
+        if let Some(a) = self.assocs.get_mut(idx.index())
+            && a.kind == AssocKind::User
+        {
+            a.auto = true;
+        }
     }
 
     /// Remove a user association. Its usage leaves the tree with it.
@@ -467,6 +501,32 @@ impl AssocTree {
         }
     }
 
+    /// Re-creates, after [`AssocTree::carry_usage_from`], the user associations `old`
+    /// created on first use that this tree lacks, with their shares and usage (appended in
+    /// their old order). One whose account is gone is dropped, as its usage is: nothing
+    /// could charge it.
+    pub fn carry_auto_users_from(&mut self, old: &AssocTree) {
+        for (i, _) in old.walk() {
+            let a = &old.assocs[i.index()];
+            if a.kind != AssocKind::User || !a.auto {
+                continue;
+            }
+            let Some(account) = a.parent.map(|p| old.name(p)) else {
+                continue;
+            };
+            if self.account(account).is_none() || self.user(&a.name, account).is_some() {
+                continue;
+            }
+            if let Ok(idx) = self.add_user_on_first_use(&a.name, account, a.shares) {
+                self.assocs[idx.index()].usage = if a.usage.is_finite() {
+                    a.usage.max(0.0)
+                } else {
+                    0.0
+                };
+            }
+        }
+    }
+
     fn push(&mut self, name: &str, kind: AssocKind, parent: AssocIdx, shares: u32) -> AssocIdx {
         let idx = AssocIdx(self.assocs.len() as u32);
         self.assocs.push(Assoc {
@@ -477,6 +537,7 @@ impl AssocTree {
             shares,
             usage: 0.0,
             removed: false,
+            auto: false,
         });
         self.assocs[parent.index()].children.push(idx);
         idx

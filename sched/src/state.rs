@@ -5,7 +5,7 @@
 //! after the call to know exactly what to persist. Side effects the controller must carry
 //! out come back as [`Effect`]s.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -392,6 +392,9 @@ impl State {
                 st.assoc = tree;
             } else {
                 st.assoc.carry_usage_from(&tree);
+                // No list names the associations created on first use: the stored tree
+                // is their only record.
+                st.assoc.carry_auto_users_from(&tree);
             }
         }
         st.usage_charged_at = usage_charged_at;
@@ -602,7 +605,8 @@ fn tree_from_config(config: &ClusterConfig) -> Result<AssocTree, FairShareError>
 }
 
 /// Whether a stored tree has exactly the accounts and users of the lists, with their
-/// parents and shares.
+/// parents and shares, plus any user associations created on first use (which no list
+/// names).
 fn tree_matches(tree: &AssocTree, config: &ClusterConfig) -> bool {
     use crate::fairshare::{AssocKind, ROOT_ACCOUNT};
     let live = tree.walk();
@@ -610,7 +614,25 @@ fn tree_matches(tree: &AssocTree, config: &ClusterConfig) -> bool {
         .iter()
         .filter(|(i, _)| tree.kind(*i) == AssocKind::Account)
         .count();
-    if accounts != config.accounts.len() + 1 || live.len() != accounts + config.users.len() {
+    let listed: HashSet<(&str, &str)> = config
+        .users
+        .iter()
+        .map(|u| (u.user.as_str(), u.account.as_str()))
+        .collect();
+    let unlisted_auto = live
+        .iter()
+        .filter(|(i, _)| {
+            tree.kind(*i) == AssocKind::User && tree.is_auto(*i) && {
+                let account = tree.parent(*i).map_or("", |p| tree.name(p));
+                !listed.contains(&(tree.name(*i), account))
+            }
+        })
+        .count();
+    // With every listed user present (checked below), the count leaves room for no
+    // other unlisted association.
+    if accounts != config.accounts.len() + 1
+        || live.len() != accounts + config.users.len() + unlisted_auto
+    {
         return false;
     }
     let accounts_ok = config.accounts.iter().all(|a| {

@@ -22,9 +22,13 @@ impl State {
         } = self.admit(spec)?;
         if !has_assoc {
             // Slurm without association enforcement: the user is associated on first use.
-            let _ =
-                self.assoc
-                    .add_user(&spec.user, &spec.account, crate::fairshare::DEFAULT_SHARES);
+            // Marked as such, so a restart keeps it though no list names it; persisted
+            // (the tree) in the same batch as this job.
+            let _ = self.assoc.add_user_on_first_use(
+                &spec.user,
+                &spec.account,
+                crate::fairshare::DEFAULT_SHARES,
+            );
             self.changes.assoc = true;
         }
         let id = JobId(self.next_job_id);

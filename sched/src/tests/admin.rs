@@ -159,3 +159,91 @@ fn restore_keeps_a_matching_tree_and_its_order() {
     .unwrap();
     assert_eq!(names(&st2), want);
 }
+
+/// The stored tree (with usage) and config of `st`, restored under `config`.
+fn restored(st: &State, config: ClusterConfig) -> State {
+    State::restore(RestoreInput {
+        config,
+        jobs: Vec::new(),
+        nodes: Vec::new(),
+        next_job_id: 1,
+        assoc: Some(st.assoc().clone()),
+        usage_charged_at: Some(0),
+    })
+    .unwrap()
+}
+
+/// Issue 29: a user associated on first use (no list names them) comes back after a
+/// restart with their usage, whether the stored tree is kept as it is or rebuilt from
+/// edited lists; only one whose account is gone is dropped.
+#[test]
+fn restore_keeps_associations_created_on_first_use_and_their_usage() {
+    let mut st = cluster();
+    st.add_account(AccountConfig::new("serving", 40)).unwrap();
+    for account in ["serving", "physics"] {
+        st.submit(JobSpec::test().user("zed").account(account), 0)
+            .unwrap();
+    }
+    assert!(
+        st.take_changes().assoc,
+        "the new associations must be persisted"
+    );
+    let zed = st.assoc().user("zed", "serving").unwrap();
+    assert!(st.assoc().is_auto(zed));
+    let alice = st.assoc().user("alice", "physics").unwrap();
+    assert!(
+        !st.assoc().is_auto(alice),
+        "configured, not created on first use"
+    );
+    let mut tree = st.assoc().clone();
+    tree.charge(zed, 250.0);
+    st.assoc = tree;
+    let names = |st: &State| -> Vec<String> {
+        let t = st.assoc();
+        t.walk()
+            .into_iter()
+            .map(|(i, _)| match t.parent(i) {
+                Some(p) => format!("{}/{}={}", t.name(p), t.name(i), t.own_usage(i)),
+                None => t.name(i).to_owned(),
+            })
+            .collect()
+    };
+
+    // Same lists: the stored tree as it is, order included.
+    let same = restored(&st, st.config().clone());
+    assert_eq!(names(&same), names(&st));
+    let zed2 = same.assoc().user("zed", "serving").unwrap();
+    assert!(same.assoc().is_auto(zed2));
+
+    // Lists edited since (an account added): rebuilt, the first-use associations carried
+    // over with their usage, still marked as such (a later restart keeps them too).
+    let mut config = st.config().clone();
+    config.accounts.push(AccountConfig::new("bio", 1));
+    let rebuilt = restored(&st, config);
+    let zed3 = rebuilt.assoc().user("zed", "serving").unwrap();
+    assert_eq!(rebuilt.assoc().own_usage(zed3), 250.0);
+    assert!(rebuilt.assoc().is_auto(zed3));
+    assert!(rebuilt.assoc().user("zed", "physics").is_some());
+    let again = restored(&rebuilt, rebuilt.config().clone());
+    assert_eq!(names(&again), names(&rebuilt));
+
+    // serving is gone from the lists: nothing could charge zed there any more.
+    let mut config = st.config().clone();
+    config.accounts.retain(|a| a.name != "serving");
+    let without = restored(&st, config);
+    assert!(without.assoc().user("zed", "serving").is_none());
+    assert!(without.assoc().user("zed", "physics").is_some());
+}
+
+/// A user association in a stored tree that is neither listed nor created on first use
+/// (the lists were edited after it was stored) still goes, as before.
+#[test]
+fn restore_drops_unlisted_configured_users() {
+    let mut st = cluster();
+    st.add_user(user("bob", "physics", 2)).unwrap();
+    let mut config = st.config().clone();
+    config.users.retain(|u| u.user != "bob");
+    let st2 = restored(&st, config);
+    assert!(st2.assoc().user("bob", "physics").is_none());
+    assert!(st2.assoc().user("alice", "physics").is_some());
+}
