@@ -130,19 +130,13 @@ impl Actor {
                 }
             }
         }
-        if changes.config
-            && let Ok(c) = serde_json::to_string(self.st.config())
-        {
-            batch.meta.push(("cluster_config".into(), c));
-        }
-        if changes.assoc {
-            if let Ok(t) = serde_json::to_string(self.st.assoc()) {
-                batch.meta.push(("assoc_tree".into(), t));
-            }
-            if let Some(t) = self.st.usage_charged_at() {
-                batch.meta.push(("usage_charged_at".into(), t.to_string()));
-            }
-        }
+        // The tree in the same batch as the jobs: a submit that associated its user on
+        // first use is acknowledged only with that association durable.
+        batch.meta.extend(crate::store::recover::accounting_meta(
+            &self.st,
+            changes.config,
+            changes.assoc,
+        ));
         let mut effects = std::mem::take(&mut self.effects);
         if let Some(err) = unencodable {
             let err = Arc::new(err);
