@@ -239,3 +239,141 @@ fn accounting_commands_answer_to_their_names() {
         .unwrap();
     assert_one_line_error(&out, "sacctmgr", "unknown command");
 }
+
+/// `sshare -a -P` rows split into their seven columns (the account's depth indent
+/// trimmed).
+fn sshare_rows(c: &Cluster) -> Vec<Vec<String>> {
+    let out = c.ok(&["sshare", "-a", "-P"]);
+    out.lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<String> = l.split('|').map(|f| f.trim().to_owned()).collect();
+            assert_eq!(f.len(), 7, "{l:?}");
+            f
+        })
+        .collect()
+}
+
+/// Issue 29: associations created on first use (a user's first job under an account, as a
+/// bridged namespace's pods are) are stored with the job that created them, so a
+/// controller killed with SIGKILL comes back with them, their usage and so the same fair
+/// share. Before, the restart rebuilt the tree from the configured lists alone: the
+/// association vanished from `sacctmgr show assoc`, its usage with it, and its pending
+/// jobs were ranked as if the account had never run anything.
+#[test]
+fn auto_created_associations_and_their_usage_survive_sigkill() {
+    let me = me();
+    // No user associations configured: every one below is created on first use. Only the
+    // fair-share weight, so sprio's numbers move with nothing but fair share; CPU-seconds
+    // as usage, decaying so slowly that the seconds of a restart change nothing visible.
+    let c = Cluster::start_with_config(
+        1,
+        r#"
+        fairshare_half_life = "1-0"
+        [priority_weights]
+        age = 0
+        job_size = 0
+        partition = 0
+        qos = 0
+        fairshare = 10000
+        [billing_weights]
+        cpu = 1
+        mem_gb = 0
+        gpu = 0
+        [[account]]
+        name = "training"
+        shares = 50
+        [[account]]
+        name = "serving"
+        shares = 50
+        "#,
+    );
+    // Training uses more than serving: serving stays under its share.
+    let train = c.sbatch(&["-A", "training", "-c", "4", "--wrap", "sleep 4"]);
+    let serve = c.sbatch(&["-A", "serving", "-c", "1", "--wrap", "sleep 2"]);
+    for id in [train, serve] {
+        let done = c.wait_end(id, Duration::from_secs(60));
+        assert_eq!(done["state"]["current"], "COMPLETED", "{done}");
+    }
+    // Nothing runs from here on, so usage only decays; pending jobs keep sprio busy.
+    c.ok(&[
+        "scontrol",
+        "update",
+        "NodeName=node-1",
+        "State=DRAIN",
+        "Reason=restart test",
+    ]);
+    let pending = [
+        c.sbatch(&["-A", "serving", "--wrap", "true"]),
+        c.sbatch(&["-A", "training", "--wrap", "true"]),
+    ];
+    let sprio_args = ["sprio", "-j", &format!("{},{}", pending[0], pending[1])];
+
+    let assoc_before = c.ok(&["sacctmgr", "-P", "show", "assoc"]);
+    let shares_before = sshare_rows(&c);
+    let sprio_before = c.ok(&sprio_args);
+    // The associations were created, and charged, before the crash.
+    for account in ["serving", "training"] {
+        assert!(
+            assoc_before
+                .lines()
+                .any(|l| l.contains(&format!("|{account}|{me}|"))),
+            "no {account}/{me} association: {assoc_before}"
+        );
+        let row = shares_before
+            .iter()
+            .find(|r| r[0] == account && r[1] == me)
+            .unwrap_or_else(|| panic!("no sshare row {account}/{me}: {shares_before:?}"));
+        let usage: f64 = row[4].parse().unwrap();
+        assert!(usage >= 1.0, "{account}/{me} was not charged: {row:?}");
+    }
+    assert_eq!(sprio_before.lines().count(), 4, "{sprio_before}");
+
+    let mut controller = c.kill_and_restart_controller();
+
+    assert_eq!(
+        c.ok(&["sacctmgr", "-P", "show", "assoc"]),
+        assoc_before,
+        "sacctmgr show assoc changed across the restart\n{}",
+        c.controller_log()
+    );
+    let shares_after = sshare_rows(&c);
+    assert_eq!(
+        shares_after.len(),
+        shares_before.len(),
+        "sshare rows changed across the restart: {shares_before:?} -> {shares_after:?}"
+    );
+    for (b, a) in shares_before.iter().zip(&shares_after) {
+        // Account, user, raw and normalized shares: identical.
+        assert_eq!(a[..4], b[..4], "{b:?} -> {a:?}");
+        // RawUsage (whole units): only decay over a few seconds of a one-day half-life,
+        // so within 1% (and one unit of rounding); lost usage would show as 0.
+        let (ub, ua): (f64, f64) = (b[4].parse().unwrap(), a[4].parse().unwrap());
+        assert!(
+            ua <= ub + 1.0 && ua >= ub * 0.99 - 1.0,
+            "RawUsage {b:?} -> {a:?}"
+        );
+        // EffectvUsage and FairShare are ratios, which a uniform decay leaves alone.
+        for col in [5, 6] {
+            let num = |s: &str| s.parse::<f64>().unwrap_or(f64::NAN);
+            let (fb, fa) = (num(&b[col]), num(&a[col]));
+            assert!(
+                b[col] == a[col] || (fb - fa).abs() < 1e-4,
+                "column {col}: {b:?} -> {a:?}"
+            );
+        }
+    }
+    assert_eq!(
+        c.ok(&sprio_args),
+        sprio_before,
+        "the pending jobs' priorities changed across the restart"
+    );
+
+    let down = std::process::Command::new(util::TANDEM)
+        .args(["down", "--grace", "3", "--state-dir"])
+        .arg(c.state_dir())
+        .output()
+        .unwrap();
+    assert!(down.status.success());
+    controller.wait().unwrap();
+}

@@ -304,6 +304,56 @@ impl Cluster {
         );
     }
 
+    /// Kills the controller with SIGKILL (no chance to flush or clean up), restarts it with
+    /// the arguments `tandem up` recorded, on the same state dir, and waits until it
+    /// answers. The workers keep running and reconnect. Returns the new controller, our
+    /// child: after `tandem down`, wait on it so it is reaped.
+    pub fn kill_and_restart_controller(&self) -> std::process::Child {
+        use std::os::unix::process::CommandExt as _;
+        let state = self.state_dir();
+        let pid: i32 = std::fs::read_to_string(state.join("controller.pid"))
+            .expect("controller.pid")
+            .trim()
+            .parse()
+            .expect("a pid in controller.pid");
+        let pid = nix::unistd::Pid::from_raw(pid);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).expect("SIGKILL");
+        // Gone before the new one binds the same address and opens the same store (a
+        // zombie still answers the probe until its parent, init, reaps it).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while nix::sys::signal::kill(pid, None).is_ok() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let args: Vec<String> = std::fs::read_to_string(state.join("controller.args"))
+            .expect("controller.args")
+            .lines()
+            .map(str::to_string)
+            .collect();
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(state.join("controller.log"))
+            .expect("controller.log");
+        let child = Command::new(TANDEM)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log handle"))
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .expect("restart the controller");
+        std::fs::write(state.join("controller.pid"), format!("{}\n", child.id())).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.run(&["sinfo", "-h"]).status.success() {
+            assert!(
+                Instant::now() < deadline,
+                "the restarted controller does not answer\n{}",
+                self.controller_log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        child
+    }
+
     /// Waits for a file to exist and contain `needle`; returns its contents.
     pub fn wait_file(&self, path: &Path, needle: &str, timeout: Duration) -> String {
         let deadline = Instant::now() + timeout;
