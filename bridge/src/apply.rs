@@ -7,7 +7,78 @@ use kube::api::{Api, EvictParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Client, Resource};
 
-use crate::labels::JOB_ID;
+use crate::labels::{JOB_ID, SLOT_FINALIZER};
+
+/// Whether `pod` carries the bridge's [`SLOT_FINALIZER`].
+pub fn protected(pod: &Pod) -> bool {
+    pod.metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|x| x == SLOT_FINALIZER))
+}
+
+/// Adds [`SLOT_FINALIZER`] to `pod` (before it is bound). A JSON patch that tests the list
+/// it extends, so a concurrent change of the finalizers is a conflict, not a lost write.
+pub async fn protect(client: &Client, pod: &Pod) -> kube::Result<()> {
+    if protected(pod) {
+        return Ok(());
+    }
+    let (ns, name) = names(pod);
+    let ops = match &pod.metadata.finalizers {
+        Some(f) if !f.is_empty() => serde_json::json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": f},
+            {"op": "add", "path": "/metadata/finalizers/-", "value": SLOT_FINALIZER},
+        ]),
+        _ => serde_json::json!([
+            {"op": "test", "path": "/metadata/uid", "value": pod.metadata.uid},
+            {"op": "add", "path": "/metadata/finalizers", "value": [SLOT_FINALIZER]},
+        ]),
+    };
+    json_patch(client, ns, name, ops).await
+}
+
+/// Removes [`SLOT_FINALIZER`] from `pod` (its slot is free). Tests the entry it removes,
+/// by index, as kube-runtime's finalizer helper does. Gone already is done.
+pub async fn release(client: &Client, pod: &Pod) -> kube::Result<()> {
+    let Some(i) = pod
+        .metadata
+        .finalizers
+        .as_ref()
+        .and_then(|f| f.iter().position(|x| x == SLOT_FINALIZER))
+    else {
+        return Ok(());
+    };
+    let (ns, name) = names(pod);
+    let path = format!("/metadata/finalizers/{i}");
+    let ops = serde_json::json!([
+        {"op": "test", "path": path, "value": SLOT_FINALIZER},
+        {"op": "remove", "path": path},
+    ]);
+    match json_patch(client, ns, name, ops).await {
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        r => r,
+    }
+}
+
+fn names(pod: &Pod) -> (&str, &str) {
+    (
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default(),
+    )
+}
+
+async fn json_patch(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    ops: serde_json::Value,
+) -> kube::Result<()> {
+    let patch: json_patch::Patch = serde_json::from_value(ops).map_err(kube::Error::SerdeError)?;
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+        .await
+        .map(|_| ())
+}
 
 /// Binds `pod` to `node` through the `binding` subresource, annotating it with the job.
 pub async fn bind(

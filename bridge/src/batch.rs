@@ -37,11 +37,42 @@ pub enum BatchError {
     NoNodes(String),
 }
 
+impl BatchError {
+    /// Whether trying again may succeed: the controller unreachable or a call that failed
+    /// in transit. A bad address, CA or key is not, and is reported at once.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Connect { source, .. } => {
+                matches!(source, endpoint::EndpointError::Connect { .. })
+            }
+            Self::Call { status, .. } => matches!(
+                status.code(),
+                tonic::Code::Unavailable
+                    | tonic::Code::DeadlineExceeded
+                    | tonic::Code::Unknown
+                    | tonic::Code::ResourceExhausted
+                    | tonic::Code::Aborted
+            ),
+            Self::NoNodes(_) => false,
+        }
+    }
+}
+
 fn call(call: &'static str) -> impl Fn(tonic::Status) -> BatchError {
     move |status| BatchError::Call {
         call,
         status: Box::new(status),
     }
+}
+
+/// How the bridge waits for a controller that is away: 100 ms doubling to 5 s, with
+/// jitter, for as long as it takes (the webhook serves meanwhile; pods wait unbound).
+pub fn reconnect_backoff() -> backon::ExponentialBuilder {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(5))
+        .with_jitter()
+        .without_max_times()
 }
 
 /// What the scheduler loop asks of the controller.

@@ -311,12 +311,7 @@ pub fn member_state(pod: &Pod, node_gone_since: Option<i64>, grace: i64, now: i6
             .as_ref()
             .and_then(|s| s.node_name.as_ref())
             .is_some();
-        let running = status
-            .and_then(|s| s.container_statuses.as_ref())
-            .into_iter()
-            .flatten()
-            .any(|c| c.state.as_ref().is_none_or(|st| st.terminated.is_none()));
-        return if bound && (running || phase == Some("Running")) {
+        return if bound && !containers_stopped(pod) {
             MemberState::Terminating
         } else {
             MemberState::Finished {
@@ -325,6 +320,63 @@ pub fn member_state(pod: &Pod, node_gone_since: Option<i64>, grace: i64, now: i6
         };
     }
     MemberState::Live
+}
+
+/// Whether the kubelet reported every container of a bound pod stopped: each has a
+/// `terminated` state, and there is at least one status to judge from. A kubelet that has
+/// not reported yet (no statuses) may be starting them: that is not "stopped", whatever
+/// the phase says (kubelets before 1.27 keep `Running` on a deleted pod to the end).
+fn containers_stopped(pod: &Pod) -> bool {
+    let Some(status) = pod.status.as_ref() else {
+        return false;
+    };
+    let all: Vec<_> = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten())
+        .collect();
+    !all.is_empty()
+        && all
+            .iter()
+            .all(|c| c.state.as_ref().is_some_and(|st| st.terminated.is_some()))
+}
+
+/// A bound pod that vanished from the API before the kubelet reported its containers
+/// stopped (a force delete): it holds its slot until `deadline` (its grace period and a
+/// margin after it vanished; [`vanish_deadline`]), then counts as stopped then.
+pub fn vanished_state(deadline: i64, now: i64) -> MemberState {
+    if now < deadline {
+        MemberState::Terminating
+    } else {
+        MemberState::Finished { at: deadline }
+    }
+}
+
+/// When a bound pod that vanished at `now` with its containers perhaps still running
+/// stops holding its slot: the longest its kubelet may take to stop them (the pod's
+/// `terminationGracePeriodSeconds`, Kubernetes' default 30, or a longer deletion grace),
+/// plus `margin_s`. `None` when the pod's last state shows nothing left running (it never
+/// reached a node, or its containers were reported stopped).
+pub fn vanish_deadline(last: &Pod, margin_s: i64, now: i64) -> Option<i64> {
+    let bound = last
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_ref())
+        .is_some();
+    let phase = last.status.as_ref().and_then(|s| s.phase.as_deref());
+    if !bound || matches!(phase, Some("Succeeded" | "Failed")) || containers_stopped(last) {
+        return None;
+    }
+    let spec_grace = last
+        .spec
+        .as_ref()
+        .and_then(|s| s.termination_grace_period_seconds)
+        .unwrap_or(30);
+    let grace = spec_grace
+        .max(last.metadata.deletion_grace_period_seconds.unwrap_or(0))
+        .max(0);
+    Some(now.saturating_add(grace).saturating_add(margin_s.max(0)))
 }
 
 #[cfg(test)]
@@ -589,6 +641,28 @@ mod tests {
             member_state(&deleting, None, 30, 100),
             MemberState::Terminating
         );
+        // Deleted with its containers reported stopped but the phase left at `Running`
+        // (kubelets before 1.27): stopped. Deleted before any status: still held.
+        let mut stopped = deleting.clone();
+        if let Some(st) = stopped.status.as_mut() {
+            st.container_statuses = Some(vec![
+                serde_json::from_value(serde_json::json!({"name": "c", "image": "i",
+                    "imageID": "", "ready": false, "restartCount": 0,
+                    "state": {"terminated": {"exitCode": 137,
+                        "finishedAt": "1970-01-01T00:01:39Z"}}}))
+                .unwrap(),
+            ]);
+        }
+        assert_eq!(
+            member_state(&stopped, None, 30, 100),
+            MemberState::Finished { at: 99 }
+        );
+        let mut unreported = deleting.clone();
+        unreported.status = None;
+        assert_eq!(
+            member_state(&unreported, None, 30, 100),
+            MemberState::Terminating
+        );
         let done = pod(serde_json::json!({
             "metadata": {"name": "a"},
             "spec": {"nodeName": "k1", "containers": []},
@@ -600,6 +674,63 @@ mod tests {
         assert_eq!(
             member_state(&done, None, 30, 100),
             MemberState::Finished { at: 60 }
+        );
+    }
+
+    #[test]
+    fn a_pod_that_vanished_running_holds_its_slot_for_its_grace_and_a_margin() {
+        let running = pod(serde_json::json!({
+            "metadata": {"name": "a"},
+            "spec": {"nodeName": "k1", "containers": [], "terminationGracePeriodSeconds": 8},
+            "status": {"phase": "Running",
+                "containerStatuses": [{"name": "c", "image": "i", "imageID": "", "ready": true,
+                    "restartCount": 0, "state": {"running": {}}}]},
+        }));
+        // Force-deleted at 100 (deletion grace 0): the kubelet may take the spec's 8 s.
+        let mut forced = running.clone();
+        forced.metadata.deletion_grace_period_seconds = Some(0);
+        assert_eq!(vanish_deadline(&forced, 5, 100), Some(113));
+        assert_eq!(vanished_state(113, 112), MemberState::Terminating);
+        assert_eq!(vanished_state(113, 113), MemberState::Finished { at: 113 });
+        // Without a grace in the spec, Kubernetes' default 30 s.
+        let mut default = running.clone();
+        if let Some(s) = default.spec.as_mut() {
+            s.termination_grace_period_seconds = None;
+        }
+        assert_eq!(vanish_deadline(&default, 5, 100), Some(135));
+        // Nothing could run: never bound, finished, or its containers reported stopped.
+        let mut unbound = running.clone();
+        if let Some(s) = unbound.spec.as_mut() {
+            s.node_name = None;
+        }
+        assert_eq!(vanish_deadline(&unbound, 5, 100), None);
+        let mut failed = running.clone();
+        if let Some(s) = failed.status.as_mut() {
+            s.phase = Some("Failed".into());
+        }
+        assert_eq!(vanish_deadline(&failed, 5, 100), None);
+        // A vanished pod's slot blocks a new member from binding onto a one-slot node.
+        let pods = vec![
+            m("gone", Some("k1"), vanished_state(113, 105)),
+            m("new", None, MemberState::Live),
+        ];
+        assert!(matches!(
+            decide(&pods, Some(1), &allocated(&["k1"], 1), 105),
+            Decision::Wait { .. }
+        ));
+        // And keeps the job from ending before the deadline.
+        let only = vec![m("gone", Some("k1"), vanished_state(113, 105))];
+        assert!(matches!(
+            decide(&only, Some(1), &allocated(&["k1"], 1), 105),
+            Decision::Wait { .. }
+        ));
+        let later = vec![m("gone", Some("k1"), vanished_state(113, 120))];
+        assert_eq!(
+            decide(&later, Some(1), &allocated(&["k1"], 1), 120),
+            Decision::EndJob {
+                job_id: 7,
+                end_time: 113
+            }
         );
     }
 }

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context as _;
+use backon::Retryable as _;
 use clap::{Parser, Subcommand};
 use tandem_bridge::batch::GrpcBatch;
 use tandem_bridge::leader;
@@ -48,6 +49,10 @@ struct RunArgs {
     /// Seconds a pod whose node vanished keeps its slot before it counts as gone.
     #[arg(long, default_value_t = 30)]
     node_grace_seconds: u32,
+    /// Seconds past its grace period that a bound pod which vanished from the API before its
+    /// containers were reported stopped still holds its slot.
+    #[arg(long, default_value_t = 10)]
+    vanish_margin_seconds: u32,
     #[command(flatten)]
     webhook: WebhookArgs,
     #[command(flatten)]
@@ -136,6 +141,7 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
         cluster_namespace: a.cluster_namespace,
         cluster_name: a.cluster,
         node_grace_s: i64::from(a.node_grace_seconds),
+        vanish_margin_s: i64::from(a.vanish_margin_seconds),
     };
     let shutdown = async {
         let mut term =
@@ -151,7 +157,15 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
     // Only the replica that schedules reaches the controller: a standby needs none.
     let sched_client = client.clone();
     let schedule = async {
-        let batch = GrpcBatch::connect(&a.controller, a.ca_file.as_deref(), &key).await?;
+        // A controller away (restarting, not yet up) is waited for, not fatal: the
+        // webhook above keeps serving meanwhile, and pods wait unbound.
+        let batch = (|| GrpcBatch::connect(&a.controller, a.ca_file.as_deref(), &key))
+            .retry(tandem_bridge::batch::reconnect_backoff())
+            .when(tandem_bridge::batch::BatchError::is_transient)
+            .notify(|e, wait| {
+                tracing::warn!(error = %e, retry_in = ?wait, "controller unreachable; retrying")
+            })
+            .await?;
         scheduler::run(sched_client, batch, cfg, std::future::pending()).await?;
         anyhow::Ok(())
     };

@@ -24,27 +24,31 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use backon::Retryable as _;
 use futures::StreamExt;
 use futures::future::LocalBoxFuture;
 use futures::stream::FuturesUnordered;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
 use kube::api::{Api, DynamicObject};
+use kube::runtime::WatchStreamExt as _;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
 use tandem_proto::v1;
 use tracing::{debug, info, warn};
 
-use crate::batch::{BatchAlloc, BatchError};
+use crate::batch::{BatchAlloc, BatchError, reconnect_backoff};
 use crate::cluster;
-use crate::decide::{Decision, EndReason, JobView, Member, decide, member_state};
+use crate::decide::{
+    self, Decision, EndReason, JobView, Member, MemberState, decide, member_state, vanished_state,
+};
 use crate::group::{
     self, GroupInfo, GroupKey, GroupKind, WorkloadPolicy, expected_members, group_of,
 };
 use crate::labels::{JOB_NAME, LEGACY_JOB_NAME, SCHEDULER_NAME};
 use crate::nodes::{self, Mode};
 use crate::policy::{self, NamespacePolicy};
-use crate::{annotations, resources};
+use crate::{annotations, apply, resources};
 
 mod modes;
 mod work;
@@ -58,6 +62,20 @@ pub struct Config {
     pub cluster_name: String,
     /// How long a pod whose node vanished keeps its slot (slurm-bridge #49).
     pub node_grace_s: i64,
+    /// Seconds past its grace period that a bound pod which vanished from the API with its
+    /// containers perhaps running still holds its slot ([`decide::vanish_deadline`]).
+    pub vanish_margin_s: i64,
+}
+
+/// A bound pod that vanished from the API before its containers were reported stopped
+/// (its slot finalizer removed by hand, or bound before the bridge set one): its slot stays
+/// held until `deadline`, whatever the API says.
+#[derive(Debug, Clone)]
+struct Ghost {
+    name: String,
+    rank: Option<u32>,
+    node: String,
+    deadline: i64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +114,11 @@ struct Loop<B> {
     recorder: Recorder,
     cfg: Config,
     pods: HashMap<PodKey, Pod>,
+    /// Pods seen since the pod watch (re)started listing; at the list's end, pods not in
+    /// it were deleted while the watch was away (the watcher emits no Delete for them).
+    relist: Option<HashSet<PodKey>>,
+    /// Bound pods that vanished while their containers may run, per group.
+    ghosts: HashMap<GroupKey, Vec<Ghost>>,
     pod_group: HashMap<PodKey, GroupInfo>,
     members: HashMap<GroupKey, BTreeSet<String>>,
     /// Group -> its UID (the placeholder's key), once known.
@@ -155,6 +178,8 @@ pub async fn run<B: BatchAlloc + 'static>(
         batch: Arc::new(batch),
         cfg: cfg.clone(),
         pods: HashMap::new(),
+        relist: None,
+        ghosts: HashMap::new(),
         pod_group: HashMap::new(),
         members: HashMap::new(),
         uids: HashMap::new(),
@@ -181,13 +206,17 @@ pub async fn run<B: BatchAlloc + 'static>(
         cluster_synced: false,
     };
     let pod_api: Api<Pod> = Api::all(client.clone());
+    // Every watch backs off on errors (kube-runtime's default: exponential to 5 min, reset
+    // after a healthy stretch) rather than hammering an API server that refuses.
     let mut pods = watcher::watcher(
         pod_api,
         watcher::Config::default().fields(&format!("spec.schedulerName={SCHEDULER_NAME}")),
     )
+    .default_backoff()
     .boxed();
-    let mut nodes =
-        watcher::watcher(Api::<Node>::all(client.clone()), watcher::Config::default()).boxed();
+    let mut nodes = watcher::watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .boxed();
     let ar = cluster::api_resource();
     let tc_api: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &cfg.cluster_namespace, &ar);
@@ -195,8 +224,11 @@ pub async fn run<B: BatchAlloc + 'static>(
         tc_api,
         watcher::Config::default().fields(&format!("metadata.name={}", cfg.cluster_name)),
     )
+    .default_backoff()
     .boxed();
-    let mut placeholders = l.batch.watch().await?;
+    // Subscribes (again) with a backoff inside the stream, so a controller away never
+    // stalls the loop: pods, nodes and the namespace map are still followed meanwhile.
+    let mut placeholders = placeholder_feed(l.batch.clone());
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let ctx = Ctx {
         client: l.client.clone(),
@@ -227,16 +259,10 @@ pub async fn run<B: BatchAlloc + 'static>(
                 Some(Err(e)) => warn!(error = %e, "TandemCluster watch"),
                 None => {}
             },
-            ev = placeholders.next() => match ev {
-                Some(Ok(ev)) => l.on_placeholder(ev),
-                Some(Err(e)) => {
-                    warn!(error = %e, "placeholder stream failed; subscribing again");
-                    placeholders = l.resubscribe().await;
-                }
-                None => {
-                    info!("placeholder stream ended; subscribing again");
-                    placeholders = l.resubscribe().await;
-                }
+            Some(feed) = placeholders.next() => match feed {
+                Feed::Event(ev) => l.on_placeholder(ev),
+                // Not synced until the next subscription's snapshot is in.
+                Feed::Lost => l.jobs_synced = false,
             },
             Some(out) = inflight.next(), if !inflight.is_empty() => l.finish(out),
             Some(step) = mode_sync.next(), if !mode_sync.is_empty() => {
@@ -253,44 +279,120 @@ pub async fn run<B: BatchAlloc + 'static>(
     }
 }
 
-impl<B: BatchAlloc> Loop<B> {
-    async fn resubscribe(
-        &mut self,
-    ) -> futures::stream::BoxStream<'static, Result<v1::PlaceholderEvent, BatchError>> {
-        self.jobs_synced = false;
-        let mut wait = Duration::from_millis(100);
-        loop {
-            match self.batch.watch().await {
-                Ok(s) => return s,
-                Err(e) => {
-                    warn!(error = %e, "subscribing to placeholders");
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_secs(5));
+/// What the placeholder subscription brings the loop.
+enum Feed {
+    Event(v1::PlaceholderEvent),
+    /// The subscription broke; the next one starts with a fresh snapshot.
+    Lost,
+}
+
+/// The controller's placeholder events, subscribed to again (with [`reconnect_backoff`])
+/// whenever the stream fails or ends; never ends itself.
+fn placeholder_feed<B: BatchAlloc + 'static>(
+    batch: Arc<B>,
+) -> futures::stream::LocalBoxStream<'static, Feed> {
+    type Sub = futures::stream::BoxStream<'static, Result<v1::PlaceholderEvent, BatchError>>;
+    futures::stream::unfold((batch, None::<Sub>), |(batch, current)| async move {
+        let mut sub = match current {
+            Some(s) => s,
+            None => {
+                let subscribed = (|| batch.watch())
+                    .retry(reconnect_backoff())
+                    .notify(|e, wait| {
+                        warn!(error = %e, retry_in = ?wait, "subscribing to placeholders")
+                    })
+                    .await;
+                match subscribed {
+                    Ok(s) => s,
+                    // Only when the backoff gives up, which it does not; start over.
+                    Err(_) => return Some((Feed::Lost, (batch, None))),
                 }
             }
+        };
+        match sub.next().await {
+            Some(Ok(ev)) => Some((Feed::Event(ev), (batch, Some(sub)))),
+            Some(Err(e)) => {
+                warn!(error = %e, "placeholder stream failed; subscribing again");
+                Some((Feed::Lost, (batch, None)))
+            }
+            None => {
+                info!("placeholder stream ended; subscribing again");
+                Some((Feed::Lost, (batch, None)))
+            }
         }
-    }
+    })
+    .boxed_local()
+}
 
+impl<B: BatchAlloc> Loop<B> {
     fn on_pod(&mut self, ev: Event<Pod>) {
         match ev {
-            Event::Init => {}
+            Event::Init => self.relist = Some(HashSet::new()),
             Event::InitDone => {
+                if let Some(seen) = self.relist.take() {
+                    let missed: Vec<Pod> = self
+                        .pods
+                        .iter()
+                        .filter(|(k, _)| !seen.contains(*k))
+                        .map(|(_, p)| p.clone())
+                        .collect();
+                    for p in missed {
+                        self.on_delete(&p);
+                    }
+                }
                 self.pods_synced = true;
                 let all: Vec<Target> = self.members.keys().cloned().map(Target::Group).collect();
                 self.dirty.extend(all);
             }
-            Event::Apply(p) | Event::InitApply(p) => self.upsert(p),
-            Event::Delete(p) => {
-                let key = pod_key(&p);
-                self.pods.remove(&key);
-                self.told.remove(&key);
-                if let Some(info) = self.pod_group.remove(&key) {
-                    if let Some(m) = self.members.get_mut(&info.key) {
-                        m.remove(&key.1);
-                    }
-                    self.dirty.insert(Target::Group(info.key));
+            Event::InitApply(p) => {
+                if let Some(seen) = self.relist.as_mut() {
+                    seen.insert(pod_key(&p));
                 }
+                self.upsert(p);
             }
+            Event::Apply(p) => self.upsert(p),
+            Event::Delete(p) => self.on_delete(&p),
+        }
+    }
+
+    /// A pod left the API; `last` is its last state. A bound pod whose containers were not
+    /// reported stopped becomes a [`Ghost`] that keeps its slot until its deadline.
+    fn on_delete(&mut self, last: &Pod) {
+        let key = pod_key(last);
+        let now = unix_now();
+        let held = match self.pods.get(&key) {
+            Some(p) => {
+                !matches!(self.member(p, now).state, MemberState::Finished { .. })
+                    && !matches!(self.member(last, now).state, MemberState::Finished { .. })
+            }
+            None => false,
+        };
+        self.pods.remove(&key);
+        self.told.remove(&key);
+        if let Some(info) = self.pod_group.remove(&key) {
+            if let Some(m) = self.members.get_mut(&info.key) {
+                m.remove(&key.1);
+            }
+            let node = last.spec.as_ref().and_then(|s| s.node_name.clone());
+            if held
+                && let Some(node) = node
+                && let Some(deadline) = decide::vanish_deadline(last, self.cfg.vanish_margin_s, now)
+            {
+                warn!(
+                    pod = %key.1, namespace = %key.0, node = %node, deadline,
+                    "pod vanished before its containers were reported stopped; its slot stays held until its grace period has passed"
+                );
+                self.ghosts
+                    .entry(info.key.clone())
+                    .or_default()
+                    .push(Ghost {
+                        name: key.1.clone(),
+                        rank: info.rank,
+                        node,
+                        deadline,
+                    });
+            }
+            self.dirty.insert(Target::Group(info.key));
         }
     }
 
@@ -414,6 +516,14 @@ impl<B: BatchAlloc> Loop<B> {
         for n in gone {
             self.dirty_on_node(&n);
         }
+        let now = unix_now();
+        let due: Vec<Target> = self
+            .ghosts
+            .iter()
+            .filter(|(_, gs)| gs.iter().any(|g| g.deadline <= now))
+            .map(|(k, _)| Target::Group(k.clone()))
+            .collect();
+        self.dirty.extend(due);
     }
 
     /// What the controller last said about Kubernetes node `name`.
@@ -630,14 +740,44 @@ impl<B: BatchAlloc> Loop<B> {
                 .collect(),
             None => Vec::new(),
         };
+        let ghosts: Vec<Ghost> = key
+            .as_ref()
+            .and_then(|k| self.ghosts.get(k))
+            .cloned()
+            .unwrap_or_default();
         if let Some(k) = &key
             && pods.is_empty()
+            && ghosts.is_empty()
             && uid.as_ref().is_none_or(|u| !self.jobs.contains_key(u))
         {
             self.forget(k);
             return Ok(None);
         }
-        let members: Vec<Member> = pods.iter().map(|p| self.member(p, now)).collect();
+        let mut members: Vec<Member> = pods.iter().map(|p| self.member(p, now)).collect();
+        members.extend(ghosts.iter().map(|g| Member {
+            name: g.name.clone(),
+            rank: g.rank,
+            node: Some(g.node.clone()),
+            state: vanished_state(g.deadline, now),
+        }));
+        // A ghost past its deadline counts as stopped in this decision, then is dropped.
+        if let Some(k) = &key
+            && let Some(gs) = self.ghosts.get_mut(k)
+        {
+            gs.retain(|g| g.deadline > now);
+            if gs.is_empty() {
+                self.ghosts.remove(k);
+            }
+        }
+        // Pods whose slot is free (stopped, as the kubelet reported) but still carry the
+        // slot finalizer: released with this decision's end report, or on their own when
+        // there is nothing else to do.
+        let release: Vec<Pod> = pods
+            .iter()
+            .zip(&members)
+            .filter(|(p, m)| matches!(m.state, MemberState::Finished { .. }) && apply::protected(p))
+            .map(|(p, _)| p.clone())
+            .collect();
         let view = match uid.as_ref().and_then(|u| self.jobs.get(u)) {
             Some(ev) => job_view(ev),
             None if uid.as_ref().is_some_and(|u| self.submitted.contains(u)) => JobView::Unknown,
@@ -652,7 +792,7 @@ impl<B: BatchAlloc> Loop<B> {
             .as_ref()
             .map(|k| k.namespace.clone())
             .unwrap_or_default();
-        Ok(match decide(&members, expected, &view, now) {
+        let work = match decide(&members, expected, &view, now) {
             Decision::Wait { why } => {
                 debug!(target = ?t, why, "waiting");
                 None
@@ -694,7 +834,24 @@ impl<B: BatchAlloc> Loop<B> {
                 names,
                 why,
             }),
-            Decision::EndJob { job_id, end_time } => Some(Work::End { job_id, end_time }),
+            Decision::EndJob { job_id, end_time } => {
+                return Ok(Some(Work::End {
+                    job_id,
+                    end_time,
+                    release,
+                }));
+            }
+        };
+        Ok(match work {
+            None if !release.is_empty() => Some(Work::Release(release)),
+            Some(w) => {
+                if !release.is_empty() {
+                    // Released once this operation is done and the group is decided again.
+                    self.retry.insert(t.clone());
+                }
+                Some(w)
+            }
+            None => None,
         })
     }
 

@@ -73,10 +73,14 @@ pub(super) enum Work {
         names: Vec<String>,
         why: EndReason,
     },
+    /// Report the pods gone, then release the finalizers of those that stopped.
     End {
         job_id: u64,
         end_time: i64,
+        release: Vec<Pod>,
     },
+    /// Remove the slot finalizer of pods that stopped (their slots are free).
+    Release(Vec<Pod>),
 }
 
 pub(super) struct Submit {
@@ -154,12 +158,35 @@ pub(super) async fn perform<B: BatchAlloc>(ctx: Ctx<B>, target: Target, work: Wo
                 }
             }
         }
-        Work::End { job_id, end_time } => match ctx.batch.end(job_id, end_time).await {
-            Ok(()) => info!(job_id, end_time, "placeholder ended: its pods are gone"),
+        Work::End {
+            job_id,
+            end_time,
+            release: stopped,
+        } => match ctx.batch.end(job_id, end_time).await {
+            Ok(()) => {
+                info!(job_id, end_time, "placeholder ended: its pods are gone");
+                release(&ctx, &mut out, &stopped).await;
+            }
             Err(e) => out.retry = Some(e.to_string()),
         },
+        Work::Release(stopped) => release(&ctx, &mut out, &stopped).await,
     }
     out
+}
+
+/// Removes the slot finalizer of each pod in `stopped`; a failure is retried.
+async fn release<B>(ctx: &Ctx<B>, out: &mut Outcome, stopped: &[Pod]) {
+    let calls = stopped.iter().map(|p| apply::release(&ctx.client, p));
+    for (p, r) in stopped.iter().zip(futures::future::join_all(calls).await) {
+        let name = p.metadata.name.as_deref().unwrap_or_default();
+        match r {
+            Ok(()) => debug!(pod = %name, "slot released"),
+            Err(e) => {
+                warn!(pod = %name, error = %e, "releasing the pod's slot finalizer failed; retrying");
+                out.retry = Some("finalizer not released".into());
+            }
+        }
+    }
 }
 
 async fn submit<B: BatchAlloc>(ctx: &Ctx<B>, out: &mut Outcome, s: Submit) {
@@ -250,15 +277,28 @@ async fn bind<B>(
     bindings: &[(String, String)],
     pods: Vec<Pod>,
 ) {
-    let calls = bindings.iter().map(|(pod, node)| {
-        let client = ctx.client.clone();
-        async move { (pod, node, apply::bind(&client, ns, pod, node, job_id).await) }
-    });
-    let results = futures::future::join_all(calls).await;
     let mut pods: HashMap<String, Pod> = pods
         .into_iter()
         .map(|p| (p.metadata.name.clone().unwrap_or_default(), p))
         .collect();
+    let calls = bindings.iter().map(|(pod, node)| {
+        let client = ctx.client.clone();
+        let obj = pods.get(pod);
+        async move {
+            // The finalizer first: a pod bound without it could vanish (a force delete)
+            // while its containers still run, and its slot would look free.
+            let protected = match obj {
+                Some(p) => apply::protect(&client, p).await,
+                None => Ok(()),
+            };
+            let r = match protected {
+                Ok(()) => apply::bind(&client, ns, pod, node, job_id).await,
+                Err(e) => Err(e),
+            };
+            (pod, node, r)
+        }
+    });
+    let results = futures::future::join_all(calls).await;
     for (pod, node, r) in results {
         match r {
             Ok(()) => {

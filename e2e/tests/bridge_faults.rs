@@ -1,0 +1,221 @@
+//! The time partition under the faults a platform team causes every week: a pod
+//! force-deleted while its containers still run, a pod whose object vanishes without the
+//! bridge's finalizer, and a bridge started while the controller is away.
+//!
+//! Each pod here writes a heartbeat (nanoseconds since the epoch) every 50 ms while it
+//! runs; the batch job waiting for its node writes the moment it starts. The node may turn
+//! `batch` only after the pod's last heartbeat: a batch job starting while the pod still
+//! beats is the bug these tests exist to catch.
+
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tandem_e2e::bridgekit::{BridgeEnv, Proc, Setup, deployment, node_of, running};
+use tandem_e2e::testkit::TestCluster;
+
+const FINALIZER: &str = "tandem.dev/slot-protection";
+
+/// A one-GPU pod that ignores SIGTERM (it stops only at SIGKILL, after its 8 s grace)
+/// and beats into `beat` while it runs.
+fn stubborn_pod(name: &str, beat: &Path) -> Pod {
+    let b = beat.display();
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerName": "tandem",
+            "terminationGracePeriodSeconds": 8,
+            "containers": [{"name": "serve", "image": "busybox",
+                "command": ["sh", "-c", format!(
+                    "trap '' TERM; while :; do date +%s%N > {b}.tmp && mv {b}.tmp {b}; sleep 0.05; done")],
+                "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                              "limits": {"nvidia.com/gpu": "1"}}}],
+        },
+    }))
+    .unwrap_or_else(|e| panic!("pod {name}: {e}"))
+}
+
+fn stamp(file: &Path) -> u128 {
+    let text =
+        std::fs::read_to_string(file).unwrap_or_else(|e| panic!("reading {}: {e}", file.display()));
+    text.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{}: {text:?}: {e}", file.display()))
+}
+
+/// One pool node with 2 GPUs and a serving namespace; the stubborn pod running on it.
+async fn pod_on_the_only_node(
+    cluster: &TestCluster,
+    bridge_flags: &[&str],
+) -> (BridgeEnv, Proc, Api<Pod>, std::path::PathBuf) {
+    let mut env = BridgeEnv::start(
+        cluster,
+        Setup::new(tandem_operator::crd::all())
+            .node("p1", 8, 16, 2)
+            .namespace("serving", "root", json!({})),
+    )
+    .await;
+    let bridge = env.spawn_bridge(bridge_flags);
+    let ns = env.ns("serving").to_owned();
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), &ns);
+    let beat = env.dir().join("beat");
+    pods.create(&PostParams::default(), &stubborn_pod("hold", &beat))
+        .await
+        .unwrap();
+    env.wait_pods(
+        &pods,
+        &ListParams::default().fields("metadata.name=hold"),
+        "the stubborn pod running on p1",
+        |ps| ps.len() == 1 && ps.iter().all(running) && node_of(&ps[0]) == Some("p1"),
+    )
+    .await;
+    env.wait_until("a first heartbeat", || beat.is_file()).await;
+    env.assert_mode("p1", "kube");
+    (env, bridge, pods, beat)
+}
+
+/// Submits a whole-node batch job that records when it started; asserts it waits.
+async fn queue_batch_job(env: &BridgeEnv) -> std::path::PathBuf {
+    let started = env.dir().join("started");
+    let id = env.sbatch(
+        &["-N1", "--gpus-per-node=2"],
+        &format!("date +%s%N > {}", started.display()),
+    );
+    env.wait_cli(
+        &["squeue", "-h", "-j", id.trim(), "-o", "%T"],
+        "the batch job pending",
+        |out| out.trim() == "PENDING",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!started.exists(), "the batch job started next to the pod");
+    started
+}
+
+fn force() -> DeleteParams {
+    DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_deleted_pod_holds_its_node_until_the_kubelet_reports_it_stopped() {
+    let test = "a_force_deleted_pod_holds_its_node_until_the_kubelet_reports_it_stopped";
+    let cluster = TestCluster::start().await.unwrap();
+    if !cluster.needs_process_kubelet(test) {
+        return;
+    }
+    let (env, _bridge, pods, beat) = pod_on_the_only_node(&cluster, &[]).await;
+    let bound = pods.get("hold").await.unwrap();
+    assert!(
+        bound
+            .metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == FINALIZER),
+        "a bound pod carries the slot finalizer: {:?}",
+        bound.metadata.finalizers
+    );
+    let started = queue_batch_job(&env).await;
+
+    // `kubectl delete pod --grace-period=0 --force`: the object stays, marked for
+    // deletion, until the kubelet has stopped the containers and the bridge released it.
+    pods.delete("hold", &force()).await.unwrap();
+    env.wait_until("the batch job to start once the pod stopped", || {
+        started.is_file()
+    })
+    .await;
+    let (last_beat, start) = (stamp(&beat), stamp(&started));
+    assert!(
+        start > last_beat,
+        "the batch job started {} ms before the pod's last heartbeat",
+        (last_beat - start) / 1_000_000
+    );
+    env.wait_pods(
+        &pods,
+        &ListParams::default().fields("metadata.name=hold"),
+        "the pod object gone once its slot was released",
+        |ps| ps.is_empty(),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_vanishes_while_running_holds_its_node_for_its_grace_period() {
+    let test = "a_pod_that_vanishes_while_running_holds_its_node_for_its_grace_period";
+    let cluster = TestCluster::start().await.unwrap();
+    if !cluster.needs_process_kubelet(test) {
+        return;
+    }
+    let (env, _bridge, pods, beat) =
+        pod_on_the_only_node(&cluster, &["--vanish-margin-seconds", "2"]).await;
+    let started = queue_batch_job(&env).await;
+
+    // An administrator strips the finalizer, then force-deletes: the object is gone at
+    // once while the kubelet gives the container its 8 s grace (it ignores SIGTERM).
+    pods.patch(
+        "hold",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    pods.delete("hold", &force()).await.unwrap();
+    env.wait_until(
+        "the batch job to start after the pod's grace period",
+        || started.is_file(),
+    )
+    .await;
+    let (last_beat, start) = (stamp(&beat), stamp(&started));
+    assert!(
+        start > last_beat,
+        "the batch job started {} ms before the vanished pod's last heartbeat",
+        (last_beat - start) / 1_000_000
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridge_started_while_the_controller_is_away_waits_for_it() {
+    let test = "a_bridge_started_while_the_controller_is_away_waits_for_it";
+    let cluster = TestCluster::start().await.unwrap();
+    if !cluster.needs_process_kubelet(test) {
+        return;
+    }
+    let mut env = BridgeEnv::start(
+        &cluster,
+        Setup::new(tandem_operator::crd::all())
+            .node("p1", 8, 16, 2)
+            .namespace("serving", "root", json!({})),
+    )
+    .await;
+    env.kill_controller();
+    let mut bridge = env.spawn_bridge(&[]);
+    let ns = env.ns("serving").to_owned();
+    let deploys: Api<Deployment> = Api::namespaced(cluster.client(), &ns);
+    deploys
+        .create(&PostParams::default(), &deployment("web", 1, 1))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !bridge.exited(),
+        "the bridge exited while the controller was away:\n{}",
+        env.logs()
+    );
+    env.restart_controller().await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), &ns);
+    env.wait_pods(
+        &pods,
+        &ListParams::default().labels("app=web"),
+        "the web pod bound once the controller is back",
+        |ps| ps.len() == 1 && ps.iter().all(running),
+    )
+    .await;
+    assert!(!bridge.exited(), "the bridge is still running");
+}
