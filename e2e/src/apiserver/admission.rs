@@ -7,8 +7,9 @@
 //!   the Service's numeric `targetPort` for the given port (or the port itself), with TLS
 //!   server name `<name>.<namespace>.svc` as a real server would verify.
 //! - `matchConditions` and `matchPolicy` are ignored; versions match if listed or `*`.
-//! - Only writes of whole objects are admitted: create/update/delete of a resource and updates
-//!   of its `status`/`scale` subresources; `binding` and `eviction` posts are not.
+//! - Only writes of whole objects are admitted: create/update/delete of a resource, updates
+//!   of its `status`/`scale` subresources, and `pods/binding` creates (the Binding is the
+//!   object, `kind` `Binding`, as a real server sends it); `eviction` posts are not.
 
 use std::time::Duration;
 
@@ -238,7 +239,13 @@ async fn call(
     old: Option<&Value>,
 ) -> ApiResult<Option<Value>> {
     let uid = meta::new_uid();
-    let group_version_kind = json!({"group": a.rt.group, "version": a.version, "kind": a.rt.kind});
+    // A binding's object is a core/v1 Binding, not the pod it binds.
+    let kind = if a.subresource == "binding" {
+        "Binding"
+    } else {
+        a.rt.kind.as_str()
+    };
+    let group_version_kind = json!({"group": a.rt.group, "version": a.version, "kind": kind});
     let group_version_resource =
         json!({"group": a.rt.group, "version": a.version, "resource": a.rt.plural});
     let mut request = json!({

@@ -213,8 +213,22 @@ fn set_pointer(v: &mut Value, pointer: &str, new: Value) {
     *cur = new;
 }
 
-/// POST pods/{name}/binding: sets `spec.nodeName` once.
+/// POST pods/{name}/binding: sets `spec.nodeName` once. Admitted first as a real server
+/// does (`CREATE` of `pods/binding`, the Binding as the object, mutating then validating
+/// webhooks), so a webhook can refuse a bind.
 pub async fn bind(ctx: &Ctx, t: &Target, body: &Value) -> ApiResult<Value> {
+    let a = super::admission::Attrs {
+        operation: "CREATE",
+        rt: &t.rt,
+        version: &t.version,
+        subresource: "binding",
+        namespace: &t.ns,
+        name: &t.name,
+        dry_run: false,
+    };
+    let body = super::admission::mutate(&ctx.store, &a, body.clone(), None).await?;
+    super::admission::validate(&ctx.store, &a, &body, None).await?;
+    let body = &body;
     let node = body["target"]["name"]
         .as_str()
         .filter(|n| !n.is_empty())
