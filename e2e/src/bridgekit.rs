@@ -266,7 +266,13 @@ impl BridgeEnv {
 
         let url = env.url.clone();
         let key_s = env.key_str();
+        // Each worker carries its node's mark, so the invariant checker places its jobs'
+        // processes (its descendants) on that node.
+        let harness = cluster.invariant().map(|c| c.harness().to_owned());
         for n in &setup.nodes {
+            let mark = harness
+                .as_ref()
+                .map(|h| crate::invariant::node_mark(h, &n.name));
             let spool = env.dir.path().join(format!("spool-{}", n.name));
             let (cpus, mem, gpus) = (
                 n.cpus.to_string(),
@@ -295,7 +301,10 @@ impl BridgeEnv {
                     "--insecure-plaintext",
                 ],
                 &log,
-                &[],
+                &mark
+                    .iter()
+                    .map(|(k, v)| (*k, v.as_str()))
+                    .collect::<Vec<_>>(),
             ));
         }
         let want = setup.nodes.len();

@@ -65,6 +65,10 @@ pub struct KubeletConfig {
     /// Lease renewal and node status interval (a real kubelet: 10 s).
     pub heartbeat: Duration,
     pub backoff: Backoff,
+    /// The harness id of an [`crate::invariant::InvariantChecker`]: every container's
+    /// processes carry its marks (node, pod, owner) in their environment, so the checker
+    /// can tell from `/proc` which node and pod a process belongs to. `None`: no marks.
+    pub harness: Option<String>,
 }
 
 impl KubeletConfig {
@@ -74,6 +78,7 @@ impl KubeletConfig {
             root_dir: None,
             heartbeat: Duration::from_secs(10),
             backoff: Backoff::default(),
+            harness: None,
         }
     }
 }
@@ -225,6 +230,7 @@ impl Kubelet {
             persistent: self.root.join("pvs"),
             mounts: self.mounts.clone(),
             backoff: self.config.backoff,
+            harness: self.config.harness.clone(),
             admitted: Mutex::new(Default::default()),
         });
         let span = tracing::info_span!("node", node = %spec.name);

@@ -5,6 +5,8 @@
 //! - [`apiserver`]: an in-memory Kubernetes API server speaking the REST API over HTTP/JSON
 //!   (also the `kube-sim` binary).
 //! - [`bridgekit`]: the bridge's e2e setup: controller, workers, `TandemCluster`, bridges.
+//! - [`invariant`]: the time partition judged from `/proc`: no node runs a batch job and a
+//!   pod that is not a Tandem worker at once (every [`testkit::TestCluster`] runs it).
 //! - [`kubelet`]: a process kubelet that runs the containers of pods bound to declared nodes as
 //!   local processes and drives their status.
 //! - [`net`]: the loopback address plan (pod IPs, Service cluster IPs).
@@ -19,6 +21,7 @@
 pub mod apiserver;
 pub mod bounded;
 pub mod bridgekit;
+pub mod invariant;
 pub mod kubelet;
 pub mod net;
 pub mod proxy;

@@ -6,6 +6,11 @@
 //! is no process kubelet: tests that need one call [`TestCluster::needs_process_kubelet`],
 //! which prints a `SKIP` line saying why (straight to the terminal, past the test harness's
 //! output capture, so a skip is never silent) and returns false.
+//!
+//! With the in-repo server, every test runs under an [`InvariantChecker`]: it samples the
+//! processes and fails the test when [`TestCluster`] drops (or at
+//! [`TestCluster::assert_invariant`]) if a node ever ran a batch job and a pod that is not a
+//! Tandem worker at the same moment.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -25,6 +30,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use crate::apiserver;
+use crate::invariant::{InvariantChecker, Report};
 use crate::kubelet::{ImageTable, Kubelet, KubeletConfig, NodeSpec};
 use crate::proxy::ServiceProxy;
 use crate::scheduler::Scheduler;
@@ -97,7 +103,12 @@ pub struct TestCluster {
 }
 
 struct Local {
-    // Field order is drop order: stop the kubelet (and its processes) before the server.
+    // Field order is drop order: stop checking before the kubelet kills the containers,
+    // and stop the kubelet (and its processes) before the server.
+    invariant: InvariantChecker,
+    /// Set once a failure of the invariant was reported (by an explicit check), so the
+    /// drop does not report it again.
+    reported: std::sync::atomic::AtomicBool,
     kubelet: Kubelet,
     _scheduler: Option<Scheduler>,
     proxy: Option<ServiceProxy>,
@@ -144,13 +155,41 @@ impl Default for Options {
     }
 }
 
+impl Drop for TestCluster {
+    /// Stops the invariant checker, tears the harness down (containers killed), and then
+    /// fails the test if the checker saw a violation. A drop that runs because the test
+    /// already panicked must not panic again (that aborts the test binary): then the report
+    /// goes to the test's captured stderr, printed with its failure.
+    fn drop(&mut self) {
+        let Some(local) = self.local.take() else {
+            return;
+        };
+        let report: Report = local.invariant.finish();
+        let reported = local.reported.load(std::sync::atomic::Ordering::SeqCst);
+        drop(local);
+        let Some(msg) = report.failure() else {
+            return;
+        };
+        if reported {
+            return;
+        }
+        if std::thread::panicking() {
+            // Not a log line but the test's failure message: libtest shows a failed test's
+            // captured stderr.
+            eprintln!("{msg}");
+        } else {
+            panic!("{msg}");
+        }
+    }
+}
+
 impl TestCluster {
     /// The in-repo server with a process kubelet (no nodes yet), or the `KUBECONFIG` cluster.
     pub async fn start() -> Result<Self, TestkitError> {
         Self::start_with(Options::default()).await
     }
 
-    pub async fn start_with(options: Options) -> Result<Self, TestkitError> {
+    pub async fn start_with(mut options: Options) -> Result<Self, TestkitError> {
         init_tracing();
         crate::watchdog::arm();
         let requests = RequestLog::default();
@@ -179,6 +218,9 @@ impl TestCluster {
         // sends, and the kubelet's traffic can be checked on its own.
         let kubelet_requests = RequestLog::default();
         let kubelet_client = counted_client(config.clone(), &kubelet_requests)?;
+        // Before the first container, so the checker sees every process from its start.
+        let invariant = InvariantChecker::start();
+        options.kubelet.harness = Some(invariant.harness().to_owned());
         let images = options.kubelet.images.clone();
         let kubelet = Kubelet::start(kubelet_client, options.kubelet)
             .await
@@ -191,6 +233,8 @@ impl TestCluster {
             .service_proxy
             .then(|| ServiceProxy::start(system.clone()));
         let local = Local {
+            invariant,
+            reported: std::sync::atomic::AtomicBool::new(false),
             kubelet,
             _scheduler: scheduler,
             proxy,
@@ -205,6 +249,38 @@ impl TestCluster {
             requests,
             local: Some(local),
         })
+    }
+
+    /// The checker of the time partition on this harness's processes (with the in-repo
+    /// server): its harness id marks the processes it counts ([`InvariantChecker::node_env`]).
+    pub fn invariant(&self) -> Option<&InvariantChecker> {
+        self.local.as_ref().map(|l| &l.invariant)
+    }
+
+    /// Panics, listing each node with the pid, command line and times of both sides, if a
+    /// node ran a batch job and a pod that is not a Tandem worker at the same moment so far.
+    /// The drop checks the same at the end of a test; this checks earlier.
+    pub fn assert_invariant(&self) {
+        let Some(local) = &self.local else {
+            return;
+        };
+        if let Some(msg) = local.invariant.report().failure() {
+            local
+                .reported
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            panic!("{msg}");
+        }
+    }
+
+    /// Stops the invariant checker and hands its report to the caller, who judges it (a
+    /// test of the checker itself); the drop no longer fails on it. `None` on a real
+    /// cluster.
+    pub fn take_invariant(&self) -> Option<Report> {
+        let local = self.local.as_ref()?;
+        local
+            .reported
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        Some(local.invariant.finish())
     }
 
     /// Starts a cluster for a test that needs the process kubelet; `None` (after printing

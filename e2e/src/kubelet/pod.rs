@@ -75,6 +75,9 @@ pub struct NodeCtx {
     /// Mount points this kubelet's pods hold.
     pub mounts: super::volume::Held,
     pub backoff: Backoff,
+    /// The invariant checker's harness id, for the container marks (see
+    /// [`crate::invariant`]); `None`: no marks.
+    pub harness: Option<String>,
     /// Requests of the admitted pods that have not finished, by uid: what admission
     /// subtracts from allocatable. A mutex because admission must see every earlier
     /// decision (two pods racing for the last GPU).
@@ -523,7 +526,20 @@ impl Worker {
             cwd: &cwd,
         };
         let probe_ip = self.pod_ip.unwrap_or(crate::net::HOST_IP);
-        match process::start(&launch, &env, target, &self.ctx.logs, &self.ctx.groups).await {
+        // The marks come last, so a pod's own `env` cannot pass for another node or pod.
+        let mut run_env = env.clone();
+        if let Some(harness) = &self.ctx.harness {
+            let mark = crate::invariant::ContainerMark::new(
+                harness,
+                &self.ctx.node,
+                &self.ns,
+                &self.name,
+                &container.name,
+                self.pod.metadata.labels.as_ref(),
+            );
+            run_env.extend(mark.env());
+        }
+        match process::start(&launch, &run_env, target, &self.ctx.logs, &self.ctx.groups).await {
             Ok(started) => {
                 let slot = self.slot(kind, idx);
                 if slot.ran {
@@ -537,7 +553,8 @@ impl Worker {
                 slot.record.state = State::Running {
                     started_at: started.started_at,
                 };
-                slot.readiness = Readiness::for_container(&container, &env, cwd.clone(), probe_ip);
+                slot.readiness =
+                    Readiness::for_container(&container, &run_env, cwd.clone(), probe_ip);
                 slot.record.ready = slot.readiness.is_none();
                 let exit = started.exit;
                 self.exits.push(Box::pin(async move {
