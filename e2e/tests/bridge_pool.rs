@@ -126,4 +126,16 @@ async fn inference_pods_run_on_kube_nodes_while_a_batch_array_fills_the_rest() {
             report.timeline()
         );
     }
+    // The same, judged from the processes: the checker placed the real workers' held job
+    // processes and the pods' containers on their nodes (the later batch work on the pod
+    // nodes lasts milliseconds, shorter than a sample), and never both on one at once.
+    if let Some(checker) = cluster.invariant() {
+        let seen = checker.report();
+        assert!(
+            seen.pod_nodes.is_superset(&kube_nodes) && seen.batch_nodes.is_superset(&batch_nodes),
+            "the process checker saw the pods on {kube_nodes:?} and the held jobs on \
+             {batch_nodes:?}: {seen:?}"
+        );
+        cluster.assert_invariant();
+    }
 }
