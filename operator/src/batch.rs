@@ -32,6 +32,22 @@ pub enum BatchError {
     },
 }
 
+impl BatchError {
+    /// The controller refused the request in the present state (FailedPrecondition): a
+    /// "not yet", not a fault.
+    pub fn refused(&self) -> bool {
+        matches!(self, BatchError::Call { status, .. } if status.code() == tonic::Code::FailedPrecondition)
+    }
+
+    /// The controller's own words, without the call's name.
+    pub fn detail(&self) -> String {
+        match self {
+            BatchError::Call { status, .. } => status.message().to_owned(),
+            e => e.to_string(),
+        }
+    }
+}
+
 fn call(call: &'static str) -> impl Fn(tonic::Status) -> BatchError {
     move |status| BatchError::Call {
         call,

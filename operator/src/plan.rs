@@ -22,7 +22,10 @@
 //! - **Rollout**: pods rendered from an older template are drained up to `maxUnavailable` at
 //!   a time and replaced on the same node once idle: no running job is cut short.
 //! - **Removal**: a former node with no pod and no further use is removed from the
-//!   controller (set DOWN first if it still shows jobs).
+//!   controller. One that still shows jobs is set DOWN first, and removed on a later pass
+//!   once the controller reports it free: a placeholder of bridged pods keeps a DOWN node
+//!   until the bridge reports the pods gone, and the controller refuses its removal until
+//!   then (the operator waits, see [`on_failure`]).
 //! - **Registration**: a running worker whose node is not registered and up yet is looked
 //!   at again every [`DRAIN_POLL_S`] (node states are not watched), so `readyReplicas`
 //!   follows registration without waiting for another pod event.
@@ -201,7 +204,9 @@ pub enum Action {
     Resume {
         node: String,
     },
-    /// Set the node DOWN: its jobs are requeued (or end NODE_FAIL when they may not be).
+    /// Set the node DOWN: its batch jobs are requeued (or end NODE_FAIL when they may not
+    /// be); a placeholder of bridged pods ends NODE_FAIL but keeps the node until the bridge
+    /// reports its pods gone.
     Down {
         node: String,
         reason: String,
@@ -623,8 +628,12 @@ pub fn plan(desired: &Desired, obs: &Observed) -> Plan {
                 EventType::Warning,
                 "DrainDeadlinePassed",
                 format!(
-                    "node {} still ran {} job(s) {}s after its drain began; requeueing them and deleting pod {}",
-                    node.name, node.running_jobs, desired.drain_deadline_s, pod.name
+                    "node {} still ran {} job(s) {}s after its drain began: setting it DOWN ({}) and deleting pod {}",
+                    node.name,
+                    node.running_jobs,
+                    desired.drain_deadline_s,
+                    fate_of_jobs(node),
+                    pod.name
                 ),
             );
         } else {
@@ -689,22 +698,44 @@ pub fn plan(desired: &Desired, obs: &Observed) -> Plan {
             Lookup::Failed(_) => left += 1,
             Lookup::Nodes(nodes) => match nodes.get(m) {
                 None => p.actions.push(Action::Forget { node: m.clone() }),
+                Some(n) if n.running_jobs > 0 && n.state == NodeState::Down => {
+                    // DOWN already, yet still holding jobs: a bridged pods' placeholder
+                    // keeps its nodes until the bridge reports the pods gone (the controller
+                    // refuses to remove the node before then). Asking again every pass would
+                    // only fail; look again until the node is free.
+                    left += 1;
+                    p.waiting.push(format!(
+                        "node {m} is DOWN with its pod gone and still holds {} job(s) ({}): removed once they are gone",
+                        n.running_jobs,
+                        if n.kube_mode {
+                            "bridged pods being evicted"
+                        } else {
+                            "jobs ending"
+                        }
+                    ));
+                    p.requeue(DRAIN_POLL_S);
+                }
                 Some(n) if n.running_jobs > 0 => {
-                    // A lost pod's node the controller has not timed out yet.
+                    // A lost pod's node the controller has not timed out yet: DOWN ends or
+                    // hands back what it runs; it is removed on a later pass, once the
+                    // controller reports it free (removal now would be refused while a
+                    // placeholder holds it).
+                    left += 1;
                     p.actions.push(Action::Down {
                         node: m.clone(),
                         reason: format!("{DRAIN_REASON_PREFIX} worker pod gone"),
                     });
-                    p.actions.push(Action::RemoveNode { node: m.clone() });
                     p.event_about(
                         Related::Node(m.clone()),
                         EventType::Warning,
-                        "NodeRemoved",
+                        "WorkerPodLost",
                         format!(
-                            "node {m} lost its pod with {} job(s) running; they are requeued",
-                            n.running_jobs
+                            "node {m} lost its pod with {} job(s) running: setting it DOWN; {}; it leaves the controller once free",
+                            n.running_jobs,
+                            fate_of_jobs(n)
                         ),
                     );
+                    p.requeue(1);
                 }
                 Some(_) => {
                     p.actions.push(Action::RemoveNode { node: m.clone() });
@@ -733,6 +764,42 @@ pub fn plan(desired: &Desired, obs: &Observed) -> Plan {
         p.requeue(DRAIN_POLL_S);
     }
     p
+}
+
+/// What setting `node` DOWN does to what it runs, for Events. A node serves one mode at a
+/// time, so its mode says which kind of work is there.
+fn fate_of_jobs(node: &BatchNode) -> &'static str {
+    if node.kube_mode {
+        "the bridge evicts its bridged pods, and the node stays held until they are gone"
+    } else {
+        "its batch jobs are requeued, or end NODE_FAIL unless they may be requeued (--requeue)"
+    }
+}
+
+/// What the shell does when an action fails.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OnFailure {
+    /// Stop the pass here (the rest depends on it); report it and retry next pass.
+    Stop,
+    /// Not an error: the controller says "not yet". Count it as waiting (this line), look
+    /// again in [`DRAIN_POLL_S`], and go on with the rest of the pass.
+    Wait(String),
+}
+
+/// How to treat a failed `action`. `refused`: the controller answered FailedPrecondition
+/// (it refuses the request in the node's present state), `detail` its message.
+///
+/// A RemoveNode refused that way is a node still holding work the controller must see end
+/// first (a placeholder whose bridged pods are not gone yet, or a job that started there
+/// after the lookup): waiting is the answer, and failing the pass would hold back every
+/// other worker's actions and publish a warning on every pass.
+pub fn on_failure(action: &Action, refused: bool, detail: &str) -> OnFailure {
+    match action {
+        Action::RemoveNode { node } if refused => {
+            OnFailure::Wait(format!("node {node} not removed yet: {detail}"))
+        }
+        _ => OnFailure::Stop,
+    }
 }
 
 /// A worker counts as ready when its pod runs and its batch node is registered and up.

@@ -1013,8 +1013,10 @@ async fn sync_workerset(ws: &WorkerSet, ctx: &Context, deleting: bool) -> Result
     };
     let p = plan::plan(&desired, &observed);
 
-    // Step: apply, in order; the first failure stops the rest (retried next pass).
+    // Step: apply, in order; the first failure stops the rest (retried next pass), except
+    // what the controller answers "not yet" to (see `plan::on_failure`): that is waited for.
     let mut failure = None;
+    let mut not_yet: Vec<String> = Vec::new();
     for a in &p.actions {
         let r: Result<(), String> = match a {
             Action::CreatePod { node } => match render::worker_pod(ws, node, tc.spec.image.as_deref()) {
@@ -1039,13 +1041,23 @@ async fn sync_workerset(ws: &WorkerSet, ctx: &Context, deleting: bool) -> Result
             Action::Drain { node, reason } => with_batch(&batch, |b| async move { b.update_node(node, "DRAIN", reason).await.map_err(|e| e.to_string()) }).await,
             Action::Resume { node } => with_batch(&batch, |b| async move { b.update_node(node, "RESUME", "").await.map_err(|e| e.to_string()) }).await,
             Action::Down { node, reason } => with_batch(&batch, |b| async move { b.update_node(node, "DOWN", reason).await.map_err(|e| e.to_string()) }).await,
-            Action::RemoveNode { node } => {
-                let r = with_batch(&batch, |b| async move { b.remove_node(node, false, "tandem-operator: worker pod gone").await.map_err(|e| e.to_string()) }).await;
-                if r.is_ok() {
-                    members.retain(|m| m != node);
-                }
-                r
-            }
+            Action::RemoveNode { node } => match &batch {
+                Ok(b) => match b.remove_node(node, false, "tandem-operator: worker pod gone").await {
+                    Ok(()) => {
+                        members.retain(|m| m != node);
+                        Ok(())
+                    }
+                    Err(e) => match plan::on_failure(a, e.refused(), &e.detail()) {
+                        plan::OnFailure::Wait(w) => {
+                            info!(workerset = %name, node = %node, why = %e.detail(), "node removal refused for now; waiting");
+                            not_yet.push(w);
+                            continue;
+                        }
+                        plan::OnFailure::Stop => Err(e.to_string()),
+                    },
+                },
+                Err(e) => Err(format!("controller unreachable: {e}")),
+            },
             Action::Forget { node } => {
                 members.retain(|m| m != node);
                 Ok(())
@@ -1107,9 +1119,13 @@ async fn sync_workerset(ws: &WorkerSet, ctx: &Context, deleting: bool) -> Result
         status.drain = drain;
     }
     status.members = members;
+    // Deleting finishes only once every action went through: a removal refused or failed
+    // leaves its node in the controller.
+    let finished = p.finished && failure.is_none() && not_yet.is_empty();
     let mut problems = p.problems.clone();
     problems.extend(failure);
-    let waiting = p.waiting.clone();
+    let mut waiting = p.waiting.clone();
+    waiting.extend(not_yet.iter().cloned());
     let ready = problems.is_empty()
         && waiting.is_empty()
         && status.ready_replicas == ws.spec.replicas
@@ -1150,17 +1166,25 @@ async fn sync_workerset(ws: &WorkerSet, ctx: &Context, deleting: bool) -> Result
     if !deleting {
         patch_set_status(&sets, &name, &old, &status).await?;
     }
-    if deleting && p.finished {
+    if deleting && finished {
         info!(workerset = %name, "worker set cleaned up");
         return Ok(Requeue::await_change());
     }
-    if deleting && !p.finished {
+    if deleting && !finished {
         return Err(Error::CleanupPending(format!(
             "worker set {name} still has {} pod(s) or node(s) to clean up",
             views.len() + status.members.len()
         )));
     }
-    Ok(match p.requeue_after_s {
+    let asked = if not_yet.is_empty() {
+        p.requeue_after_s
+    } else {
+        Some(
+            p.requeue_after_s
+                .map_or(plan::DRAIN_POLL_S, |s| s.min(plan::DRAIN_POLL_S)),
+        )
+    };
+    Ok(match asked {
         Some(s) => Requeue::requeue(Duration::from_secs(u64::try_from(s).unwrap_or(5))),
         None => Requeue::requeue(Duration::from_secs(300)),
     })

@@ -489,19 +489,143 @@ fn a_removed_workers_node_is_removed_from_the_controller() {
 }
 
 #[test]
-fn a_gone_pods_node_with_jobs_goes_down_before_removal() {
+fn a_gone_pods_node_with_jobs_goes_down_and_is_removed_on_a_later_pass() {
     let mut obs = seen(vec![], vec![node("n2").busy(1, Some(NOW + 10))]);
     obs.members = vec!["n2".into()];
     let p = plan(&want(0), &obs);
-    let down = p
-        .actions
-        .iter()
-        .position(|a| matches!(a, Action::Down { .. }));
-    let rm = p
-        .actions
-        .iter()
-        .position(|a| matches!(a, Action::RemoveNode { .. }));
-    assert!(down.is_some() && down < rm, "{:?}", p.actions);
+    assert!(has(
+        &p,
+        &Action::Down {
+            node: "n2".into(),
+            reason: format!("{DRAIN_REASON_PREFIX} worker pod gone"),
+        }
+    ));
+    // Removal waits for the controller to report the node free: asked now, it would be
+    // refused while a placeholder holds the node.
+    assert!(
+        !p.actions
+            .iter()
+            .any(|a| matches!(a, Action::RemoveNode { .. })),
+        "{:?}",
+        p.actions
+    );
+    assert_eq!(p.requeue_after_s, Some(1), "looked at again soon");
+    // Once DOWN and free (its batch jobs requeued or failed), the node is removed.
+    let mut obs = seen(vec![], vec![node("n2").down()]);
+    obs.members = vec!["n2".into()];
+    let p = plan(&want(0), &obs);
+    assert_eq!(p.actions, vec![Action::RemoveNode { node: "n2".into() }]);
+}
+
+fn kube_mode(mut n: BatchNode) -> BatchNode {
+    n.kube_mode = true;
+    n
+}
+
+#[test]
+fn a_down_node_still_holding_bridged_pods_is_waited_for_and_the_pass_goes_on() {
+    // n2: pod gone, DOWN, its placeholder held until the bridge reports the pods gone.
+    // n3: pod gone, free: removed in the same pass.
+    let mut obs = seen(
+        vec![pod("n0")],
+        vec![
+            node("n0"),
+            kube_mode(node("n2").busy(1, None).down()),
+            node("n3").drained(&ours(DrainFor::ScaleIn)),
+        ],
+    );
+    obs.members = vec!["n0".into(), "n2".into(), "n3".into()];
+    let p = plan(&want(1), &obs);
+    assert!(
+        !p.actions.iter().any(|a| match a {
+            Action::Down { node, .. } | Action::RemoveNode { node } => node == "n2",
+            _ => false,
+        }),
+        "neither DOWN again nor a removal the controller refuses: {:?}",
+        p.actions
+    );
+    assert!(has(&p, &Action::RemoveNode { node: "n3".into() }));
+    assert!(
+        p.waiting
+            .iter()
+            .any(|w| w.contains("n2") && w.contains("bridged pods")),
+        "{:?}",
+        p.waiting
+    );
+    assert!(
+        p.problems.is_empty(),
+        "waiting is not a problem: {:?}",
+        p.problems
+    );
+    assert_eq!(p.requeue_after_s, Some(DRAIN_POLL_S));
+    assert!(
+        !p.events.iter().any(|e| e.type_ == EventType::Warning),
+        "no warning on every pass: {:?}",
+        p.events
+    );
+
+    // Deleting the set: not finished while the node is held.
+    let mut d = want(0);
+    d.deleting = true;
+    let mut obs = seen(vec![], vec![kube_mode(node("n2").busy(1, None).down())]);
+    obs.members = vec!["n2".into()];
+    let p = plan(&d, &obs);
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    assert!(!p.finished);
+}
+
+#[test]
+fn a_lost_pods_event_says_what_happens_to_batch_jobs_and_bridged_pods() {
+    let note = |n: BatchNode| {
+        let mut obs = seen(vec![], vec![n]);
+        obs.members = vec!["n2".into()];
+        let p = plan(&want(0), &obs);
+        let e = p
+            .events
+            .iter()
+            .find(|e| e.reason == "WorkerPodLost")
+            .cloned()
+            .expect("an event about the lost pod");
+        assert_eq!(e.type_, EventType::Warning);
+        assert_eq!(e.related, Some(Related::Node("n2".into())));
+        e.note
+    };
+    let batch = note(node("n2").busy(2, Some(NOW + 10)));
+    assert!(
+        batch.contains("requeued") && batch.contains("NODE_FAIL"),
+        "{batch}"
+    );
+    let bridged = note(kube_mode(node("n2").busy(1, None)));
+    assert!(
+        bridged.contains("evicts") && bridged.contains("held until they are gone"),
+        "{bridged}"
+    );
+    assert!(
+        !bridged.contains("requeued"),
+        "bridged pods are not requeued: {bridged}"
+    );
+}
+
+#[test]
+fn a_refused_removal_is_waited_for_and_other_failures_stop_the_pass() {
+    let rm = Action::RemoveNode { node: "n2".into() };
+    match on_failure(
+        &rm,
+        true,
+        "node n2 holds bridged pods (placeholder job(s) 7)",
+    ) {
+        OnFailure::Wait(w) => assert!(
+            w.contains("n2") && w.contains("placeholder job(s) 7"),
+            "{w}"
+        ),
+        OnFailure::Stop => panic!("a refused removal is a wait"),
+    }
+    assert_eq!(on_failure(&rm, false, "unavailable"), OnFailure::Stop);
+    let down = Action::Down {
+        node: "n2".into(),
+        reason: "r".into(),
+    };
+    assert_eq!(on_failure(&down, true, "x"), OnFailure::Stop);
 }
 
 // === rollout ===
