@@ -377,3 +377,88 @@ fn auto_created_associations_and_their_usage_survive_sigkill() {
     assert!(down.status.success());
     controller.wait().unwrap();
 }
+
+/// Issue 29: sacct's AllocTRES and ReqTRES, and scontrol's TRES, carry the job's billing
+/// TRES weighted by the billing weights fair share charges, not `billing=<CPUs>`. Slurm
+/// 22.05 with `TRESBillingWeights="CPU=1.5,GRES/gpu=4"`: 3 CPUs and 2 GPUs showed
+/// `billing=12` (12.5 truncated) in AllocTRES and ReqTRES, a held job asking 3 CPUs and
+/// 1 GPU `billing=8` in ReqTRES and in scontrol's `TRES=`.
+#[test]
+fn sacct_billing_is_weighted_as_fair_share_charges() {
+    let me = me();
+    let c = Cluster::start_with_config(
+        1,
+        r#"
+        [billing_weights]
+        cpu = 1.5
+        mem_gb = 0.5
+        gpu = 4
+        [[account]]
+        name = "physics"
+        shares = 1
+        "#,
+    );
+    // 3 x 1.5 + 1 GiB x 0.5 + 2 x 4 = 13.5 a second: billing=13.
+    let ran = c.sbatch(&[
+        "-A", "physics", "-c", "3", "--gpus=2", "--mem=1G", "--wrap", "sleep 2",
+    ]);
+    // Held, so billed by what it asks: 2 x 1.5 + 2 GiB x 0.5 + 1 x 4 = 8.
+    let held = c.sbatch(&[
+        "-H", "-A", "physics", "-c", "2", "--gpus=1", "--mem=2G", "--wrap", "true",
+    ]);
+    let done = c.wait_end(ran, Duration::from_secs(60));
+    assert_eq!(done["state"]["current"], "COMPLETED", "{done}");
+    let sacct = c.ok(&[
+        "sacct",
+        "-j",
+        &format!("{ran},{held}"),
+        "-P",
+        "-n",
+        "-o",
+        "JobID,AllocTRES,ReqTRES,ElapsedRaw",
+    ]);
+    let rows: Vec<Vec<&str>> = sacct.lines().map(|l| l.split('|').collect()).collect();
+    let row = |id: &str| {
+        rows.iter()
+            .find(|r| r[0] == id)
+            .unwrap_or_else(|| panic!("no sacct line {id}: {sacct}"))
+    };
+    let job = row(&ran.to_string());
+    assert_eq!(
+        job[1..3],
+        [
+            "billing=13,cpu=3,gres/gpu=2,mem=1G,node=1",
+            "billing=13,cpu=3,gres/gpu=2,mem=1G,node=1"
+        ],
+        "{sacct}"
+    );
+    // The batch step is not billed, as in Slurm.
+    assert!(
+        !row(&format!("{ran}.batch"))[1].contains("billing"),
+        "{sacct}"
+    );
+    let pending = row(&held.to_string());
+    assert_eq!(
+        pending[1..3],
+        ["", "billing=8,cpu=2,gres/gpu=1,mem=2G,node=1"],
+        "{sacct}"
+    );
+    let show = c.ok(&["scontrol", "show", "job", &held.to_string()]);
+    assert!(
+        show.contains("\n   TRES=cpu=2,mem=2G,node=1,billing=8,gres/gpu=1\n"),
+        "{show}"
+    );
+    // And sshare charged the same weights: 13.5 units for each second the job ran.
+    let elapsed: f64 = job[3].parse().unwrap();
+    assert!(elapsed >= 1.0, "{sacct}");
+    let usage: f64 = sshare_rows(&c)
+        .iter()
+        .find(|r| r[0] == "physics" && r[1] == me)
+        .unwrap_or_else(|| panic!("no sshare row physics/{me}"))[4]
+        .parse()
+        .unwrap();
+    assert!(
+        (usage / elapsed - 13.5).abs() < 1.0,
+        "RawUsage {usage} over {elapsed} s is not 13.5 a second"
+    );
+}

@@ -1577,11 +1577,13 @@ fn the_batch_step_holds_the_first_nodes_share() {
     let out = c.sacct_job(id, "JobID,AllocCPUS,NNodes");
     assert_eq!(out, format!("{id}|8|2\n{id}.batch|4|1\n"));
     // Sorted by name, billing on the job's line only. (The reference tracks no memory; an
-    // exclusive job here holds its nodes' memory, as one does where Slurm tracks it.)
+    // exclusive job here holds its nodes' memory, as one does where Slurm tracks it.) The
+    // billing is weighted as fair share charges it, by the default weights here: 8 CPUs x 1
+    // + 8 GiB x 0.25 + 4 GPUs x 16 = 74 (Slurm without TRESBillingWeights bills CPUs).
     let tres = c.sacct_job(id, "AllocTRES");
     assert_eq!(
         tres,
-        "billing=8,cpu=8,gres/gpu=4,mem=8G,node=2\ncpu=4,gres/gpu=2,mem=4G,node=1\n"
+        "billing=74,cpu=8,gres/gpu=4,mem=8G,node=2\ncpu=4,gres/gpu=2,mem=4G,node=1\n"
     );
 }
 

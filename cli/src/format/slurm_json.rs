@@ -375,7 +375,8 @@ pub struct TresCount {
     pub count: u64,
 }
 
-/// cpu, mem (MB), node and gres/gpu, in Slurm's TRES order; GPUs only when there are some.
+/// cpu, mem (MB), node, billing (a job's, not a step's) and gres/gpu, in Slurm's TRES order;
+/// GPUs only when there are some. (22.05: `{"type": "billing", "count": 12}` after node.)
 fn tres_list(t: &AllocTres) -> Vec<TresCount> {
     let plain = |kind, count| TresCount {
         kind,
@@ -387,6 +388,9 @@ fn tres_list(t: &AllocTres) -> Vec<TresCount> {
         plain("mem", t.mem_mb),
         plain("node", u64::from(t.nodes)),
     ];
+    if let Some(b) = t.billing {
+        v.push(plain("billing", b));
+    }
     if t.gpus > 0 {
         v.push(TresCount {
             kind: "gres",
@@ -978,6 +982,7 @@ mod tests {
                 {"type": "cpu", "name": null, "count": 4},
                 {"type": "mem", "name": null, "count": 2048},
                 {"type": "node", "name": null, "count": 1},
+                {"type": "billing", "name": null, "count": 4},
                 {"type": "gres", "name": "gpu", "count": 2},
             ])
         );
@@ -1008,6 +1013,26 @@ mod tests {
         assert_eq!(
             p["tres"]["requested"][0],
             json!({"type": "cpu", "name": null, "count": 4})
+        );
+        // Billing after node, as 22.05 lists it: the controller's weighted figure.
+        let billed = JobInfo {
+            billing: Some(70),
+            ..job(9, JobState::Pending)
+        };
+        let v = JobView::from_job(&billed, 0);
+        let listed: Vec<(&str, u64)> = tres_list(&v.tres)
+            .iter()
+            .map(|t| (t.kind, t.count))
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                ("cpu", 4),
+                ("mem", 2048),
+                ("node", 1),
+                ("billing", 70),
+                ("gres", 2)
+            ]
         );
     }
 

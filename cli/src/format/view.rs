@@ -169,9 +169,9 @@ pub struct AllocTres {
     pub mem_mb: u64,
     pub nodes: u32,
     pub gpus: u32,
-    /// The job's own record, which Slurm bills (by default one unit per CPU); a step's
-    /// is not.
-    pub billed: bool,
+    /// The job's billing TRES, which only the job's own record carries (a step's is
+    /// `None`): the controller's figure, weighted as fair share charges the job.
+    pub billing: Option<u64>,
 }
 
 impl AllocTres {
@@ -179,14 +179,14 @@ impl AllocTres {
     /// none (Slurm never writes `mem=0M`); a step without memory says `mem=0`, as 22.05.
     fn pairs(&self) -> Vec<(&'static str, String)> {
         let mut v = vec![("cpu", self.cpus.to_string())];
-        match (self.mem_mb, self.billed) {
+        match (self.mem_mb, self.billing.is_some()) {
             (0, true) => {}
             (0, false) => v.push(("mem", "0".to_owned())),
             (mb, _) => v.push(("mem", tandem_sched::tres::format_mem_mb(mb))),
         }
         v.push(("node", self.nodes.to_string()));
-        if self.billed {
-            v.push(("billing", self.cpus.to_string()));
+        if let Some(b) = self.billing {
+            v.push(("billing", b.to_string()));
         }
         if self.gpus > 0 {
             v.push(("gres/gpu", self.gpus.to_string()));
@@ -302,7 +302,9 @@ impl<'a> JobView<'a> {
                 mem_mb: tres.map_or(0, |t| t.mem_mb),
                 nodes: j.num_nodes,
                 gpus: tres.map_or(0, |t| t.gpus),
-                billed: true,
+                // A record written before the controller sent billing: Slurm's
+                // unweighted billing, one unit per CPU.
+                billing: Some(j.billing.unwrap_or_else(|| u64::from(j.num_cpus))),
             },
             exit_code: ExitCode {
                 code: j.exit_code,
@@ -372,7 +374,7 @@ impl<'a> JobView<'a> {
                 mem_mb: tres.mem_mb,
                 nodes,
                 gpus: tres.gpus,
-                billed: false,
+                billing: None,
             },
             exit_code: ExitCode {
                 code: s.exit_code,
@@ -747,6 +749,34 @@ mod tests {
             (v.reason_or_nodes(), v.time_used(), v.time_limit()),
             ("(Resources)".into(), "0:00".into(), "UNLIMITED".into())
         );
+    }
+
+    /// Issue 29: billing is the controller's weighted figure, not the CPU count; only a
+    /// record from before the controller sent it falls back to one unit per CPU.
+    #[test]
+    fn billing_is_the_controllers_weighted_figure() {
+        let weighted = JobInfo {
+            billing: Some(36),
+            ..job(3, JobState::Running)
+        };
+        let v = JobView::from_job(&weighted, 0);
+        assert_eq!(v.tres.sorted(), "billing=36,cpu=4,gres/gpu=2,mem=2G,node=1");
+        assert_eq!(
+            v.tres.to_string(),
+            "cpu=4,mem=2G,node=1,billing=36,gres/gpu=2"
+        );
+        let unweighted = job(4, JobState::Running);
+        let old = JobView::from_job(&unweighted, 0);
+        assert!(old.tres.sorted().starts_with("billing=4,"), "{}", old.tres);
+        // A step carries no billing, and says mem=0 when it holds none.
+        let step = AllocTres {
+            cpus: 2,
+            mem_mb: 0,
+            nodes: 1,
+            gpus: 0,
+            billing: None,
+        };
+        assert_eq!(step.sorted(), "cpu=2,mem=0,node=1");
     }
 
     #[test]

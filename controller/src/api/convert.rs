@@ -427,6 +427,7 @@ job_info_fields! {
     EXPECTED_START = 52 "expected_start",
     SCHED_NODES = 53 "sched_nodes",
     USAGE = 54 "usage",
+    BILLING = 55 "billing",
 }
 
 // A mask is one u64 with a bit per field number.
@@ -601,7 +602,19 @@ pub fn job_info_with(st: &State, job: &Job, want: JobFields) -> v1::JobInfo {
         sched_nodes: String::new(),
         // Measured as a run ends: accounting records only.
         usage: None,
+        billing: want.get(f::BILLING, || Some(billing(st, &total()))),
     }
+}
+
+/// A job's billing TRES: the rate fair share charges it per second (one definition, the
+/// configured billing weights), truncated as Slurm stores its `billing=` count (22.05 with
+/// `TRESBillingWeights=CPU=1.5,GRES/gpu=4`: 3 CPUs and 2 GPUs show `billing=12`). `as`
+/// saturates, so absurd weights cannot wrap.
+fn billing(st: &State, t: &Tres) -> u64 {
+    st.config()
+        .fairshare
+        .billing
+        .rate(u64::from(t.cpus), t.mem_mb, u64::from(t.gpus)) as u64
 }
 
 /// What squeue's REASON column shows for a job.

@@ -354,6 +354,7 @@ fn project(full: &v1::JobInfo, want: JobFields) -> v1::JobInfo {
         EXPECTED_START => expected_start,
         SCHED_NODES => sched_nodes,
         USAGE => usage,
+        BILLING => billing,
     }
 }
 
