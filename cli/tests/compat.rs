@@ -1914,3 +1914,75 @@ fn test_only_says_when_and_where_a_job_would_start_and_submits_nothing() {
     );
     c.ok(&["scancel", &id.to_string()]);
 }
+
+/// Issue 29: `sacct -j ARRAY_TASK` lists that task and its steps only, `-j ARRAY` every
+/// task, as Slurm 22.05 does (`sacct -j 2_0` printed `2_0` and `2_0.batch`). 22.05's sacct
+/// takes no `2_[0-1]` list: `sacct: fatal: Bad job array element specified: 2`, exit 1; a
+/// task that does not exist lists nothing. squeue and scontrol take `ID_TASK` too.
+#[test]
+fn sacct_selects_one_array_task() {
+    let c = Cluster::start(1);
+    let id = c.sbatch(&["--array=0-3", "--wrap", "true"]);
+    let sacct = |sel: &str| c.run(&["sacct", "-j", sel, "-P", "-n", "-o", "JobID,State"]);
+    let lines = |sel: &str| {
+        let out = sacct(sel);
+        assert!(out.status.success(), "sacct -j {sel}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // Every task ends; sacct -j ID lists them all.
+    let all = poll("all four tasks completed", || {
+        let out = lines(&id.to_string());
+        (out.matches("|COMPLETED\n").count() == 8).then_some(out)
+    });
+    for task in 0..4 {
+        assert!(all.contains(&format!("{id}_{task}|")), "{all}");
+        assert!(all.contains(&format!("{id}_{task}.batch|")), "{all}");
+    }
+    assert_eq!(
+        lines(&format!("{id}_2")),
+        format!("{id}_2|COMPLETED\n{id}_2.batch|COMPLETED\n")
+    );
+    // A job id and a task together: each names its own lines.
+    let two = lines(&format!("{id}_0,{id}_3"));
+    assert_eq!(
+        two.lines()
+            .map(|l| l.split('|').next().unwrap_or(""))
+            .collect::<Vec<_>>(),
+        [
+            format!("{id}_0"),
+            format!("{id}_0.batch"),
+            format!("{id}_3"),
+            format!("{id}_3.batch")
+        ],
+        "{two}"
+    );
+    assert_eq!(lines(&format!("{id}_9")), "");
+    let bad = sacct(&format!("{id}_[0-2]"));
+    assert_eq!(bad.status.code(), Some(1), "{bad:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&bad.stderr).trim(),
+        format!("sacct: error: Bad job array element specified: {id}")
+    );
+    assert!(bad.stdout.is_empty(), "{bad:?}");
+
+    // squeue and scontrol already take ID_TASK as Slurm does (22.05, a held array:
+    // `8_1 8 PENDING`, `JobId=8 ArrayJobId=8 ArrayTaskId=1`).
+    let held = c.sbatch(&["-H", "--array=0-3", "--wrap", "true"]);
+    let task = format!("{held}_1");
+    assert_eq!(
+        c.ok(&["squeue", "-h", "-j", &task, "-o", "%i %A %T"]),
+        format!("{held}_1 {held} PENDING\n")
+    );
+    let show = c.ok(&["scontrol", "show", "job", &task]);
+    assert!(
+        show.starts_with(&format!("JobId={held} ArrayJobId={held} ArrayTaskId=1 ")),
+        "{show}"
+    );
+    assert_eq!(
+        show.lines().filter(|l| l.starts_with("JobId=")).count(),
+        1,
+        "{show}"
+    );
+    // A pending task is no accounting line of its own: Slurm lists nothing for it.
+    assert_eq!(lines(&task), "");
+}

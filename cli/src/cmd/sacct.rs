@@ -106,7 +106,7 @@ pub async fn run(args: Args) -> Exit {
     }
     let now = crate::clock::now();
     let offset = crate::clock::local_utc_offset();
-    let jobs = crate::jobref::parse_list(&args.jobs.join(",")).map_err(anyhow::Error::msg)?;
+    let jobs = job_list(&args.jobs.join(",")).map_err(anyhow::Error::msg)?;
     let start_time = match &args.start {
         Some(s) => parse_when(s, now, offset).context("invalid --starttime")?,
         // Slurm's default window is since midnight, unless jobs are named.
@@ -201,6 +201,21 @@ pub async fn run(args: Args) -> Exit {
     };
     crate::emit(&output.records(&rows)?)?;
     Ok(0)
+}
+
+/// `-j`: job ids and single array tasks, `12,12_3`. Slurm 22.05's sacct takes one task
+/// index after `_`, no `12_[3-5]` list as squeue does: it fails with `sacct: fatal: Bad job
+/// array element specified: 12` (exit 1), and so does this. (22.05 reads `12_3-5` as
+/// `12_3`, ignoring what follows the number; that is refused here rather than guessed.)
+fn job_list(text: &str) -> Result<Vec<tandem_proto::v1::JobRef>, String> {
+    for part in crate::jobref::split_outside_brackets(text) {
+        if let Some((id, task)) = part.trim().split_once('_')
+            && (task.is_empty() || !task.bytes().all(|b| b.is_ascii_digit()))
+        {
+            return Err(format!("Bad job array element specified: {id}"));
+        }
+    }
+    crate::jobref::parse_list(text)
 }
 
 /// `--units`: one of Slurm's letters, either case.
@@ -343,6 +358,25 @@ fn group_names(gids: impl Iterator<Item = u32>) -> std::collections::HashMap<u32
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn job_list_takes_single_tasks_only() {
+        let got = job_list("12,13_3").unwrap();
+        assert_eq!(
+            got.iter()
+                .map(|r| (r.job_id, r.array_tasks.as_str()))
+                .collect::<Vec<_>>(),
+            vec![(12, ""), (13, "3")]
+        );
+        for bad in ["5_[0-2]", "5_[1,3]", "7,5_x", "5_", "5_1-2"] {
+            assert_eq!(
+                job_list(bad),
+                Err("Bad job array element specified: 5".to_string()),
+                "{bad}"
+            );
+        }
+        assert!(job_list("x").is_err());
+    }
 
     #[test]
     fn only_the_latest_run_of_a_requeued_job_is_shown() {

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use prost::Message;
 use tandem_proto::v1::{self, accounting_server::Accounting};
+use tandem_sched::JobSelector;
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
@@ -30,13 +31,14 @@ impl AccountingService {
 
 /// Whether an active job matches the request's filters (the store applies the same
 /// filters to finished runs in SQL).
-fn matches(j: &v1::JobInfo, req: &v1::ListJobRecordsRequest, states: &[String]) -> bool {
+fn matches(
+    j: &v1::JobInfo,
+    req: &v1::ListJobRecordsRequest,
+    selectors: &[JobSelector],
+    states: &[String],
+) -> bool {
     let any = |v: &[String], x: &str| v.is_empty() || v.iter().any(|s| s == x);
-    let ids_ok = req.jobs.is_empty()
-        || req
-            .jobs
-            .iter()
-            .any(|r| r.job_id == j.job_id || r.job_id == j.array_job_id);
+    let ids_ok = selectors.is_empty() || selectors.iter().any(|sel| selects(sel, j));
     let state = v1::JobState::try_from(j.state)
         .map(|s| s.as_str_name().trim_start_matches("JOB_STATE_").to_owned())
         .unwrap_or_default();
@@ -47,6 +49,20 @@ fn matches(j: &v1::JobInfo, req: &v1::ListJobRecordsRequest, states: &[String]) 
         && any(&req.names, &j.name)
         && (states.is_empty() || states.contains(&state))
         && (req.end_time == 0 || j.submit_time <= req.end_time)
+}
+
+/// Whether `sacct -j` names a job's record as the store's filter does: `12` is job 12 or
+/// every task of array 12; `12_3` is task 3 of array 12 and nothing else. A pending array's
+/// folded record (`12_[3-9]`) is no single task, so `12_3` does not name it: Slurm 22.05
+/// lists nothing for `sacct -j 12_3` while task 3 pends.
+fn selects(sel: &JobSelector, j: &v1::JobInfo) -> bool {
+    match &sel.tasks {
+        None => sel.job.0 == j.job_id || sel.job.0 == j.array_job_id,
+        Some(tasks) => {
+            sel.job.0 == j.array_job_id
+                && u32::try_from(j.array_task_id).is_ok_and(|t| tasks.contains(t))
+        }
+    }
 }
 
 impl AccountingService {
@@ -238,8 +254,21 @@ impl Accounting for AccountingService {
         if req.start_time < 0 || req.end_time < 0 {
             return Err(Status::invalid_argument("start/end time: negative"));
         }
+        let selectors = req
+            .jobs
+            .iter()
+            .map(convert::selector)
+            .collect::<Result<Vec<_>, _>>()?;
         let filter = RecordFilter {
-            ids: req.jobs.iter().map(|r| r.job_id).collect(),
+            ids: selectors
+                .iter()
+                .filter(|s| s.tasks.is_none())
+                .map(|s| s.job.0)
+                .collect(),
+            tasks: selectors
+                .iter()
+                .filter_map(|s| Some((s.job.0, s.tasks.clone()?)))
+                .collect(),
             users: req.users.clone(),
             accounts: req.accounts.clone(),
             partitions: req.partitions.clone(),
@@ -280,7 +309,7 @@ impl Accounting for AccountingService {
         }
         let active = active
             .into_iter()
-            .filter(|j| !tandem_sched_terminal(j.state) && matches(j, &req, &states))
+            .filter(|j| !tandem_sched_terminal(j.state) && matches(j, &req, &selectors, &states))
             .map(with_batch_step);
         let jobs = merge_runs(stored, active);
         Ok(Response::new(v1::ListJobRecordsResponse { jobs }))
@@ -380,6 +409,49 @@ mod tests {
             state: state as i32,
             restarts,
             ..Default::default()
+        }
+    }
+
+    /// `sacct -j 12` names a job or a whole array, `12_3` one task of array 12 only (Slurm
+    /// 22.05); a pending array's folded record is no single task.
+    #[test]
+    fn job_and_task_selectors() {
+        use v1::JobState::{Completed, Pending};
+        let sel = |s: &str| JobSelector::parse(s).unwrap();
+        let task = |id: u64, array: u64, index: i64| v1::JobInfo {
+            array_job_id: array,
+            array_task_id: index,
+            ..info(id, Completed, 0)
+        };
+        let plain = v1::JobInfo {
+            array_task_id: -1,
+            ..info(3, Completed, 0)
+        };
+        // Task 3 of array 12 runs as job 15; task 0 as job 12 itself.
+        let (t3, t0) = (task(15, 12, 3), task(12, 12, 0));
+        let folded = v1::JobInfo {
+            array_job_id: 12,
+            array_task_id: -1,
+            array_pending: "4-9".into(),
+            ..info(12, Pending, 0)
+        };
+        for (s, j, want) in [
+            ("12", &t3, true),
+            ("12", &t0, true),
+            ("12", &folded, true),
+            ("15", &t3, true),
+            ("15", &t0, false),
+            ("12_3", &t3, true),
+            ("12_3", &t0, false),
+            ("12_0", &t0, true),
+            ("12_4", &folded, false),
+            ("15_3", &t3, false),
+            ("3_0", &plain, false),
+            ("3", &plain, true),
+            ("12_[0-3]", &t3, true),
+            ("12_[1-2]", &t3, false),
+        ] {
+            assert_eq!(selects(&sel(s), j), want, "{s} vs job {}", j.job_id);
         }
     }
 

@@ -203,6 +203,9 @@ pub struct Loaded {
 pub struct RecordFilter {
     /// Matches a job id or an array's job id (`sacct -j 12` shows all tasks of array 12).
     pub ids: Vec<u64>,
+    /// Array tasks by array job id and indices (`sacct -j 12_3` shows task 3 of array 12
+    /// only). A run matches when it matches `ids` or `tasks`.
+    pub tasks: Vec<(u64, tandem_sched::array::IndexSet)>,
     pub users: Vec<String>,
     pub accounts: Vec<String>,
     pub partitions: Vec<String>,
@@ -506,9 +509,11 @@ impl Store {
     pub fn query_records(&self, f: &RecordFilter) -> Result<Vec<JobRecordRow>, StoreError> {
         let mut where_: Vec<String> = Vec::new();
         let mut args: Vec<rusqlite::types::Value> = Vec::new();
+        // Job ids and array tasks name runs together: a run named by either matches.
+        let mut named: Vec<String> = Vec::new();
         if !f.ids.is_empty() {
             let marks = vec!["?"; f.ids.len()].join(",");
-            where_.push(format!("(id IN ({marks}) OR array_job_id IN ({marks}))"));
+            named.push(format!("id IN ({marks}) OR array_job_id IN ({marks})"));
             for _ in 0..2 {
                 args.extend(
                     f.ids
@@ -516,6 +521,26 @@ impl Store {
                         .map(|i| rusqlite::types::Value::Integer(*i as i64)),
                 );
             }
+        }
+        // One arithmetic run of indices per term, so `12_[0-99999]` is one term, not
+        // 100,000. The numbers are integers written by us, not text from the caller, so
+        // they go in literally: a long index list cannot exceed SQLite's bound on
+        // parameters.
+        for (job, set) in &f.tasks {
+            let job = *job as i64;
+            for r in set.runs() {
+                named.push(format!(
+                    "(array_job_id = {job} AND array_task_id BETWEEN {} AND {} \
+                     AND (array_task_id - {}) % {} = 0)",
+                    r.start,
+                    r.end,
+                    r.start,
+                    r.step.max(1)
+                ));
+            }
+        }
+        if !named.is_empty() {
+            where_.push(format!("({})", named.join(" OR ")));
         }
         for (col, values) in [
             ("user", &f.users),
@@ -767,8 +792,11 @@ mod tests {
         let mut task = record(9, "bob", 300);
         task.array_job_id = Some(7);
         task.array_task_id = Some(2);
+        let mut other = record(10, "bob", 310);
+        other.array_job_id = Some(7);
+        other.array_task_id = Some(3);
         let b = Batch {
-            records: vec![record(1, "alice", 100), record(2, "bob", 200), task],
+            records: vec![record(1, "alice", 100), record(2, "bob", 200), task, other],
             ..Batch::default()
         };
         s.commit(&[&b]).unwrap();
@@ -780,14 +808,36 @@ mod tests {
                 users: vec!["bob".into()],
                 ..Default::default()
             }),
-            vec![2, 9]
+            vec![2, 9, 10]
         );
         assert_eq!(
             ids(RecordFilter {
                 ids: vec![7],
                 ..Default::default()
             }),
-            vec![9]
+            vec![9, 10]
+        );
+        // A task by its index: only that task of the array, never the array's other
+        // tasks, nor a job whose own id is the index.
+        let tasks = |job: u64, set: &str| RecordFilter {
+            tasks: vec![(
+                job,
+                tandem_sched::array::IndexSet::parse(set, 1000).unwrap(),
+            )],
+            ..Default::default()
+        };
+        assert_eq!(ids(tasks(7, "2")), vec![9]);
+        assert_eq!(ids(tasks(7, "3")), vec![10]);
+        assert_eq!(ids(tasks(7, "0-8:2")), vec![9]);
+        assert_eq!(ids(tasks(7, "1,3")), vec![10]);
+        assert_eq!(ids(tasks(7, "4")), Vec::<u64>::new());
+        assert_eq!(ids(tasks(1, "0")), Vec::<u64>::new());
+        assert_eq!(
+            ids(RecordFilter {
+                ids: vec![1],
+                ..tasks(7, "3")
+            }),
+            vec![1, 10]
         );
         assert_eq!(
             ids(RecordFilter {
