@@ -317,6 +317,7 @@ async fn bench(cluster: &TestCluster, cfg: &Config) -> anyhow::Result<()> {
         op_client,
         tandem_operator::reconcile::Args {
             namespace: Some(ns.clone()),
+            ..Default::default()
         },
         async move {
             let _ = stopped.await;

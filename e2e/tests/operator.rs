@@ -8,8 +8,10 @@
 //! namespaces), each on Kubernetes nodes `kn-0`, `kn-1`, ... and driven from a login pod as
 //! a user would (`sbatch`, `sinfo`, `sacct` through the harness's `kubectl exec`):
 //! - a 3-worker set becomes a cluster whose `sinfo` lists its nodes; a 2-node job runs;
-//! - scale-in while a job runs: the idle worker goes at once, the busy victim is drained and
-//!   its pod deleted only once its job ended (Events `VictimChosen`, `DrainStarted`);
+//! - scale-in while a job runs: the set's and the cluster's node counts follow the job within
+//!   the status refresh period, with no spec change; the idle worker goes at once, the busy
+//!   victim is drained and its pod deleted only once its job ended (Events `VictimChosen`,
+//!   `DrainStarted`);
 //! - scale to zero, then a pending job makes the KEDA external scaler (asked through the
 //!   controller Service's `scaler` port, as KEDA asks) report demand, and scaling back
 //!   through the scale subresource runs the job;
@@ -35,6 +37,9 @@ use tandem_proto::externalscaler::{GetMetricsRequest, ScaledObjectRef};
 use tandem_proto::net::ClientSecurity;
 
 const T: Duration = Duration::from_secs(30);
+/// The operator's status refresh period here (`--status-refresh-seconds`): short, so a test
+/// can tell a refresh from a pass some other change triggered.
+const REFRESH: Duration = Duration::from_secs(5);
 /// For waits on real processes starting and registering (a loaded 2-core machine).
 const LONG: Duration = Duration::from_secs(120);
 
@@ -48,6 +53,7 @@ fn spawn_operator(client: &kube::Client, ns: &str) -> (tokio::sync::oneshot::Sen
         client.clone(),
         tandem_operator::reconcile::Args {
             namespace: Some(ns.to_owned()),
+            status_refresh_seconds: REFRESH.as_secs(),
         },
         async move {
             let _ = stopped.await;
@@ -324,8 +330,18 @@ impl Harness {
     }
 
     async fn wait_set(&self, name: &str, what: &str, cond: impl Fn(&WorkerSetStatus) -> bool) {
+        self.wait_set_within(name, what, LONG, cond).await
+    }
+
+    async fn wait_set_within(
+        &self,
+        name: &str,
+        what: &str,
+        within: Duration,
+        cond: impl Fn(&WorkerSetStatus) -> bool,
+    ) {
         let sets: Api<WorkerSet> = self.api();
-        if let Err(e) = wait_for(&sets, name, what, LONG, |w| {
+        if let Err(e) = wait_for(&sets, name, what, within, |w| {
             w.status.as_ref().is_some_and(&cond)
         })
         .await
@@ -710,6 +726,38 @@ async fn scaling_in_while_a_job_runs_removes_the_idle_worker_at_once_and_the_bus
         .map(|(n, _)| n.clone())
         .unwrap();
     eprintln!("before scale-in: {before:?}");
+    // The job changed no Kubernetes object: the set's and the cluster's node columns follow
+    // the controller within the refresh period all the same (slack for a loaded machine).
+    let sets: Api<WorkerSet> = h.api();
+    let spec_before = sets.get("cpu").await.unwrap().metadata.generation;
+    h.wait_set_within(
+        "cpu",
+        "to count the job's two nodes as allocated",
+        REFRESH * 4,
+        |s| s.allocated == 2 && s.idle == 1,
+    )
+    .await;
+    let clusters: Api<TandemCluster> = h.api();
+    if let Err(e) = wait_for(
+        &clusters,
+        "hpc",
+        "to count the job's two nodes as busy",
+        REFRESH * 4,
+        |c| {
+            c.status
+                .as_ref()
+                .is_some_and(|s| s.nodes.allocated + s.nodes.mixed == 2 && s.nodes.idle == 1)
+        },
+    )
+    .await
+    {
+        h.fail(e).await;
+    }
+    assert_eq!(
+        sets.get("cpu").await.unwrap().metadata.generation,
+        spec_before,
+        "no spec change brought the refresh"
+    );
 
     // Down to one: the idle worker and one busy worker must go.
     h.scale("cpu", 1).await;

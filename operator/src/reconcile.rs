@@ -39,6 +39,24 @@ pub struct Args {
     /// Watch only this namespace (default: all).
     #[arg(long)]
     pub namespace: Option<String>,
+    /// Look at each settled cluster and worker set again this often (seconds), so their
+    /// node counts follow the controller: node states change without a watch event.
+    #[arg(
+        long,
+        env = "TANDEM_OPERATOR_STATUS_REFRESH_SECONDS",
+        default_value_t = crate::status::DEFAULT_REFRESH_S,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub status_refresh_seconds: u64,
+}
+
+impl Default for Args {
+    fn default() -> Self {
+        Args {
+            namespace: None,
+            status_refresh_seconds: crate::status::DEFAULT_REFRESH_S,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +98,8 @@ pub struct Context {
     node_store: Store<Node>,
     /// One controller connection per cluster (namespace/name, endpoint).
     batch: Mutex<HashMap<(String, String), GrpcBatch>>,
+    /// The longest a settled object waits for its next pass (`--status-refresh-seconds`).
+    refresh: Duration,
 }
 
 /// Runs with the client from the kubeconfig or the in-cluster config.
@@ -137,6 +157,7 @@ pub async fn run_with_client(
         pod_store,
         node_store,
         batch: Mutex::new(HashMap::new()),
+        refresh: Duration::from_secs(args.status_refresh_seconds.max(1)),
     });
     let configmaps: Api<ConfigMap> = match ns {
         Some(n) => Api::namespaced(client.clone(), n),
@@ -371,7 +392,16 @@ async fn reconcile_cluster(tc: Arc<TandemCluster>, ctx: Arc<Context>) -> Result<
             .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join("; ");
-        publish(&ctx, &*tc, &warning("InvalidSpec", msg.clone())).await;
+        // Told once per problem: the pass repeats every refresh period.
+        if !degraded_by(&old.conditions, &msg) {
+            publish(&ctx, &*tc, &warning("InvalidSpec", msg.clone())).await;
+        }
+        // The running cluster's node counts still follow its controller.
+        if let Ok(b) = batch_for(&ctx, &ns, &tc).await
+            && let Ok(batch_nodes) = b.nodes(&[]).await
+        {
+            status.nodes = crate::status::cluster_counts(&batch_nodes);
+        }
         status.conditions = vec![
             condition(
                 "Ready",
@@ -385,7 +415,7 @@ async fn reconcile_cluster(tc: Arc<TandemCluster>, ctx: Arc<Context>) -> Result<
         ];
         status.conditions[1].status = "True".into();
         patch_cluster_status(&clusters, &name, &old, &status).await?;
-        return Ok(Requeue::await_change());
+        return Ok(Requeue::requeue(ctx.refresh));
     }
 
     // Step: key Secret (created once).
@@ -644,26 +674,11 @@ async fn reconcile_cluster(tc: Arc<TandemCluster>, ctx: Arc<Context>) -> Result<
             },
             Err(e) => problems.push(format!("controller unreachable: {e}")),
         }
-        // Step: node counts.
+        // Step: node counts (kept as they were when the controller does not answer).
         if let Ok(b) = &batch
             && let Ok(batch_nodes) = b.nodes(&[]).await
         {
-            let mut c = crate::crd::cluster::NodeCounts::default();
-            for n in &batch_nodes {
-                c.total += 1;
-                match n.state {
-                    plan::NodeState::Idle => c.idle += 1,
-                    plan::NodeState::Mixed => c.mixed += 1,
-                    plan::NodeState::Allocated => c.allocated += 1,
-                    plan::NodeState::Down => c.down += 1,
-                    plan::NodeState::Drained | plan::NodeState::Draining => c.drain += 1,
-                    plan::NodeState::Unknown => {}
-                }
-                if n.kube_mode {
-                    c.kube += 1;
-                }
-            }
-            status.nodes = c;
+            status.nodes = crate::status::cluster_counts(&batch_nodes);
         }
     }
     if !status.retained_partitions.is_empty() {
@@ -704,10 +719,12 @@ async fn reconcile_cluster(tc: Arc<TandemCluster>, ctx: Arc<Context>) -> Result<
         ),
     ];
     patch_cluster_status(&clusters, &name, &old, &status).await?;
+    // Settled, it is still looked at every refresh period: the node counts change with no
+    // watch event (patched only when they differ).
     Ok(if ready && waiting.is_empty() {
-        Requeue::requeue(Duration::from_secs(300))
+        Requeue::requeue(ctx.refresh)
     } else {
-        Requeue::requeue(Duration::from_secs(5))
+        Requeue::requeue(ctx.refresh.min(Duration::from_secs(5)))
     })
 }
 
@@ -940,21 +957,30 @@ async fn sync_workerset(ws: &WorkerSet, ctx: &Context, deleting: bool) -> Result
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
                 .join("; ");
-            if !old
-                .conditions
-                .iter()
-                .any(|c| c.type_ == "Degraded" && c.status == "True" && c.message == msg)
-            {
+            let msg = format!("{msg} (running workers are left as they are)");
+            // Told once per problem: the pass repeats every refresh period.
+            if !degraded_by(&old.conditions, &msg) {
                 publish(ctx, ws, &warning("InvalidSpec", msg.clone())).await;
             }
-            status.conditions = degraded(
-                &old.conditions,
-                gen_,
-                "InvalidSpec",
-                format!("{msg} (running workers are left as they are)"),
-            );
+            // The running workers' node counts still follow the controller.
+            if let Ok(b) = batch_for(ctx, &ns, &tc).await
+                && let Ok(batch_nodes) = b.nodes(&[]).await
+            {
+                let views: Vec<WorkerPod> = own_pods(ctx, &ns, &name)
+                    .iter()
+                    .map(|p| worker_pod_view(p))
+                    .filter(|v| !v.terminating && v.phase != PodPhase::Ended)
+                    .collect();
+                let by_name = batch_nodes
+                    .into_iter()
+                    .map(|n| (n.name.clone(), n))
+                    .collect();
+                crate::status::set_counts(views.iter().map(|v| v.node.as_str()), &by_name)
+                    .write(&mut status);
+            }
+            status.conditions = degraded(&old.conditions, gen_, "InvalidSpec", msg);
             patch_set_status(&sets, &name, &old, &status).await?;
-            return Ok(Requeue::await_change());
+            return Ok(Requeue::requeue(ctx.refresh));
         }
     }
 
@@ -1094,29 +1120,10 @@ async fn sync_workerset(ws: &WorkerSet, ctx: &Context, deleting: bool) -> Result
             .count(),
     )
     .unwrap_or(0);
-    let (mut idle, mut alloc, mut kube_n, mut down, mut drain) = (0, 0, 0, 0, 0);
+    // Kept as they were when the controller does not answer.
     if let Lookup::Nodes(batch_nodes) = &lookup {
-        for v in &live {
-            if let Some(n) = batch_nodes.get(&v.node) {
-                match n.state {
-                    plan::NodeState::Idle => idle += 1,
-                    plan::NodeState::Mixed | plan::NodeState::Allocated => alloc += 1,
-                    plan::NodeState::Down => down += 1,
-                    _ => {}
-                }
-                if n.drain {
-                    drain += 1;
-                }
-                if n.kube_mode {
-                    kube_n += 1;
-                }
-            }
-        }
-        status.idle = idle;
-        status.allocated = alloc;
-        status.kube = kube_n;
-        status.down = down;
-        status.drain = drain;
+        crate::status::set_counts(live.iter().map(|v| v.node.as_str()), batch_nodes)
+            .write(&mut status);
     }
     status.members = members;
     // Deleting finishes only once every action went through: a removal refused or failed
@@ -1184,10 +1191,10 @@ async fn sync_workerset(ws: &WorkerSet, ctx: &Context, deleting: bool) -> Result
                 .map_or(plan::DRAIN_POLL_S, |s| s.min(plan::DRAIN_POLL_S)),
         )
     };
-    Ok(match asked {
-        Some(s) => Requeue::requeue(Duration::from_secs(u64::try_from(s).unwrap_or(5))),
-        None => Requeue::requeue(Duration::from_secs(300)),
-    })
+    Ok(Requeue::requeue(crate::status::next_look(
+        asked,
+        ctx.refresh,
+    )))
 }
 
 async fn with_batch<'a, F, Fut>(batch: &'a Result<GrpcBatch, String>, f: F) -> Result<(), String>
@@ -1210,6 +1217,12 @@ fn own_pods(ctx: &Context, ns: &str, set: &str) -> Vec<Arc<Pod>> {
                 && p.labels().get(WORKER_SET).map(String::as_str) == Some(set)
         })
         .collect()
+}
+
+/// `old` already says Degraded with this message (its Event was published then).
+fn degraded_by(old: &[Condition], msg: &str) -> bool {
+    old.iter()
+        .any(|c| c.type_ == "Degraded" && c.status == "True" && c.message == msg)
 }
 
 fn degraded(old: &[Condition], gen_: Option<i64>, reason: &str, msg: String) -> Vec<Condition> {
