@@ -25,7 +25,8 @@
 //! # Invariants
 //!
 //! - A worker pod is deleted only when its node is drained and idle in a successful
-//!   controller lookup, or its drain deadline passed (and its jobs were requeued first).
+//!   controller lookup, or its drain deadline passed (and its node was set DOWN first: batch
+//!   jobs requeued or NODE_FAIL, bridged pods evicted, the node held until they are gone).
 //! - The operator clears only drains whose reason starts with
 //!   [`labels::DRAIN_REASON_PREFIX`].
 //! - The cluster key lives only in a Secret and reaches pods as a mounted file.
