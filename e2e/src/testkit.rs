@@ -165,6 +165,14 @@ impl Drop for TestCluster {
             return;
         };
         let report: Report = local.invariant.finish();
+        tracing::info!(
+            samples = report.samples,
+            batch_nodes = ?report.batch_nodes,
+            pod_nodes = ?report.pod_nodes,
+            violations = report.violations.len() as u64 + report.more,
+            slowest_sample = ?report.slowest,
+            "invariant checker stopped"
+        );
         let reported = local.reported.load(std::sync::atomic::Ordering::SeqCst);
         drop(local);
         let Some(msg) = report.failure() else {
