@@ -133,6 +133,50 @@ pub async fn evict(client: &Client, ns: &str, pod: &str) -> kube::Result<()> {
     api.evict(pod, &EvictParams::default()).await.map(|_| ())
 }
 
+/// Whether an eviction was refused to keep a PodDisruptionBudget (429 Too Many Requests).
+pub fn refused_by_budget(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 429)
+}
+
+/// Deletes `pod` (with its own grace period) whose eviction a PodDisruptionBudget kept
+/// refusing past the deadline, with a Warning Event on it that says why.
+pub async fn delete_overdue(
+    client: &Client,
+    recorder: &Recorder,
+    pod: &Pod,
+    note: String,
+) -> kube::Result<()> {
+    let (ns, name) = names(pod);
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let params = kube::api::DeleteParams {
+        preconditions: pod
+            .metadata
+            .uid
+            .clone()
+            .map(|uid| kube::api::Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+        ..kube::api::DeleteParams::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+        Err(e) => return Err(e),
+    }
+    let e = Event {
+        type_: EventType::Warning,
+        reason: "EvictionDeadlineExceeded".into(),
+        note: Some(note),
+        action: "Deleting".into(),
+        secondary: None,
+    };
+    if let Err(err) = recorder.publish(&e, &pod.object_ref(&())).await {
+        tracing::debug!(error = %err, "event not recorded");
+    }
+    Ok(())
+}
+
 /// `PodScheduled=False`, reason `Unschedulable`, with `message`.
 pub async fn unschedulable(
     client: &Client,

@@ -53,6 +53,15 @@ struct RunArgs {
     /// containers were reported stopped still holds its slot.
     #[arg(long, default_value_t = 10)]
     vanish_margin_seconds: u32,
+    /// Seconds a pod whose eviction PodDisruptionBudgets keep refusing may hold up the end
+    /// of its job (scancel, preemption, time limit, node loss); then it is deleted, with a
+    /// Warning Event that says why. Refused evictions are retried with backoff until then.
+    #[arg(
+        long = "eviction-timeout",
+        value_name = "SECONDS",
+        default_value_t = 120
+    )]
+    eviction_timeout: u32,
     #[command(flatten)]
     webhook: WebhookArgs,
     #[command(flatten)]
@@ -142,6 +151,7 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
         cluster_name: a.cluster,
         node_grace_s: i64::from(a.node_grace_seconds),
         vanish_margin_s: i64::from(a.vanish_margin_seconds),
+        eviction_timeout_s: i64::from(a.eviction_timeout),
     };
     let shutdown = async {
         let mut term =
@@ -166,7 +176,17 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
                 tracing::warn!(error = %e, retry_in = ?wait, "controller unreachable; retrying")
             })
             .await?;
-        scheduler::run(sched_client, batch, cfg, std::future::pending()).await?;
+        let evict_client = tandem_operator::kubeclient::infer_without_retries()
+            .await
+            .context("connecting to the Kubernetes API")?;
+        scheduler::run(
+            sched_client,
+            evict_client,
+            batch,
+            cfg,
+            std::future::pending(),
+        )
+        .await?;
         anyhow::Ok(())
     };
     let Some(lease) = lease else {

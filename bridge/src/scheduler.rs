@@ -65,7 +65,21 @@ pub struct Config {
     /// Seconds past its grace period that a bound pod which vanished from the API with its
     /// containers perhaps running still holds its slot ([`decide::vanish_deadline`]).
     pub vanish_margin_s: i64,
+    /// Seconds a pod whose eviction PodDisruptionBudgets keep refusing may hold a job's
+    /// end (scancel, preemption, time limit, node loss) before it is deleted.
+    pub eviction_timeout_s: i64,
 }
+
+/// A pod whose eviction a PodDisruptionBudget refused: since when, and when to try again
+/// (backing off from 1 s to [`MAX_EVICT_BACKOFF_S`]).
+#[derive(Debug, Clone, Copy)]
+struct Refusal {
+    first: i64,
+    attempts: u32,
+    next: i64,
+}
+
+const MAX_EVICT_BACKOFF_S: i64 = 30;
 
 /// A bound pod that vanished from the API before its containers were reported stopped
 /// (its slot finalizer removed by hand, or bound before the bridge set one): its slot stays
@@ -146,6 +160,8 @@ struct Loop<B> {
     modes_syncing: bool,
     gone: HashMap<String, i64>,
     policies: Vec<NamespacePolicy>,
+    /// Evictions refused by PodDisruptionBudgets, per pod.
+    refusals: HashMap<PodKey, Refusal>,
     /// The last `Unschedulable` message written per pod, so each is written once.
     told: HashMap<PodKey, String>,
     dirty: BTreeSet<Target>,
@@ -161,9 +177,11 @@ struct Loop<B> {
     cluster_synced: bool,
 }
 
-/// Runs until `shutdown` resolves.
+/// Runs until `shutdown` resolves. `evict_client` makes the evictions: it must return a
+/// 429 at once rather than retry it ([`tandem_operator::kubeclient::infer_without_retries`]).
 pub async fn run<B: BatchAlloc + 'static>(
     client: Client,
+    evict_client: Client,
     batch: B,
     cfg: Config,
     shutdown: impl std::future::Future<Output = ()>,
@@ -197,6 +215,7 @@ pub async fn run<B: BatchAlloc + 'static>(
         gone: HashMap::new(),
         policies: Vec::new(),
         told: HashMap::new(),
+        refusals: HashMap::new(),
         dirty: BTreeSet::new(),
         retry: BTreeSet::new(),
         busy: HashSet::new(),
@@ -232,6 +251,7 @@ pub async fn run<B: BatchAlloc + 'static>(
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let ctx = Ctx {
         client: l.client.clone(),
+        evict_client,
         batch: l.batch.clone(),
         recorder: l.recorder.clone(),
     };
@@ -369,6 +389,7 @@ impl<B: BatchAlloc> Loop<B> {
         };
         self.pods.remove(&key);
         self.told.remove(&key);
+        self.refusals.remove(&key);
         if let Some(info) = self.pod_group.remove(&key) {
             if let Some(m) = self.members.get_mut(&info.key) {
                 m.remove(&key.1);
@@ -673,6 +694,20 @@ impl<B: BatchAlloc> Loop<B> {
                 self.told.insert(key, message);
             }
         }
+        let now = unix_now();
+        for key in out.refused {
+            let r = self.refusals.entry(key).or_insert(Refusal {
+                first: now,
+                attempts: 0,
+                next: now,
+            });
+            r.attempts = r.attempts.saturating_add(1);
+            let wait = 1i64
+                .checked_shl(r.attempts.min(6))
+                .unwrap_or(MAX_EVICT_BACKOFF_S)
+                .min(MAX_EVICT_BACKOFF_S);
+            r.next = now.saturating_add(wait);
+        }
         for (key, node) in out.bound {
             if let Some(p) = self.pods.get_mut(&key) {
                 // Plan from what was written until the watch brings it: another event of
@@ -828,12 +863,33 @@ impl<B: BatchAlloc> Loop<B> {
                 job_id,
                 pods: names,
                 why,
-            } => Some(Work::Evict {
-                ns,
-                job_id,
-                names,
-                why,
-            }),
+            } => {
+                // A refused eviction is tried again with backoff, and past the timeout
+                // the pod is deleted: a PodDisruptionBudget must not hold a scancel, a
+                // preemption or a time limit forever.
+                let mut evict = Vec::new();
+                let mut overdue = Vec::new();
+                for n in names {
+                    match self.refusals.get(&(ns.clone(), n.clone())) {
+                        Some(r) if now >= r.first.saturating_add(self.cfg.eviction_timeout_s) => {
+                            overdue.extend(pods.iter().filter(|p| pod_key(p).1 == n).cloned());
+                        }
+                        Some(r) if now < r.next => {}
+                        _ => evict.push(n),
+                    }
+                }
+                if evict.is_empty() && overdue.is_empty() {
+                    return Err("evictions refused by a PodDisruptionBudget; backing off".into());
+                }
+                Some(Work::Evict {
+                    ns,
+                    job_id,
+                    names: evict,
+                    overdue,
+                    why,
+                    timeout_s: self.cfg.eviction_timeout_s,
+                })
+            }
             Decision::EndJob { job_id, end_time } => {
                 return Ok(Some(Work::End {
                     job_id,

@@ -1,6 +1,7 @@
 //! The time partition under the faults a platform team causes every week: a pod
 //! force-deleted while its containers still run, a pod whose object vanishes without the
-//! bridge's finalizer, and a bridge started while the controller is away.
+//! bridge's finalizer, a bridge started while the controller is away, and a
+//! PodDisruptionBudget that refuses every eviction of a cancelled job's pod.
 //!
 //! Each pod here writes a heartbeat (nanoseconds since the epoch) every 50 ms while it
 //! runs; the batch job waiting for its node writes the moment it starts. The node may turn
@@ -12,9 +13,11 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event as KubeEvent;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use tandem_e2e::bridgekit::{BridgeEnv, Proc, Setup, deployment, node_of, running};
+use tandem_e2e::bridgekit::{BridgeEnv, Proc, Setup, deployment, job_id, node_of, running};
 use tandem_e2e::testkit::TestCluster;
 
 const FINALIZER: &str = "tandem.dev/slot-protection";
@@ -218,4 +221,76 @@ async fn a_bridge_started_while_the_controller_is_away_waits_for_it() {
     )
     .await;
     assert!(!bridge.exited(), "the bridge is still running");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disruption_budget_delays_a_cancel_only_until_the_eviction_timeout() {
+    let test = "a_disruption_budget_delays_a_cancel_only_until_the_eviction_timeout";
+    let cluster = TestCluster::start().await.unwrap();
+    if !cluster.needs_process_kubelet(test) {
+        return;
+    }
+    let mut env = BridgeEnv::start(
+        &cluster,
+        Setup::new(tandem_operator::crd::all())
+            .node("p1", 8, 16, 2)
+            .namespace("serving", "root", json!({})),
+    )
+    .await;
+    let _bridge = env.spawn_bridge(&["--eviction-timeout", "3"]);
+    let ns = env.ns("serving").to_owned();
+    let client = cluster.client();
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
+    pdbs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "web"},
+            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "web"}}},
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let web = ListParams::default().labels("app=web");
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    deploys
+        .create(&PostParams::default(), &deployment("web", 1, 1))
+        .await
+        .unwrap();
+    let up = env
+        .wait_pods(&pods, &web, "the web pod running", |ps| {
+            ps.len() == 1 && ps.iter().all(running)
+        })
+        .await;
+    let name = up[0].metadata.name.clone().unwrap();
+    let job = job_id(&up[0]).unwrap().to_owned();
+
+    // scancel: the bridge evicts, the budget refuses (429), the pod runs on for now ...
+    env.cli(&["scancel", &job]);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let still = pods.get(&name).await.unwrap();
+    assert!(
+        still.metadata.deletion_timestamp.is_none(),
+        "deleted before the eviction timeout"
+    );
+    // ... until the timeout: then it is deleted, and an Event on it says why.
+    let events: Api<KubeEvent> = Api::namespaced(client.clone(), &ns);
+    env.wait_event(&events, "an EvictionDeadlineExceeded Event", |e| {
+        e.reason.as_deref() == Some("EvictionDeadlineExceeded")
+            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str())
+    })
+    .await;
+    env.wait_pods(&pods, &web, "the overdue pod gone", |ps| {
+        ps.iter()
+            .all(|p| p.metadata.name.as_deref() != Some(name.as_str()))
+    })
+    .await;
+    env.wait_cli(
+        &["sacct", "-n", "-X", "-P", "-j", &job, "-o", "State"],
+        "the placeholder CANCELLED",
+        |out| out.trim().starts_with("CANCELLED"),
+    )
+    .await;
 }

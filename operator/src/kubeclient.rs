@@ -51,6 +51,16 @@ pub fn client(config: Config) -> Result<Client, kube::Error> {
     Ok(Client::new(service, config.default_namespace))
 }
 
+/// Like [`infer`], but without kube-rs's retry of 429/503/504: for calls whose 429 is an
+/// answer rather than overload. An eviction a PodDisruptionBudget refuses is answered 429,
+/// and the default policy (15 tries, backing off to minutes) would hold the caller for
+/// minutes instead of letting it back off and decide on its own.
+pub async fn infer_without_retries() -> Result<Client, kube::Error> {
+    let mut config = Config::infer().await.map_err(kube::Error::InferConfig)?;
+    config.default_retry = false;
+    client(config)
+}
+
 /// [`Client::try_default`], through [`client`]: the kubeconfig, else the in-cluster
 /// service account.
 pub async fn infer() -> Result<Client, kube::Error> {

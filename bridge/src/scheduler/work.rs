@@ -28,6 +28,8 @@ use crate::resources::PodResources;
 /// The clients an operation uses, cloned into each.
 pub(super) struct Ctx<B> {
     pub client: Client,
+    /// For evictions: a client that returns a PodDisruptionBudget's 429 at once.
+    pub evict_client: Client,
     pub batch: Arc<B>,
     pub recorder: Recorder,
 }
@@ -36,6 +38,7 @@ impl<B> Clone for Ctx<B> {
     fn clone(&self) -> Self {
         Self {
             client: self.client.clone(),
+            evict_client: self.evict_client.clone(),
             batch: self.batch.clone(),
             recorder: self.recorder.clone(),
         }
@@ -67,11 +70,15 @@ pub(super) enum Work {
         /// The pods, for their `Scheduled` Events.
         pods: Vec<Pod>,
     },
+    /// Evict `names` through the Eviction API; delete `overdue` (pods whose evictions
+    /// a PodDisruptionBudget refused for longer than the eviction timeout).
     Evict {
         ns: String,
         job_id: u64,
         names: Vec<String>,
+        overdue: Vec<Pod>,
         why: EndReason,
+        timeout_s: i64,
     },
     /// Report the pods gone, then release the finalizers of those that stopped.
     End {
@@ -104,6 +111,8 @@ pub(super) struct Outcome {
     pub told: Vec<(PodKey, String)>,
     /// Pods bound: (pod, node).
     pub bound: Vec<(PodKey, String)>,
+    /// Pods whose eviction a PodDisruptionBudget refused.
+    pub refused: Vec<PodKey>,
     /// Why the target must be decided again later (a failed call).
     pub retry: Option<String>,
 }
@@ -116,6 +125,7 @@ impl Outcome {
             submitted: None,
             told: Vec::new(),
             bound: Vec::new(),
+            refused: Vec::new(),
             retry: None,
         }
     }
@@ -141,19 +151,41 @@ pub(super) async fn perform<B: BatchAlloc>(ctx: Ctx<B>, target: Target, work: Wo
             ns,
             job_id,
             names,
+            overdue,
             why,
+            timeout_s,
         } => {
             let calls = names.iter().map(|name| {
-                let client = ctx.client.clone();
+                let client = ctx.evict_client.clone();
                 let ns = ns.as_str();
                 async move { (name, apply::evict(&client, ns, name).await) }
             });
             for (name, r) in futures::future::join_all(calls).await {
                 match r {
                     Ok(()) => info!(job_id, pod = %name, why = ?why, "evicted"),
-                    Err(e) => {
-                        warn!(job_id, pod = %name, error = %e, "eviction refused; retrying");
+                    Err(e) if apply::refused_by_budget(&e) => {
+                        info!(job_id, pod = %name, "eviction refused by a PodDisruptionBudget; retrying with backoff");
+                        out.refused.push((ns.clone(), name.clone()));
                         out.retry = Some("eviction refused".into());
+                    }
+                    Err(e) => {
+                        warn!(job_id, pod = %name, error = %e, "eviction failed; retrying");
+                        out.retry = Some("eviction failed".into());
+                    }
+                }
+            }
+            for p in &overdue {
+                let name = p.metadata.name.as_deref().unwrap_or_default();
+                let note = format!(
+                    "Placeholder job {job_id} is over ({why:?}) and a PodDisruptionBudget refused this pod's eviction for {timeout_s} s (--eviction-timeout): deleting it"
+                );
+                match apply::delete_overdue(&ctx.client, &ctx.recorder, p, note).await {
+                    Ok(()) => {
+                        warn!(job_id, pod = %name, why = ?why, "eviction deadline passed; pod deleted")
+                    }
+                    Err(e) => {
+                        warn!(job_id, pod = %name, error = %e, "deleting an overdue pod failed; retrying");
+                        out.retry = Some("delete failed".into());
                     }
                 }
             }
