@@ -11,8 +11,8 @@ mod admin;
 mod arrays;
 mod invariants;
 mod lifecycle;
-mod placement;
 mod placeholders;
+mod placement;
 
 use crate::job::{JobOutcome, JobState};
 use crate::state::State;
