@@ -33,6 +33,12 @@ pub const DRAIN_SINCE: &str = "tandem.dev/drain-since";
 /// Why the pod is draining: `scale-in`, `rollout` or `delete`.
 pub const DRAIN_FOR: &str = "tandem.dev/drain-for";
 
+/// Node taint key of Tandem pool nodes (the bridge writes it; a contract shared with
+/// `tandem_bridge::labels::POOL_TAINT`): `tandem.dev/pool=<cluster>:NoSchedule` always, and
+/// `:NoExecute` too while the node is in batch mode. Worker pods tolerate the key with every
+/// effect ([`crate::render::pool_toleration`]).
+pub const POOL_TAINT: &str = "tandem.dev/pool";
+
 /// Removes the set's nodes from the controller before the set goes.
 pub const FINALIZER: &str = "tandem.dev/cleanup";
 

@@ -915,6 +915,16 @@ pub fn eligible_nodes(
     out
 }
 
+/// The Kubernetes nodes a worker set's pods may go to: [`eligible_nodes`] with the
+/// tolerations the pods are rendered with ([`render::worker_tolerations`]: the template's
+/// and the pool's), so batch-mode pool nodes (`NoExecute`) count whatever the template says.
+pub fn eligible_worker_nodes(
+    nodes: &[Arc<Node>],
+    o: &crate::crd::template::PodOverrides,
+) -> Vec<String> {
+    eligible_nodes(nodes, &o.node_selector, &render::worker_tolerations(o))
+}
+
 async fn sync_workerset(ws: &WorkerSet, ctx: &Context, deleting: bool) -> Result<Requeue, Error> {
     let ns = ws.namespace().unwrap_or_default();
     let name = ws.name_any();
@@ -993,11 +1003,29 @@ async fn sync_workerset(ws: &WorkerSet, ctx: &Context, deleting: bool) -> Result
         .filter_map(|p| Some(worker_pod_view(p).node).filter(|n| !n.is_empty()))
         .collect();
     let o = &ws.spec.template;
-    let free_nodes: Vec<String> =
-        eligible_nodes(&ctx.node_store.state(), &o.node_selector, &o.tolerations)
-            .into_iter()
-            .filter(|n| !occupied.contains(n))
-            .collect();
+    let free_nodes: Vec<String> = eligible_worker_nodes(&ctx.node_store.state(), o)
+        .into_iter()
+        .filter(|n| !occupied.contains(n))
+        .collect();
+
+    // Step: worker pods made before they carried the pool toleration get it in place
+    // (tolerations are the one list a running pod may grow): otherwise the batch-mode
+    // `NoExecute` taint evicts them, and their nodes' running jobs with them. Best effort:
+    // a refusal is logged and the rest of the pass goes on.
+    for p in &mine {
+        if p.metadata.deletion_timestamp.is_none() && !render::has_pool_toleration(p) {
+            let patch = render::pool_toleration_patch(p);
+            match pods
+                .patch(&p.name_any(), &PatchParams::default(), &Patch::Merge(patch))
+                .await
+            {
+                Ok(_) => info!(workerset = %name, pod = %p.name_any(), "added the pool toleration"),
+                Err(e) => {
+                    warn!(workerset = %name, pod = %p.name_any(), error = %e, "could not add the pool toleration")
+                }
+            }
+        }
+    }
     let views: Vec<WorkerPod> = mine.iter().map(|p| worker_pod_view(p)).collect();
     let mut members: Vec<String> = old.members.clone();
     for v in &views {
@@ -1398,6 +1426,58 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(eligible_nodes(&nodes, &sel, &[tol]), vec!["a", "c"]);
+    }
+
+    /// A pool node in batch mode carries `NoSchedule` and `NoExecute` pool taints. A worker
+    /// set whose template tolerates only `NoSchedule` (as the charts' examples used to)
+    /// still counts it: its pods are rendered with the pool toleration of every effect.
+    #[test]
+    fn batch_mode_pool_nodes_are_eligible_for_workers_whatever_their_template_says() {
+        let batch = |name: &str| {
+            Arc::new(
+                serde_json::from_value::<Node>(json!({
+                    "metadata": {"name": name, "labels": {"pool": "gpu", "tandem.dev/mode": "batch"}},
+                    "spec": {"taints": [
+                        {"key": "tandem.dev/pool", "value": "research", "effect": "NoSchedule"},
+                        {"key": "tandem.dev/pool", "value": "research", "effect": "NoExecute"},
+                    ]},
+                }))
+                .unwrap(),
+            )
+        };
+        let nodes = vec![
+            batch("b"),
+            node(
+                "k",
+                &[("pool", "gpu")],
+                Some(("tandem.dev/pool", "NoSchedule")),
+                false,
+            ),
+            // A taint of someone else's is still the template's to tolerate.
+            node(
+                "x",
+                &[("pool", "gpu")],
+                Some(("dedicated", "NoExecute")),
+                false,
+            ),
+        ];
+        let mut o = crate::crd::template::PodOverrides {
+            node_selector: [("pool".to_owned(), "gpu".to_owned())].into(),
+            ..Default::default()
+        };
+        assert_eq!(eligible_worker_nodes(&nodes, &o), vec!["b", "k"]);
+        o.tolerations = vec![Toleration {
+            key: Some("tandem.dev/pool".into()),
+            operator: Some("Exists".into()),
+            effect: Some("NoSchedule".into()),
+            ..Default::default()
+        }];
+        assert_eq!(eligible_worker_nodes(&nodes, &o), vec!["b", "k"]);
+        // What the template alone tolerates would leave the batch node out.
+        assert_eq!(
+            eligible_nodes(&nodes, &o.node_selector, &o.tolerations),
+            vec!["k"]
+        );
     }
 
     #[test]

@@ -21,7 +21,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, Toleration,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -590,6 +592,65 @@ fn worker_volumes(tc: &str, o: &PodOverrides) -> (Vec<Value>, Vec<Value>) {
     (volumes, mounts)
 }
 
+/// The toleration every worker pod carries: the pool taint's key, any value (any cluster's
+/// pool), every effect, no `tolerationSeconds`. Pool nodes carry
+/// `tandem.dev/pool=<cluster>:NoSchedule` always and `:NoExecute` while in batch mode; a
+/// worker that tolerated only `NoSchedule` would be evicted by the taint manager the moment
+/// its node turned to batch, which is exactly when its node needs it.
+pub fn pool_toleration() -> Toleration {
+    Toleration {
+        key: Some(POOL_TAINT.to_owned()),
+        operator: Some("Exists".to_owned()),
+        ..Toleration::default()
+    }
+}
+
+/// A worker set's pod tolerations: [`pool_toleration`] first, then the template's own
+/// except those on the pool key, whatever the template says.
+///
+/// First, because Kubernetes' taint manager takes, for each taint, the *first* toleration
+/// that matches it and honours that one's `tolerationSeconds`: a template toleration of
+/// the pool key with `tolerationSeconds: 300` listed before ours would evict the worker five
+/// minutes into batch mode. The template's pool-key tolerations are dropped as redundant
+/// (ours tolerates every value and effect of that key); other keys are kept as written.
+pub fn worker_tolerations(o: &PodOverrides) -> Vec<Toleration> {
+    std::iter::once(pool_toleration())
+        .chain(
+            o.tolerations
+                .iter()
+                .filter(|t| t.key.as_deref() != Some(POOL_TAINT))
+                .cloned(),
+        )
+        .collect()
+}
+
+/// Whether `pod` carries [`pool_toleration`] (as written: key, `Exists`, no effect, no
+/// `tolerationSeconds`).
+pub fn has_pool_toleration(pod: &Pod) -> bool {
+    let want = pool_toleration();
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.tolerations.as_ref())
+        .is_some_and(|ts| ts.contains(&want))
+}
+
+/// A merge patch that adds [`pool_toleration`] to a running pod's tolerations. A merge patch
+/// replaces the whole list, so it carries the pod's own list first (the API server allows
+/// only additions) and the `resourceVersion` it was read at (a concurrent edit makes it
+/// fail with 409 instead of being lost).
+pub fn pool_toleration_patch(pod: &Pod) -> Value {
+    let mut tolerations: Vec<Toleration> = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.tolerations.clone())
+        .unwrap_or_default();
+    tolerations.push(pool_toleration());
+    json!({
+        "metadata": {"resourceVersion": pod.metadata.resource_version},
+        "spec": {"tolerations": tolerations},
+    })
+}
+
 fn merged(
     base: BTreeMap<String, String>,
     extra: &BTreeMap<String, String>,
@@ -725,7 +786,7 @@ pub fn worker_pod(
                 "priorityClassName": o.priority_class_name,
                 "nodeSelector": o.node_selector,
                 "affinity": affinity,
-                "tolerations": o.tolerations,
+                "tolerations": worker_tolerations(o),
                 "securityContext": pod_sc,
                 // Drained before deletion; the grace covers the worker's own cleanup.
                 "terminationGracePeriodSeconds": 30,

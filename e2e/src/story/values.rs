@@ -52,11 +52,11 @@ pub fn cluster(pool: Pool, start: usize, serving_ns: &str, researcher: &str) -> 
             "cpus": pool.cpus,
             "memory": format!("{}G", pool.mem_gib),
             "gpus": {"count": pool.gpus},
-            "template": {
-                "nodeSelector": {pk: pv},
-                // Pool nodes carry the bridge's taint; the workers are the pool.
-                "tolerations": [{"key": "tandem.dev/pool", "operator": "Exists", "effect": "NoSchedule"}],
-            },
+            // Pool nodes carry the bridge's taints (`NoSchedule`, and `NoExecute` in batch
+            // mode); the operator gives every worker pod the pool toleration of every
+            // effect itself, so the platform team writes none (one of its own could only
+            // be narrower, and a `NoSchedule`-only one got workers evicted in batch mode).
+            "template": {"nodeSelector": {pk: pv}},
             "autoscaling": {"hpa": {"enabled": true, "minReplicas": start, "maxReplicas": pool.nodes}},
         }],
         "login": {"enabled": true, "replicas": 1, "template": {"nodeSelector": {sk: sv}}},
@@ -85,6 +85,9 @@ mod tests {
         assert_eq!(ws["gpus"]["count"], 2);
         assert_eq!(ws["memory"], "16G");
         assert_eq!(ws["autoscaling"]["hpa"]["maxReplicas"], 4);
+        // No toleration of the pool taint of the team's own: the operator's covers every
+        // effect, and a narrower one (`NoSchedule` only) is what got workers evicted.
+        assert!(ws["template"].get("tolerations").is_none(), "{ws}");
         assert_eq!(LOGIN_SET, format!("{CLUSTER}-login"));
         assert_eq!(
             image("reg/tandem:1.2"),

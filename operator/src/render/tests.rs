@@ -552,3 +552,83 @@ fn the_agent_never_shares_the_login_users_uid() {
     let uid = agent.security_context.as_ref().unwrap().run_as_user;
     assert!(uid.is_some_and(|u| u != AUTHD_UID && u > 0), "{uid:?}");
 }
+
+/// Pool nodes carry `tandem.dev/pool:NoExecute` in batch mode: a worker must tolerate the
+/// pool key with every effect and no deadline, whatever its template says, and the pool
+/// toleration must be the first to match (the taint manager honours the first match's
+/// `tolerationSeconds`).
+#[test]
+fn a_worker_tolerates_the_pool_taint_with_every_effect_whatever_its_template_says() {
+    let pool =
+        |effect: Option<&str>, seconds: Option<i64>| k8s_openapi::api::core::v1::Toleration {
+            key: Some("tandem.dev/pool".into()),
+            operator: Some("Exists".into()),
+            effect: effect.map(str::to_owned),
+            toleration_seconds: seconds,
+            ..Default::default()
+        };
+    let other = k8s_openapi::api::core::v1::Toleration {
+        key: Some("nvidia.com/gpu".into()),
+        operator: Some("Exists".into()),
+        effect: Some("NoSchedule".into()),
+        ..Default::default()
+    };
+    for template in [
+        vec![],
+        vec![pool(Some("NoSchedule"), None)],
+        vec![other.clone(), pool(Some("NoExecute"), Some(300))],
+        vec![pool(None, None)],
+    ] {
+        let mut w = ws();
+        w.spec.template.tolerations = template.clone();
+        let pod = worker_pod(&w, "gpu-07", None).unwrap();
+        let tols = pod.spec.as_ref().unwrap().tolerations.clone().unwrap();
+        assert_eq!(tols[0], pool(None, None), "{template:?} -> {tols:?}");
+        assert!(has_pool_toleration(&pod));
+        // No other toleration of the pool key (one with a deadline would be a trap).
+        assert_eq!(
+            tols.iter()
+                .filter(|t| t.key.as_deref() == Some("tandem.dev/pool"))
+                .count(),
+            1,
+            "{tols:?}"
+        );
+        // Other keys are kept as written.
+        assert_eq!(tols.contains(&other), template.contains(&other), "{tols:?}");
+        // The toleration is no template change: no rollout of running workers.
+        assert_eq!(
+            pod.metadata.annotations.as_ref().unwrap()[TEMPLATE_HASH],
+            worker_template_hash(&w, &default_image())
+        );
+    }
+    // Control-plane pods stay off pool nodes.
+    let controller = controller_pod(&tc(), "cfg", "cert").unwrap();
+    assert!(!has_pool_toleration(&controller));
+    assert!(!has_pool_toleration(&login_pod(&ls(), 0, None).unwrap()));
+}
+
+/// A worker pod made before the toleration existed gets it added in place: its own list
+/// first (the API server allows only additions), guarded by its resourceVersion.
+#[test]
+fn an_older_worker_pod_gets_the_pool_toleration_added_in_place() {
+    let mut w = ws();
+    w.spec.template.tolerations = vec![k8s_openapi::api::core::v1::Toleration {
+        key: Some("tandem.dev/pool".into()),
+        operator: Some("Exists".into()),
+        effect: Some("NoSchedule".into()),
+        ..Default::default()
+    }];
+    let mut pod = worker_pod(&w, "gpu-07", None).unwrap();
+    let old = w.spec.template.tolerations.clone();
+    pod.spec.as_mut().unwrap().tolerations = Some(old.clone());
+    pod.metadata.resource_version = Some("42".into());
+    assert!(!has_pool_toleration(&pod));
+    let patch = pool_toleration_patch(&pod);
+    assert_eq!(patch["metadata"]["resourceVersion"], "42");
+    let patched: Vec<k8s_openapi::api::core::v1::Toleration> =
+        serde_json::from_value(patch["spec"]["tolerations"].clone()).unwrap();
+    assert_eq!(patched[..1], old[..]);
+    assert_eq!(patched[1], pool_toleration());
+    pod.spec.as_mut().unwrap().tolerations = Some(patched);
+    assert!(has_pool_toleration(&pod));
+}
