@@ -81,7 +81,8 @@ pub trait BatchAlloc {
     /// Submits a group's placeholder, or finds the one already made; returns its job id.
     async fn submit(&self, p: &Placeholder) -> Result<u64, BatchError>;
     /// The group's pods are gone since `end_time`.
-    async fn end(&self, job_id: u64, end_time: i64) -> Result<(), BatchError>;
+    /// Reports the pods of `namespace`'s placeholder `job_id` gone at `end_time`.
+    async fn end(&self, job_id: u64, end_time: i64, namespace: &str) -> Result<(), BatchError>;
     /// The snapshot of every placeholder, then its changes (see the proto).
     async fn watch(
         &self,
@@ -181,9 +182,13 @@ impl BatchAlloc for GrpcBatch {
         Ok(resp.into_inner().job_id)
     }
 
-    async fn end(&self, job_id: u64, end_time: i64) -> Result<(), BatchError> {
+    async fn end(&self, job_id: u64, end_time: i64, namespace: &str) -> Result<(), BatchError> {
         BridgeClient::new(self.channel.clone())
-            .end_placeholder(v1::EndPlaceholderRequest { job_id, end_time })
+            .end_placeholder(v1::EndPlaceholderRequest {
+                job_id,
+                end_time,
+                namespace: namespace.to_owned(),
+            })
             .await
             .map_err(call("EndPlaceholder"))?;
         Ok(())

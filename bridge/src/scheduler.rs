@@ -45,7 +45,7 @@ use crate::decide::{
 use crate::group::{
     self, GroupInfo, GroupKey, GroupKind, WorkloadPolicy, expected_members, group_of,
 };
-use crate::labels::{JOB_NAME, LEGACY_JOB_NAME, SCHEDULER_NAME};
+use crate::labels::SCHEDULER_NAME;
 use crate::nodes::{self, Mode};
 use crate::policy::{self, NamespacePolicy};
 use crate::{annotations, apply, resources};
@@ -119,7 +119,29 @@ const MAX_IN_FLIGHT: usize = 256;
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Target {
     Group(GroupKey),
-    Orphan(String),
+    Orphan(PlaceholderId),
+}
+
+/// A placeholder's key, as the controller keeps it: a group belongs to its namespace, so
+/// the same UID in two namespaces (an LWS group key anyone can compute, a copied label) is
+/// two groups, and neither's pods are ever bound onto or end the other's job.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(super) struct PlaceholderId {
+    pub namespace: String,
+    pub uid: String,
+}
+
+impl PlaceholderId {
+    fn new(namespace: &str, uid: &str) -> Self {
+        Self {
+            namespace: namespace.to_owned(),
+            uid: uid.to_owned(),
+        }
+    }
+
+    fn of(ev: &v1::PlaceholderEvent) -> Self {
+        Self::new(&ev.namespace, &ev.group_uid)
+    }
 }
 
 struct Loop<B> {
@@ -135,18 +157,18 @@ struct Loop<B> {
     ghosts: HashMap<GroupKey, Vec<Ghost>>,
     pod_group: HashMap<PodKey, GroupInfo>,
     members: HashMap<GroupKey, BTreeSet<String>>,
-    /// Group -> its UID (the placeholder's key), once known.
+    /// Group -> its UID (with its namespace, the placeholder's key), once known.
     uids: HashMap<GroupKey, String>,
-    keys: HashMap<String, GroupKey>,
+    keys: HashMap<PlaceholderId, GroupKey>,
     /// Owner-derived group sizes; `None` entries are looked up again.
     expected: HashMap<GroupKey, u32>,
     /// Workload pod groups whose policy is `basic`: their pods are grouped one by one (the
     /// pod groups of a Workload are immutable).
     basic: HashSet<GroupKey>,
-    /// The newest placeholder of each group UID.
-    jobs: HashMap<String, v1::PlaceholderEvent>,
+    /// The newest placeholder of each group.
+    jobs: HashMap<PlaceholderId, v1::PlaceholderEvent>,
     /// Submitted, not yet seen on the stream: wait for it rather than submit again.
-    submitted: HashSet<String>,
+    submitted: HashSet<PlaceholderId>,
     nodes: HashSet<String>,
     /// Kubernetes Nodes as last observed, for their mode label and pool taint.
     node_objs: HashMap<String, Node>,
@@ -433,7 +455,10 @@ impl<B: BatchAlloc> Loop<B> {
                     .or_default()
                     .insert(key.1.clone());
                 if let Some(uid) = direct_uid(&info, &p) {
-                    self.keys.insert(uid.clone(), info.key.clone());
+                    self.keys.insert(
+                        PlaceholderId::new(&info.key.namespace, &uid),
+                        info.key.clone(),
+                    );
                     self.uids.insert(info.key.clone(), uid);
                 }
                 self.dirty.insert(Target::Group(info.key.clone()));
@@ -505,7 +530,7 @@ impl<B: BatchAlloc> Loop<B> {
             let orphans: Vec<Target> = self
                 .jobs
                 .keys()
-                .filter(|uid| !self.keys.contains_key(*uid))
+                .filter(|id| !self.keys.contains_key(*id))
                 .cloned()
                 .map(Target::Orphan)
                 .collect();
@@ -518,15 +543,15 @@ impl<B: BatchAlloc> Loop<B> {
             self.jobs.retain(|_, j| j.job_id != ev.job_id);
             return;
         }
-        let uid = ev.group_uid.clone();
-        self.submitted.remove(&uid);
-        let newer = self.jobs.get(&uid).is_none_or(|j| j.job_id <= ev.job_id);
+        let id = PlaceholderId::of(&ev);
+        self.submitted.remove(&id);
+        let newer = self.jobs.get(&id).is_none_or(|j| j.job_id <= ev.job_id);
         if newer {
-            self.jobs.insert(uid.clone(), ev);
+            self.jobs.insert(id.clone(), ev);
         }
-        self.dirty.insert(match self.keys.get(&uid) {
+        self.dirty.insert(match self.keys.get(&id) {
             Some(k) => Target::Group(k.clone()),
-            None => Target::Orphan(uid),
+            None => Target::Orphan(id),
         });
     }
 
@@ -658,9 +683,9 @@ impl<B: BatchAlloc> Loop<B> {
     /// An orphan whose group is known now is that group.
     fn resolve(&self, t: Target) -> Target {
         match t {
-            Target::Orphan(uid) => match self.keys.get(&uid) {
+            Target::Orphan(id) => match self.keys.get(&id) {
                 Some(k) => Target::Group(k.clone()),
-                None => Target::Orphan(uid),
+                None => Target::Orphan(id),
             },
             t => t,
         }
@@ -672,7 +697,9 @@ impl<B: BatchAlloc> Loop<B> {
             || matches!(t, Target::Group(k) if self
                 .uids
                 .get(k)
-                .is_some_and(|u| self.busy.contains(&Target::Orphan(u.clone()))))
+                .is_some_and(|u| self
+                    .busy
+                    .contains(&Target::Orphan(PlaceholderId::new(&k.namespace, u)))))
     }
 
     /// Folds a finished operation into the state; its target may be decided again.
@@ -683,10 +710,10 @@ impl<B: BatchAlloc> Loop<B> {
             self.owners.insert(k, owner);
             self.dirty.insert(out.target.clone());
         }
-        if let Some((uid, job_id)) = out.submitted {
+        if let Some((id, job_id)) = out.submitted {
             // Wait for it on the stream, unless the stream brought it first.
-            if self.jobs.get(&uid).is_none_or(|j| j.job_id < job_id) {
-                self.submitted.insert(uid);
+            if self.jobs.get(&id).is_none_or(|j| j.job_id < job_id) {
+                self.submitted.insert(id);
             }
         }
         for (key, message) in out.told {
@@ -750,19 +777,21 @@ impl<B: BatchAlloc> Loop<B> {
                     return Ok(w);
                 }
                 let owner = owner.flatten();
-                (Some(k.clone()), self.uid_of(k, owner.as_ref()), owner)
+                let id = self
+                    .uid_of(k, owner.as_ref())
+                    .map(|u| PlaceholderId::new(&k.namespace, &u));
+                (Some(k.clone()), id, owner)
             }
-            Target::Orphan(uid) => {
-                // A group whose UID is still unknown (its PodGroup not read yet) may own
-                // it: fail closed rather than end a running group's job.
-                if self
-                    .members
-                    .iter()
-                    .any(|(k, m)| !m.is_empty() && !self.uids.contains_key(k))
-                {
+            Target::Orphan(id) => {
+                // A group of the same namespace whose UID is still unknown (its PodGroup
+                // not read yet) may own it: fail closed rather than end a running group's
+                // job. Groups of other namespaces never own it.
+                if self.members.iter().any(|(k, m)| {
+                    k.namespace == id.namespace && !m.is_empty() && !self.uids.contains_key(k)
+                }) {
                     return Err("a group's UID is still unknown".into());
                 }
-                (None, Some(uid.clone()), None)
+                (None, Some(id.clone()), None)
             }
         };
         let pods: Vec<Pod> = match &key {
@@ -823,17 +852,18 @@ impl<B: BatchAlloc> Loop<B> {
             Some(k) => self.expected_of(k, &pods, owner.as_ref()),
             None => Some(0),
         };
-        let ns = key
-            .as_ref()
-            .map(|k| k.namespace.clone())
-            .unwrap_or_default();
+        let ns = match (&key, &uid) {
+            (Some(k), _) => k.namespace.clone(),
+            (None, Some(id)) => id.namespace.clone(),
+            (None, None) => String::new(),
+        };
         let work = match decide(&members, expected, &view, now) {
             Decision::Wait { why } => {
                 debug!(target = ?t, why, "waiting");
                 None
             }
             Decision::Submit => match (key, uid) {
-                (Some(k), Some(uid)) => Some(self.submit(k, uid, pods)),
+                (Some(k), Some(id)) => Some(self.submit(k, id.uid, pods)),
                 _ => None,
             },
             Decision::Unschedulable {
@@ -892,6 +922,7 @@ impl<B: BatchAlloc> Loop<B> {
             }
             Decision::EndJob { job_id, end_time } => {
                 return Ok(Some(Work::End {
+                    ns,
                     job_id,
                     end_time,
                     release,
@@ -916,7 +947,7 @@ impl<B: BatchAlloc> Loop<B> {
         self.expected.remove(k);
         self.owners.remove(k);
         if let Some(uid) = self.uids.remove(k) {
-            self.keys.remove(&uid);
+            self.keys.remove(&PlaceholderId::new(&k.namespace, &uid));
         }
     }
 
@@ -990,7 +1021,8 @@ impl<B: BatchAlloc> Loop<B> {
             return Some(u.clone());
         }
         let uid = group::owner_uid(k, owner)?;
-        self.keys.insert(uid.clone(), k.clone());
+        self.keys
+            .insert(PlaceholderId::new(&k.namespace, &uid), k.clone());
         self.uids.insert(k.clone(), uid.clone());
         Some(uid)
     }
@@ -1089,18 +1121,17 @@ fn pod_key(p: &Pod) -> PodKey {
     )
 }
 
-/// A group's UID when its pods carry it: the pod's own, the Job's (`controller-uid`), the
-/// JobSet's, or the LWS group key. PodGroups and Workloads need their object.
+/// A group's UID when the pod itself says it: the pod's own, or the LWS group key (with
+/// the namespace, the placeholder's key). A Job's or JobSet's UID is read from the object
+/// of that name in the pod's namespace, never from the pod's labels, which anyone who may
+/// create a pod can copy; PodGroups and Workloads need their object too.
 fn direct_uid(info: &GroupInfo, p: &Pod) -> Option<String> {
-    let label = |k: &str| p.metadata.labels.as_ref().and_then(|l| l.get(k)).cloned();
     match info.key.kind {
         GroupKind::Pod => p.metadata.uid.clone(),
-        GroupKind::IndexedJob => label("batch.kubernetes.io/controller-uid")
-            .or_else(|| label("controller-uid"))
-            .filter(|_| label(JOB_NAME).or_else(|| label(LEGACY_JOB_NAME)).is_some()),
-        GroupKind::JobSet => label("jobset.sigs.k8s.io/jobset-uid"),
         GroupKind::LeaderWorkerSet => Some(format!("lws-{}", info.key.name)),
-        GroupKind::PodGroup | GroupKind::Workload => None,
+        GroupKind::IndexedJob | GroupKind::JobSet | GroupKind::PodGroup | GroupKind::Workload => {
+            None
+        }
     }
 }
 

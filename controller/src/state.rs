@@ -181,6 +181,8 @@ pub enum Command {
     EndPlaceholder {
         job: JobId,
         end_time: i64,
+        /// The namespace asking: must own the placeholder.
+        namespace: String,
         reply: Reply<v1::EndPlaceholderResponse>,
     },
     WatchPlaceholders {
@@ -537,8 +539,9 @@ impl Actor {
             Command::EndPlaceholder {
                 job,
                 end_time,
+                namespace,
                 reply,
-            } => match self.end_placeholder(job, end_time) {
+            } => match self.end_placeholder(job, end_time, &namespace) {
                 Ok(resp) => self.reply_after_commit(reply, resp),
                 Err(e) => {
                     let _ = reply.send(Err(e));

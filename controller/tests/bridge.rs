@@ -97,6 +97,7 @@ async fn end(
     b.end_placeholder(v1::EndPlaceholderRequest {
         job_id,
         end_time: 0,
+        namespace: "serving".into(),
     })
     .await
     .map(tonic::Response::into_inner)
@@ -471,4 +472,77 @@ async fn a_silent_worker_under_a_placeholder_asks_the_bridge_to_evict() {
     assert_eq!(k2.expect_launch().await.job_id, batch);
     beating.abort();
     c.stop().await;
+}
+
+#[tokio::test]
+async fn a_group_is_its_namespaces_and_only_its_namespace_ends_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Controller::start(dir.path(), |_| {}).await;
+    let _k1 = FakeWorker::attach(&c, register("k1", 8, 8192, 2)).await;
+    let _k2 = FakeWorker::attach(&c, register("k2", 8, 8192, 2)).await;
+    let mut b = client(&c, &bridge()).await;
+    let (mut watch, _) = Watch::start(&mut b).await;
+
+    // The same group UID from another namespace (an LWS group key is a hash anyone can
+    // compute; labels can be copied) is another group: its own job, charged to its own
+    // namespace, never the victim's found again.
+    let victim = b
+        .submit_placeholder(group("lws-abc", 2))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut forged = group("lws-abc", 2);
+    forged.namespace = "mallory".into();
+    let theirs = b.submit_placeholder(forged).await.unwrap().into_inner();
+    assert!(victim.created && theirs.created, "{victim:?} {theirs:?}");
+    assert_ne!(victim.job_id, theirs.job_id);
+    let ev = watch
+        .until("the victim's placeholder running", |e| {
+            is(e, victim.job_id, JobState::Running)
+        })
+        .await;
+    assert_eq!(ev.namespace, "serving");
+    let ev = watch
+        .until("the other namespace's placeholder running", |e| {
+            is(e, theirs.job_id, JobState::Running)
+        })
+        .await;
+    assert_eq!(ev.namespace, "mallory");
+
+    // An end report from another namespace is refused and changes nothing; one without a
+    // namespace is refused too.
+    let e = b
+        .end_placeholder(v1::EndPlaceholderRequest {
+            job_id: victim.job_id,
+            end_time: 0,
+            namespace: "mallory".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    let e = b
+        .end_placeholder(v1::EndPlaceholderRequest {
+            job_id: victim.job_id,
+            end_time: 0,
+            namespace: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    let mut admin = c.jobs(&root()).await;
+    let listed = admin
+        .list_jobs(v1::ListJobsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let state = listed
+        .jobs
+        .iter()
+        .find(|j| j.job_id == victim.job_id)
+        .map(|j| j.state);
+    assert_eq!(state, Some(JobState::Running as i32), "still running");
+
+    // Its own namespace ends it.
+    let ended = end(&mut b, victim.job_id).await.unwrap();
+    assert_eq!(ended.state, JobState::Completed as i32);
 }

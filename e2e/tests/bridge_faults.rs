@@ -294,3 +294,97 @@ async fn a_disruption_budget_delays_a_cancel_only_until_the_eviction_timeout() {
     )
     .await;
 }
+
+/// A one-GPU pod of LeaderWorkerSet group `key` (size 1), as the LWS controller labels it.
+fn lws_pod(name: &str, key: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name,
+            "labels": {"leaderworkerset.sigs.k8s.io/group-key": key,
+                       "leaderworkerset.sigs.k8s.io/name": "infer"},
+            "annotations": {"leaderworkerset.sigs.k8s.io/size": "1"}},
+        "spec": {
+            "schedulerName": "tandem",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "serve", "image": "busybox",
+                "command": ["sh", "-c", "sleep 300"],
+                "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                              "limits": {"nvidia.com/gpu": "1"}}}],
+        },
+    }))
+    .unwrap_or_else(|e| panic!("pod {name}: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_copying_another_namespaces_group_labels_is_a_group_of_its_own() {
+    let test = "a_pod_copying_another_namespaces_group_labels_is_a_group_of_its_own";
+    let cluster = TestCluster::start().await.unwrap();
+    if !cluster.needs_process_kubelet(test) {
+        return;
+    }
+    let mut env = BridgeEnv::start(
+        &cluster,
+        Setup::new(tandem_operator::crd::all())
+            .node("p1", 8, 16, 2)
+            .node("p2", 8, 16, 2)
+            .namespace("serving", "root", json!({}))
+            .namespace("other", "root", json!({})),
+    )
+    .await;
+    let _bridge = env.spawn_bridge(&[]);
+    let (serving, other) = (env.ns("serving").to_owned(), env.ns("other").to_owned());
+    let client = cluster.client();
+    let victims: Api<Pod> = Api::namespaced(client.clone(), &serving);
+    let forgers: Api<Pod> = Api::namespaced(client.clone(), &other);
+    let one = |n: &str| ListParams::default().fields(&format!("metadata.name={n}"));
+
+    victims
+        .create(&PostParams::default(), &lws_pod("leader", "0123abcd"))
+        .await
+        .unwrap();
+    let up = env
+        .wait_pods(&victims, &one("leader"), "the victim's pod running", |ps| {
+            ps.len() == 1 && ps.iter().all(running)
+        })
+        .await;
+    let victim_job = job_id(&up[0]).unwrap().to_owned();
+
+    // The same group key (a hash anyone can compute) from another namespace: a group of its
+    // own, with its own job charged to its own namespace.
+    forgers
+        .create(&PostParams::default(), &lws_pod("copycat", "0123abcd"))
+        .await
+        .unwrap();
+    let up = env
+        .wait_pods(
+            &forgers,
+            &one("copycat"),
+            "the copycat running on its own job",
+            |ps| ps.len() == 1 && ps.iter().all(running),
+        )
+        .await;
+    let forged_job = job_id(&up[0]).unwrap().to_owned();
+    assert_ne!(victim_job, forged_job, "bound onto the victim's job");
+    let users = env.cli(&["squeue", "-h", "-o", "%i|%u"]);
+    assert!(
+        users
+            .lines()
+            .any(|l| l == format!("{victim_job}|{serving}"))
+            && users.lines().any(|l| l == format!("{forged_job}|{other}")),
+        "each job charged to its own namespace: {users}"
+    );
+
+    // Deleting the copycat ends its own job, never the victim's.
+    forgers
+        .delete("copycat", &DeleteParams::default())
+        .await
+        .unwrap();
+    env.wait_cli(
+        &["sacct", "-n", "-X", "-P", "-j", &forged_job, "-o", "State"],
+        "the copycat's job over",
+        |out| out.trim() == "COMPLETED",
+    )
+    .await;
+    let state = env.cli(&["squeue", "-h", "-j", &victim_job, "-o", "%T"]);
+    assert_eq!(state.trim(), "RUNNING", "the victim's job still runs");
+}

@@ -16,7 +16,7 @@ use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::events::Recorder;
 use tracing::{debug, info, warn};
 
-use super::{PodKey, Target};
+use super::{PlaceholderId, PodKey, Target};
 use crate::apply;
 use crate::batch::{BatchAlloc, BatchError};
 use crate::decide::EndReason;
@@ -82,6 +82,8 @@ pub(super) enum Work {
     },
     /// Report the pods gone, then release the finalizers of those that stopped.
     End {
+        /// The group's namespace: the controller ends only its own placeholders.
+        ns: String,
         job_id: u64,
         end_time: i64,
         release: Vec<Pod>,
@@ -105,8 +107,8 @@ pub(super) struct Outcome {
     pub target: Target,
     /// A [`Work::Lookup`]'s answer: the owner, `None` when absent or unreadable.
     pub owner: Option<(GroupKey, Option<serde_json::Value>)>,
-    /// A placeholder submitted: (group UID, job id).
-    pub submitted: Option<(String, u64)>,
+    /// A placeholder submitted: (its key, job id).
+    pub submitted: Option<(PlaceholderId, u64)>,
     /// `Unschedulable` written: (pod, message).
     pub told: Vec<(PodKey, String)>,
     /// Pods bound: (pod, node).
@@ -191,10 +193,11 @@ pub(super) async fn perform<B: BatchAlloc>(ctx: Ctx<B>, target: Target, work: Wo
             }
         }
         Work::End {
+            ns,
             job_id,
             end_time,
             release: stopped,
-        } => match ctx.batch.end(job_id, end_time).await {
+        } => match ctx.batch.end(job_id, end_time, &ns).await {
             Ok(()) => {
                 info!(job_id, end_time, "placeholder ended: its pods are gone");
                 release(&ctx, &mut out, &stopped).await;
@@ -251,7 +254,7 @@ async fn submit<B: BatchAlloc>(ctx: &Ctx<B>, out: &mut Outcome, s: Submit) {
     match ctx.batch.submit(&placeholder).await {
         Ok(job_id) => {
             info!(job_id, group = ?k, pods = placeholder.pods, nodes = placeholder.nodes, "placeholder submitted");
-            out.submitted = Some((uid, job_id));
+            out.submitted = Some((PlaceholderId::new(&k.namespace, &uid), job_id));
         }
         Err(BatchError::Call { status, .. }) if status.code() == tonic::Code::InvalidArgument => {
             out.told = tell(ctx, waiting, status.message()).await;

@@ -58,11 +58,17 @@ impl Bridge for BridgeService {
         if req.end_time < 0 {
             return Err(Status::invalid_argument("end_time: negative"));
         }
+        if req.namespace.is_empty() {
+            return Err(Status::invalid_argument(
+                "namespace: missing (a placeholder is ended only for the namespace it belongs to)",
+            ));
+        }
         let resp = self
             .handle
             .call(|reply| Command::EndPlaceholder {
                 job: JobId(req.job_id),
                 end_time: req.end_time,
+                namespace: req.namespace,
                 reply,
             })
             .await?;

@@ -1,5 +1,10 @@
 //! The bridge's placeholder jobs: `kube`-mode jobs that hold nodes for Kubernetes pods.
 //!
+//! A group is its namespace's: placeholders are keyed by (namespace, group UID), so a pod
+//! in another namespace that copies a group's labels (an LWS group key is a hash anyone can
+//! compute) makes a group of its own, charged to its own namespace, and an end report
+//! names the namespace it speaks for, refused for another's placeholder.
+//!
 //! A placeholder is scheduled like any job and never launched: the bridge binds the pods
 //! where it runs. It is found again by its pod group's UID (a restarted bridge submits
 //! again and gets the same job), and it ends only when the bridge reports the pods gone,
@@ -22,8 +27,8 @@ use super::*;
 /// Live placeholders by group and the bridges watching them.
 #[derive(Default)]
 pub(super) struct Placeholders {
-    /// Pod-group UID -> its placeholder that has not finished.
-    by_group: HashMap<String, JobId>,
+    /// (namespace, pod-group UID) -> its placeholder that has not finished.
+    by_group: HashMap<(String, String), JobId>,
     watchers: Vec<Watcher>,
     /// Running placeholders past their time limit, already announced as ending TIMEOUT.
     timed_out: HashSet<JobId>,
@@ -45,8 +50,8 @@ impl Placeholders {
     /// Rebuilds the group index from recovered jobs.
     pub(super) fn index(&mut self, st: &State) {
         for j in st.jobs() {
-            if let Some(uid) = live_group(j) {
-                self.by_group.insert(uid.to_owned(), j.id);
+            if let Some(key) = live_group(j) {
+                self.by_group.insert(key, j.id);
             }
         }
     }
@@ -56,9 +61,15 @@ fn is_placeholder(j: &Job) -> bool {
     j.spec.mode == NodeMode::Kube && j.spec.group_uid.is_some()
 }
 
-fn live_group(j: &Job) -> Option<&str> {
+/// A placeholder's key: its namespace (the job's user) and its group's UID.
+fn group_key(j: &Job) -> Option<(String, String)> {
+    let uid = j.spec.group_uid.as_ref()?;
+    Some((j.spec.user.clone(), uid.clone()))
+}
+
+fn live_group(j: &Job) -> Option<(String, String)> {
     if is_placeholder(j) && !j.state.is_terminal() {
-        j.spec.group_uid.as_deref()
+        group_key(j)
     } else {
         None
     }
@@ -71,7 +82,8 @@ impl Actor {
         reply: Reply<v1::SubmitPlaceholderResponse>,
     ) {
         let uid = spec.group_uid.clone().unwrap_or_default();
-        if let Some(id) = self.placeholders.by_group.get(&uid).copied()
+        let key = (spec.user.clone(), uid.clone());
+        if let Some(id) = self.placeholders.by_group.get(&key).copied()
             && self.st.job(id).is_some_and(|j| !j.state.is_terminal())
         {
             // The first submit may still be in flight: answer after this batch.
@@ -85,8 +97,8 @@ impl Actor {
         let now = self.now();
         match self.st.submit(spec, now) {
             Ok(id) => {
-                info!(job_id = id.0, group = %uid, "placeholder submitted");
-                self.placeholders.by_group.insert(uid, id);
+                info!(job_id = id.0, group = %uid, namespace = %key.0, "placeholder submitted");
+                self.placeholders.by_group.insert(key, id);
                 self.metrics.submitted(1);
                 self.pass_wanted = true;
                 let resp = v1::SubmitPlaceholderResponse {
@@ -103,11 +115,12 @@ impl Actor {
 
     /// The group's pods are gone: ends the job at `end_time` (0: now; never in the future,
     /// never before it started). A pending placeholder is cancelled; an ended one answers
-    /// its state again.
+    /// its state again. Refused, changing nothing, when `namespace` is not the job's.
     pub(super) fn end_placeholder(
         &mut self,
         id: JobId,
         end_time: i64,
+        namespace: &str,
     ) -> Result<v1::EndPlaceholderResponse, Status> {
         let now = self.now();
         let job = self
@@ -117,6 +130,12 @@ impl Actor {
         if !is_placeholder(job) {
             return Err(Status::failed_precondition(format!(
                 "job {id} is a batch job, not a placeholder"
+            )));
+        }
+        if job.spec.user != namespace {
+            return Err(Status::permission_denied(format!(
+                "placeholder {id} belongs to namespace {:?}, not {namespace:?}",
+                job.spec.user
             )));
         }
         match job.state {
@@ -208,10 +227,10 @@ impl Actor {
                 continue;
             }
             if j.state.is_terminal()
-                && let Some(uid) = j.spec.group_uid.as_deref()
-                && self.placeholders.by_group.get(uid) == Some(id)
+                && let Some(key) = group_key(j)
+                && self.placeholders.by_group.get(&key) == Some(id)
             {
-                self.placeholders.by_group.remove(uid);
+                self.placeholders.by_group.remove(&key);
             }
             if !self.placeholders.watchers.is_empty() {
                 events.push(self.placeholder_event(j, now));
@@ -361,6 +380,7 @@ impl Actor {
             ending: ending.map_or(0, |s| convert::state_to_proto(s) as i32),
             removed: false,
             snapshot_done: false,
+            namespace: j.spec.user.clone(),
         }
     }
 }
