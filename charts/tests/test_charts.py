@@ -225,9 +225,23 @@ def check_references(chart: str, objs: list[dict[str, Any]], values: dict[str, A
         for s in b["subjects"]:
             assert s["name"] in sas, f"{b['kind']}/{b['metadata']['name']} subject {s['name']}"
     if chart == "tandem-operator" and values.get("rbac", {}).get("create", True):
-        generated = yaml.safe_load((ROOT / "charts/tandem-operator/files/clusterrole.yaml").read_text())
+        # files/rbac.yaml is the operator's own table of API calls, by scope (operator/src/
+        # rbac.rs); e2e/tests/packaging.rs compares the granted verbs with that table.
+        generated = yaml.safe_load((ROOT / "charts/tandem-operator/files/rbac.yaml").read_text())
         (role,) = by_kind(objs, "ClusterRole")
-        assert role["rules"] == generated["rules"], "operator ClusterRole differs from files/clusterrole.yaml"
+        watched = values.get("watchNamespace", "")
+        if watched:
+            assert role["rules"] == generated["clusterRules"], "the ClusterRole grants more than Nodes"
+            (nsrole,) = by_kind(objs, "Role")
+            assert nsrole["metadata"]["namespace"] == watched, "the Role is not in the watched namespace"
+            assert nsrole["rules"] == generated["namespacedRules"], "Role differs from files/rbac.yaml"
+            (rb,) = by_kind(objs, "RoleBinding")
+            assert rb["metadata"]["namespace"] == watched
+            assert all(s["namespace"] == NAMESPACE for s in rb["subjects"]), rb["subjects"]
+        else:
+            want = generated["clusterRules"] + generated["namespacedRules"]
+            assert role["rules"] == want, "operator ClusterRole differs from files/rbac.yaml"
+            assert not by_kind(objs, "Role"), "a Role when watching every namespace"
     if chart == "tandem-bridge":
         (dep,) = by_kind(objs, "Deployment")
         container = dep["spec"]["template"]["spec"]["containers"][0]

@@ -370,3 +370,151 @@ fn the_operators_pod_commands_exist() {
         help("tandem", &[sub]);
     }
 }
+
+/// (role kind, its namespace, API group, resource, verb): one grant.
+type Grant = (String, String, String, String, String);
+
+/// What the operator chart's roles grant its service account, rendered by real Helm with
+/// `values`, as [`Grant`]s. Only roles bound to the chart's service account count.
+fn operator_chart_grants(values: serde_json::Value) -> BTreeSet<Grant> {
+    use tandem_e2e::story::helm;
+    let python = helm::python().unwrap_or_else(|e| panic!("the chart venv: {e:#}"));
+    let rendered = helm::render(
+        &python,
+        "tandem-operator",
+        "tandem-operator",
+        "tandem-system",
+        &values,
+    )
+    .unwrap_or_else(|e| panic!("helm render: {e:#}"));
+    let objs: Vec<serde_json::Value> = rendered
+        .objects
+        .iter()
+        .map(|o| serde_json::to_value(o).expect("objects serialize"))
+        .collect();
+    let kind = |o: &serde_json::Value| o["kind"].as_str().unwrap_or_default().to_owned();
+    let ns = |o: &serde_json::Value| {
+        o["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let sa = objs
+        .iter()
+        .find(|o| kind(o) == "ServiceAccount")
+        .map(|o| {
+            o["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .expect("the chart makes a ServiceAccount");
+    // (role kind, namespace, name) of every role bound to the service account.
+    let mut bound = BTreeSet::new();
+    for b in objs
+        .iter()
+        .filter(|o| ["ClusterRoleBinding", "RoleBinding"].contains(&kind(o).as_str()))
+    {
+        let to_sa = b["subjects"].as_array().into_iter().flatten().any(|s| {
+            s["kind"] == "ServiceAccount"
+                && s["name"] == sa.as_str()
+                && s["namespace"] == "tandem-system"
+        });
+        if to_sa {
+            let role_kind = b["roleRef"]["kind"].as_str().unwrap_or_default().to_owned();
+            // A RoleBinding grants in its own namespace; a ClusterRoleBinding everywhere.
+            let where_ = if kind(b) == "RoleBinding" {
+                ns(b)
+            } else {
+                String::new()
+            };
+            bound.insert((
+                role_kind,
+                where_,
+                b["roleRef"]["name"].as_str().unwrap_or_default().to_owned(),
+            ));
+        }
+    }
+    let mut grants = BTreeSet::new();
+    for r in objs
+        .iter()
+        .filter(|o| ["ClusterRole", "Role"].contains(&kind(o).as_str()))
+    {
+        let name = r["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let where_ = if kind(r) == "Role" {
+            ns(r)
+        } else {
+            String::new()
+        };
+        if !bound.contains(&(kind(r), where_.clone(), name.clone())) {
+            continue;
+        }
+        for rule in r["rules"].as_array().into_iter().flatten() {
+            let list = |k: &str| -> Vec<String> {
+                rule[k]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|v| v.as_str().unwrap_or_default().to_owned())
+                    .collect()
+            };
+            for g in list("apiGroups") {
+                for res in list("resources") {
+                    for v in list("verbs") {
+                        grants.insert((kind(r), where_.clone(), g.clone(), res.clone(), v));
+                    }
+                }
+            }
+        }
+    }
+    grants
+}
+
+/// The operator chart grants exactly what the operator's code uses
+/// (`tandem_operator::rbac::USES`, which the operator's unit tests check against every API
+/// call in its reconcilers), no more and no less: watching every namespace, all of it by
+/// one ClusterRole; watching one namespace, only the cluster-scoped rows (Nodes) by a
+/// ClusterRole and every namespaced row (Pods, Secrets, ...) by a Role in that namespace.
+#[test]
+fn the_operator_chart_grants_exactly_the_verbs_the_operator_uses() {
+    use tandem_operator::rbac::{Scope, USES};
+    for watch in ["", "research"] {
+        let granted = operator_chart_grants(serde_json::json!({"watchNamespace": watch}));
+        let mut want = BTreeSet::new();
+        for (group, resource, verbs, scope) in USES {
+            let (kind, where_) = match scope {
+                Scope::Namespaced if !watch.is_empty() => ("Role", watch),
+                _ => ("ClusterRole", ""),
+            };
+            for v in *verbs {
+                want.insert((
+                    kind.to_owned(),
+                    where_.to_owned(),
+                    (*group).to_owned(),
+                    (*resource).to_owned(),
+                    (*v).to_owned(),
+                ));
+            }
+        }
+        let extra: Vec<&Grant> = granted.difference(&want).collect();
+        let missing: Vec<&Grant> = want.difference(&granted).collect();
+        assert!(
+            extra.is_empty() && missing.is_empty(),
+            "watchNamespace {watch:?}: the chart grants what the operator never uses: \
+             {extra:?}; the operator uses what the chart does not grant: {missing:?}"
+        );
+        if !watch.is_empty() {
+            for secret_or_pod in ["secrets", "pods"] {
+                assert!(
+                    !granted
+                        .iter()
+                        .any(|(k, _, _, r, _)| k == "ClusterRole" && r == secret_or_pod),
+                    "watching one namespace, {secret_or_pod} are granted cluster-wide"
+                );
+            }
+        }
+    }
+}

@@ -20,7 +20,7 @@
 //!   rollout, deletion. [`accounting`]: spec -> Accounting RPCs, only for managed entities.
 //!   [`partitions`]: which partitions to keep while jobs reference them.
 //! - [`batch`]: the controller as the operator sees it ([`batch::BatchControl`]).
-//! - [`rbac`]: every API call the operator makes, and the ClusterRole derived from it.
+//! - [`rbac`]: every API call the operator makes, and the RBAC rules derived from it.
 //!
 //! # Invariants
 //!

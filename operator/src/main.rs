@@ -1,4 +1,4 @@
-//! `tandem-operator`: `crds` prints the CRDs, `rbac` the ClusterRole, `run` runs the
+//! `tandem-operator`: `crds` prints the CRDs, `rbac` the RBAC rules, `run` runs the
 //! reconcilers against the cluster from the kubeconfig or the in-cluster config.
 
 use std::process::ExitCode;
@@ -24,7 +24,8 @@ enum Cmd {
         #[arg(long, value_name = "DIR")]
         out_dir: Option<std::path::PathBuf>,
     },
-    /// Print the operator's ClusterRole as YAML: exactly the API calls it makes.
+    /// Print the operator's RBAC rules as YAML (what `charts/tandem-operator/files/rbac.yaml`
+    /// holds): exactly the API calls it makes, cluster-scoped and namespaced apart.
     Rbac,
     /// Run the reconcilers.
     Run(tandem_operator::reconcile::Args),
@@ -37,7 +38,7 @@ fn main() -> ExitCode {
             .map(|y| print!("{y}"))
             .map_err(anyhow::Error::from),
         Cmd::Crds { out_dir: Some(dir) } => write_crds(&dir),
-        Cmd::Rbac => tandem_operator::rbac::cluster_role_yaml()
+        Cmd::Rbac => tandem_operator::rbac::rules_yaml()
             .map(|y| print!("{y}"))
             .map_err(anyhow::Error::from),
         Cmd::Run(args) => run(args),
