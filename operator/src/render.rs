@@ -16,6 +16,56 @@
 //!
 //! Login pods never see the cluster key or the CA key: a user who can exec into one gets
 //! credentials for their own uid from the identity agent, nothing more.
+//!
+//! Workers still mount the CA key, because the worker reads it: `--tls-issue-from` issues
+//! the step service's certificate at start (`worker/src/config.rs`,
+//! `issue_step_certificate`), for the address srun dials, which is the pod IP (srun verifies
+//! the name it dials, `tandem_proto::net`). The operator cannot issue that certificate
+//! instead: a pod's IP exists only once its sandbox does, after the kubelet mounted its
+//! volumes, so a Secret made for it arrives after the worker started; and the cluster CA is
+//! `pathlen:0`, so no name-constrained intermediate can be handed to a worker either. Taking
+//! the key out needs a worker change: a step certificate for the *node name* (known when the
+//! pod is rendered; the operator would issue it into a per-node Secret), with srun and the
+//! controller verifying the step service by node name while dialling the pod IP. Until then
+//! the CA key adds little to what a worker already holds: the cluster key signs any
+//! credential, root's included; a per-node worker credential in its place is the larger
+//! least-privilege step, and the design's ("a worker speaks only for its node").
+//!
+//! # GPUs: worker pods request none, and there is no GPU holder pod (yet)
+//!
+//! The design wants batch-mode pool nodes' GPUs held, so that a pod that reaches the node
+//! around the bridge is not granted `nvidia.com/gpu` by the kubelet while batch jobs use
+//! them. Admission already refuses the ways around the bridge (`nodeName` onto pool nodes,
+//! pool tolerations, foreign bindings; `tandem_bridge::webhook::admit`), and the
+//! `NoExecute` taint evicts what gets there anyway, so what is left are the guard's exempt
+//! namespaces and whoever can bypass admission. Two ways to also hold the GPUs were weighed:
+//!
+//! - *Worker pods request the node's GPUs* (`nvidia.com/gpu: N`). Pod resources are
+//!   immutable (in-place resize excludes extended resources), so the worker would hold them
+//!   in `kube` mode too, and the kubelet would reject every bridged pod requesting a GPU
+//!   there at admission (`OutOfnvidia.com/gpu`, phase Failed: terminal; a Job counts a
+//!   failure). Giving bridged pods devices some other way means `NVIDIA_VISIBLE_DEVICES`
+//!   injection, which hardened runtimes refuse from unprivileged pods because it lets any
+//!   pod take any GPU, or privileged pods: worse than the hole. Not done. A set whose nodes
+//!   never serve bridged pods may still request GPUs through `template.resources` (passed
+//!   through as written); on pool nodes that breaks `kube` mode as above.
+//! - *A per-node holder pod while in `batch` mode*, requesting the node's GPUs and deleted
+//!   when the node turns `kube`. Safe only if the flip to `kube` waits until the kubelet
+//!   reports the holder's containers stopped (the devices released) before a GPU pod is
+//!   bound there. The flip and the bind are the bridge's (`bridge/src/nodes.rs`, its
+//!   scheduler); the operator sees the `tandem.dev/mode` label change when the bridge is
+//!   already binding, so a holder the operator deletes on that change races the bind, and a
+//!   lost race is a bridged pod rejected for good. Not done in the operator.
+//!
+//! What the holder needs, for whoever takes it on: the bridge's mode sync owns it. Before
+//! clearing `NoExecute` for `kube` it deletes the holder and waits for the kubelet's report
+//! that its containers stopped; after writing `NoExecute` for `batch` it creates it. The
+//! holder is `<cluster>-gpu-hold-<node>`, pinned to its node, `nvidia.com/gpu` = the node's
+//! allocatable, `sleep infinity`, the pool toleration, labelled so the admission guard
+//! admits it (an operator-like identity) and so the node's kube-side occupancy skips it;
+//! one rejected at admission (`OutOfnvidia.com/gpu`) means something else holds GPUs on a
+//! batch node: drain it with that reason. Dynamic Resource Allocation (a ResourceClaim per
+//! mode) is the lasting form of the same idea.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -573,9 +623,11 @@ pub fn controller_pod(
 /// own step certificate at start: its pod IP is known only then), the cluster file, and
 /// the set's own volumes.
 ///
-/// The CA key lets a worker mint a certificate for any name; the cluster key it already
-/// holds lets it sign any credential, root's included, so the CA key adds no power a
-/// compromised worker pod lacked. Both stay out of login pods.
+/// The CA key lets a worker mint a certificate for any name (the controller's included: a
+/// compromised worker could intercept clients it can reach); the cluster key it already
+/// holds lets it sign any credential, root's included, which is the larger power. Why the
+/// key is still mounted and what removing it needs: the module's documentation. Both stay
+/// out of login pods.
 fn worker_volumes(tc: &str, o: &PodOverrides) -> (Vec<Value>, Vec<Value>) {
     let mut volumes = vec![
         json!({"name": "tandem-key", "secret": {"secretName": key_secret_name(tc), "defaultMode": 0o400}}),

@@ -199,13 +199,15 @@ trait NoGpuRequest {
     fn resources_requests_gpu_free(&self) -> bool;
 }
 impl NoGpuRequest for k8s_openapi::api::core::v1::PodSpec {
-    /// Workers never request `nvidia.com/gpu`: node modes keep batch and bridged pods apart.
+    /// Workers never request `nvidia.com/gpu` (nor limit it, which for an extended
+    /// resource is a request): a worker holding its node's GPUs would make the kubelet
+    /// refuse every bridged GPU pod there in `kube` mode (see the module's documentation).
     fn resources_requests_gpu_free(&self) -> bool {
         self.containers.iter().all(|c| {
             c.resources.as_ref().is_none_or(|r| {
-                r.requests
-                    .as_ref()
-                    .is_none_or(|q| !q.contains_key("nvidia.com/gpu"))
+                [&r.requests, &r.limits]
+                    .iter()
+                    .all(|q| q.as_ref().is_none_or(|q| !q.contains_key("nvidia.com/gpu")))
             })
         })
     }
