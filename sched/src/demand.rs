@@ -97,6 +97,9 @@ pub struct NodeStates {
     pub drained: u64,
     pub draining: u64,
     pub unknown: u64,
+    /// Holding an ended job's processes (COMPLETING).
+    #[serde(default)]
+    pub completing: u64,
 }
 
 impl NodeStates {
@@ -109,6 +112,7 @@ impl NodeStates {
             NodeState::Drained => &mut self.drained,
             NodeState::Draining => &mut self.draining,
             NodeState::Unknown => &mut self.unknown,
+            NodeState::Completing => &mut self.completing,
         };
         *c += 1;
     }
@@ -121,10 +125,11 @@ impl NodeStates {
             + self.drained
             + self.draining
             + self.unknown
+            + self.completing
     }
 
     /// `(Slurm openmetrics suffix, count)` pairs: `idle`, `mixed`, `alloc`, ...
-    pub fn named(&self) -> [(&'static str, u64); 7] {
+    pub fn named(&self) -> [(&'static str, u64); 8] {
         [
             ("idle", self.idle),
             ("mixed", self.mixed),
@@ -133,6 +138,7 @@ impl NodeStates {
             ("drained", self.drained),
             ("draining", self.draining),
             ("unknown", self.unknown),
+            ("completing", self.completing),
         ]
     }
 }
@@ -334,7 +340,7 @@ impl Snapshot {
                 prev_count = (0, 0);
             }
             prev_count.0 += 1;
-            if n.health != Health::Down && !n.jobs.is_empty() {
+            if n.health != Health::Down && !n.is_empty() {
                 prev_count.1 += 1;
             }
         }

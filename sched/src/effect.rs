@@ -44,6 +44,11 @@ pub enum Effect {
     /// The worker on `node` runs `job`, which the scheduler does not place there (unknown,
     /// finished, or elsewhere): the worker should kill it.
     Abandon { job: JobId, node: NodeId },
+    /// A batch job's run ended and its processes on `nodes` are not yet known gone: each
+    /// node's worker kills what is left of the job there (SIGTERM, the kill wait, SIGKILL)
+    /// and reports when its processes are gone ([`crate::state::State::job_gone`]). The
+    /// nodes stay held (COMPLETING) until then.
+    Cleanup { job: JobId, nodes: Vec<NodeId> },
     /// One run of a job ended. `requeued` runs went back to PENDING, so the job record no
     /// longer shows this run: write the accounting record from this.
     RunEnded(RunRecord),

@@ -560,6 +560,10 @@ pub struct JobOutcome {
     /// The kernel's OOM killer ended a process of it (its cgroup's memory limit).
     #[serde(default)]
     pub out_of_memory: bool,
+    /// The batch host emptied the job's cgroup (or saw its process group gone) before it
+    /// reported: that node is released at once, without a second message.
+    #[serde(default)]
+    pub processes_gone: bool,
 }
 
 /// The scheduler's record of a job (also of an array's "meta" record, see `array`).
@@ -600,6 +604,12 @@ pub struct Job {
     /// sacct shows `CANCELLED by 1000`); `None` for the controller's own cancels.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancelled_by: Option<u32>,
+    /// Nodes of the last run whose processes are not yet reported gone: while any is, the
+    /// job shows COMPLETING (Slurm's flag over its final state). The nodes themselves hold
+    /// what the run had there (`Node::ending`).
+    /// Boxed: rare, and a pending job's record must stay small.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completing: Option<Box<Vec<NodeId>>>,
 }
 
 impl Job {
@@ -639,6 +649,41 @@ impl Job {
             kill: None,
             preempt_time: None,
             cancelled_by: None,
+            completing: None,
+        }
+    }
+
+    /// The state squeue and scontrol show: COMPLETING while processes of the ended run are
+    /// still awaited on some node (a requeued job's too, as Slurm shows it), else `state`.
+    /// `state` keeps the final state, which accounting records.
+    pub fn shown_state(&self) -> JobState {
+        if self.completing.is_some()
+            && (self.state == JobState::Pending || self.state.is_terminal())
+        {
+            JobState::Completing
+        } else {
+            self.state
+        }
+    }
+
+    /// Whether the processes of an ended run are still awaited on `node`.
+    pub fn completing_on(&self, node: NodeId) -> bool {
+        self.completing.as_ref().is_some_and(|c| c.contains(&node))
+    }
+
+    /// Nodes where the processes of an ended run are still awaited.
+    pub fn completing_nodes(&self) -> &[NodeId] {
+        self.completing.as_deref().map_or(&[], Vec::as_slice)
+    }
+
+    /// `node` reported (or can no longer report): the job waits for it no more, and leaves
+    /// COMPLETING with the last one.
+    pub(crate) fn done_completing_on(&mut self, node: NodeId) {
+        if let Some(c) = self.completing.as_mut() {
+            c.retain(|n| *n != node);
+            if c.is_empty() {
+                self.completing = None;
+            }
         }
     }
 

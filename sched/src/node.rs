@@ -4,6 +4,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::job::NodeAlloc;
 use crate::{JobId, NodeId, Tres};
 
 /// Most GPUs one node may have: GPU indices are kept in a 64-bit mask.
@@ -57,6 +58,9 @@ pub enum NodeState {
     Drained,
     /// Draining, jobs still running.
     Draining,
+    /// A job that ended still has processes here, not yet reported gone (Slurm's
+    /// COMPLETING flag): the node takes no new work until they are.
+    Completing,
     Unknown,
 }
 
@@ -69,6 +73,7 @@ impl NodeState {
             NodeState::Down => "DOWN",
             NodeState::Drained => "DRAINED",
             NodeState::Draining => "DRAINING",
+            NodeState::Completing => "COMPLETING",
             NodeState::Unknown => "UNKNOWN",
         }
     }
@@ -82,6 +87,7 @@ impl NodeState {
             NodeState::Down => "down",
             NodeState::Drained => "drain",
             NodeState::Draining => "drng",
+            NodeState::Completing => "comp",
             NodeState::Unknown => "unk",
         }
     }
@@ -91,6 +97,18 @@ impl fmt::Display for NodeState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
+}
+
+/// A job whose run ended and whose processes on this node are not yet reported gone. The
+/// node keeps what the job held until its worker says they are (the time partition: work of
+/// another kind must never start beside them).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ending {
+    pub job: JobId,
+    /// What the run held here, still charged to the node.
+    pub alloc: NodeAlloc,
+    /// When the run ended (Unix seconds): the kill began here then at the latest.
+    pub since: i64,
 }
 
 /// A node of the pool.
@@ -122,6 +140,10 @@ pub struct Node {
     pub gpus_in_use: u64,
     /// Running jobs with an allocation on this node.
     pub jobs: Vec<JobId>,
+    /// Ended jobs whose processes here are not yet reported gone; their allocations are
+    /// still in `alloc`. Persisted: they outlive a controller restart.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ending: Vec<Ending>,
     /// Jobs that hold the whole node (`--exclusive`).
     pub exclusive: bool,
     pub last_seen: i64,
@@ -148,6 +170,7 @@ impl Node {
             alloc: Tres::ZERO,
             gpus_in_use: 0,
             jobs: Vec::new(),
+            ending: Vec::new(),
             exclusive: false,
             last_seen: 0,
             removed: false,
@@ -159,12 +182,14 @@ impl Node {
             Health::Down => NodeState::Down,
             Health::Unknown => NodeState::Unknown,
             Health::Up if self.drain => {
-                if self.jobs.is_empty() {
+                if self.is_empty() {
                     NodeState::Drained
                 } else {
                     NodeState::Draining
                 }
             }
+            // As Slurm prints a node with the COMPLETING flag, whatever else runs there.
+            Health::Up if !self.ending.is_empty() => NodeState::Completing,
             Health::Up if self.jobs.is_empty() => NodeState::Idle,
             Health::Up if self.exclusive || self.free().cpus == 0 => NodeState::Allocated,
             Health::Up if self.total.gpus > 0 && self.alloc.gpus >= self.total.gpus => {
@@ -174,9 +199,15 @@ impl Node {
         }
     }
 
-    /// Whether new work may be placed here (up and not draining).
+    /// Whether new work may be placed here: up, not draining, and no ended job's processes
+    /// still here (Slurm schedules nothing on a COMPLETING node either).
     pub fn schedulable(&self) -> bool {
-        self.health == Health::Up && !self.drain
+        self.health == Health::Up && !self.drain && self.ending.is_empty()
+    }
+
+    /// Whether an ended job's processes are still awaited here.
+    pub fn is_completing(&self) -> bool {
+        !self.ending.is_empty()
     }
 
     /// Unallocated resources.
@@ -187,8 +218,9 @@ impl Node {
         self.total.saturating_sub(&self.alloc)
     }
 
+    /// Nothing runs here and no ended job's processes are awaited.
     pub fn is_empty(&self) -> bool {
-        self.jobs.is_empty()
+        self.jobs.is_empty() && self.ending.is_empty()
     }
 
     /// The lowest `n` free GPU indices, or `None` if fewer are free.
@@ -212,9 +244,10 @@ impl Node {
             .collect()
     }
 
-    /// Whether the node may host work of `mode` now: same mode, or empty (it switches).
+    /// Whether the node may host work of `mode` now: same mode, or empty (it switches). A
+    /// node where an ended job's processes are still awaited is not empty.
     pub fn accepts_mode(&self, mode: NodeMode) -> bool {
-        self.mode == mode || self.jobs.is_empty()
+        self.mode == mode || self.is_empty()
     }
 }
 

@@ -26,6 +26,7 @@ mod admin;
 mod control;
 mod dependencies;
 mod lifecycle;
+pub use lifecycle::KILL_TASK_FAILED;
 pub(crate) use lifecycle::lays_out_tasks;
 mod nodes;
 mod submit;
@@ -416,6 +417,15 @@ impl State {
             n.gpus_in_use = 0;
             n.jobs.clear();
             n.exclusive = false;
+            // Ended runs whose processes were not yet reported gone still hold the node.
+            for e in &n.ending {
+                n.alloc = n.alloc.saturating_add(&e.alloc.tres());
+                for g in &e.alloc.gpus {
+                    if *g < 64 {
+                        n.gpus_in_use |= 1u64 << g;
+                    }
+                }
+            }
             if n.health == Health::Up {
                 n.health = Health::Unknown;
             }

@@ -145,8 +145,23 @@ impl Scheduler for TandemPolicy {
 
     fn on_end(&mut self, now: i64, idx: usize, job: &SimJob) {
         let Some(id) = self.ids[idx] else { return };
-        if let Err(e) = self.st.job_ended(id, JobOutcome::default(), now) {
-            self.fail(format!("core refused the end of trace job {}: {e}", job.id));
+        match self.st.job_ended(id, JobOutcome::default(), now) {
+            // Simulated workers find every process gone: each held node reports at once.
+            Ok(effects) => {
+                for e in effects {
+                    if let crate::effect::Effect::Cleanup { job, nodes } = e {
+                        for n in nodes {
+                            let name = self.st.node(n).map(|x| x.name.clone());
+                            if let Some(name) = name
+                                && let Err(e) = self.st.job_gone(&name, job)
+                            {
+                                self.fail(format!("core refused a cleanup report: {e}"));
+                            }
+                        }
+                    }
+                }
+            }
+            Err(e) => self.fail(format!("core refused the end of trace job {}: {e}", job.id)),
         }
         self.index.remove(&id);
         self.ends += 1;

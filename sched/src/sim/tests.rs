@@ -298,6 +298,7 @@ fn whole_trace_table() {
 #[test]
 fn fair_share_converges_to_shares_through_the_core() {
     use crate::account::{AccountConfig, UserConfig};
+    use crate::tests::CleanEnd;
     use crate::{ClusterConfig, JobOutcome, JobSpec, NodeRegistration, State};
     use std::collections::BTreeMap;
 
@@ -354,13 +355,13 @@ fn fair_share_converges_to_shares_through_the_core() {
         let (&(t, id), _) = ends.iter().next().unwrap();
         ends.remove(&(t, id));
         now = t;
-        st.job_ended(id, JobOutcome::default(), now).unwrap();
+        st.job_ended_clean(id, JobOutcome::default(), now).unwrap();
         while let Some((&(t2, id2), _)) = ends.iter().next() {
             if t2 != now {
                 break;
             }
             ends.remove(&(t2, id2));
-            st.job_ended(id2, JobOutcome::default(), now).unwrap();
+            st.job_ended_clean(id2, JobOutcome::default(), now).unwrap();
         }
     }
     let total = (gpu_s["big"] + gpu_s["small"]) as f64;

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use crate::job::{Allocation, Hold, Job, JobState};
+use crate::job::{Allocation, Hold, Job, JobState, NodeAlloc};
 use crate::node::NodeMode;
 use crate::{JobId, NodeId, Tres};
 
@@ -160,7 +160,8 @@ impl State {
     ) {
         for na in &alloc.nodes {
             let n = &mut self.nodes[na.node.index()];
-            if n.jobs.is_empty() {
+            // Never while an ended job's processes may still run there (`ending`).
+            if n.is_empty() {
                 n.mode = mode;
             }
             n.alloc = n.alloc.saturating_add(&na.tres());
@@ -178,21 +179,28 @@ impl State {
     /// Takes an allocation off its nodes.
     pub(crate) fn detach(&mut self, job: JobId, alloc: &Allocation) {
         for na in &alloc.nodes {
-            let n = &mut self.nodes[na.node.index()];
-            n.alloc = n.alloc.saturating_sub(&na.tres());
-            for g in &na.gpus {
-                if *g < 64 {
-                    n.gpus_in_use &= !(1u64 << g);
-                }
-            }
-            n.jobs.retain(|j| *j != job);
-            if n.jobs.is_empty() {
-                n.exclusive = false;
-                n.alloc = Tres::ZERO;
-                n.gpus_in_use = 0;
-            }
-            self.changes.nodes.insert(na.node);
+            self.detach_node(job, na);
         }
+    }
+
+    /// Takes one node's part of an allocation off it (the job running there, or ending).
+    pub(crate) fn detach_node(&mut self, job: JobId, na: &NodeAlloc) {
+        let n = &mut self.nodes[na.node.index()];
+        n.alloc = n.alloc.saturating_sub(&na.tres());
+        for g in &na.gpus {
+            if *g < 64 {
+                n.gpus_in_use &= !(1u64 << g);
+            }
+        }
+        n.jobs.retain(|j| *j != job);
+        if n.jobs.is_empty() {
+            n.exclusive = false;
+        }
+        if n.is_empty() {
+            n.alloc = Tres::ZERO;
+            n.gpus_in_use = 0;
+        }
+        self.changes.nodes.insert(na.node);
     }
 }
 

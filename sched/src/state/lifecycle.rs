@@ -4,9 +4,13 @@ use crate::effect::{Effect, RunRecord};
 use crate::job::{
     Allocation, Hold, Job, JobOutcome, JobState, KillReason, NodeAlloc, PreemptMode, Reason, Shape,
 };
+use crate::node::{Ending, NodeMode};
 use crate::{JobId, NodeId, Tres};
 
-use super::{JobError, State, control::back_to_pending};
+use super::{JobError, NodeError, State, control::back_to_pending};
+
+/// The reason Slurm gives a node drained because a job's processes survived the kill.
+pub const KILL_TASK_FAILED: &str = "Kill task failed";
 
 impl State {
     /// Marks a pending job RUNNING on `nodes` (already chosen by a pass), recording concrete
@@ -139,6 +143,7 @@ impl State {
             kill: None,
             preempt_time: None,
             cancelled_by: None,
+            completing: None,
         };
         self.next_job_id += 1;
         self.with_job(meta, |m| {
@@ -211,7 +216,25 @@ impl State {
             }
             None => (JobState::Completed, Reason::None),
         };
-        Ok(self.end_run(id, state, reason, outcome.exit_code, outcome.signal, now))
+        // The batch host vouches for its own node only; the others report for themselves.
+        let gone_on = outcome
+            .processes_gone
+            .then(|| {
+                job.alloc
+                    .as_ref()
+                    .and_then(|a| a.nodes.first())
+                    .map(|n| n.node)
+            })
+            .flatten();
+        Ok(self.end_run_on(
+            id,
+            state,
+            reason,
+            outcome.exit_code,
+            outcome.signal,
+            gone_on,
+            now,
+        ))
     }
 
     /// [`State::job_ended`] as reported by the worker of `node`: ignored unless that node is
@@ -241,7 +264,8 @@ impl State {
     }
 
     /// Ends the current run of a running job in `state`; requeues when the state and the
-    /// job's settings call for it.
+    /// job's settings call for it. No node is known clean: a batch job's nodes all stay
+    /// held (COMPLETING) until each reports its processes gone.
     pub(crate) fn end_run(
         &mut self,
         id: JobId,
@@ -249,6 +273,22 @@ impl State {
         reason: Reason,
         exit_code: i32,
         signal: i32,
+        now: i64,
+    ) -> Vec<Effect> {
+        self.end_run_on(id, state, reason, exit_code, signal, None, now)
+    }
+
+    /// [`State::end_run`], `gone_on` being a node whose worker already reported the job's
+    /// processes there gone (the batch host's end report): that node is freed at once.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn end_run_on(
+        &mut self,
+        id: JobId,
+        state: JobState,
+        reason: Reason,
+        exit_code: i32,
+        signal: i32,
+        gone_on: Option<NodeId>,
         now: i64,
     ) -> Vec<Effect> {
         let Some(job) = self.jobs.get(&id) else {
@@ -274,8 +314,23 @@ impl State {
             nodes: alloc.node_ids().collect(),
             requeued: requeue,
         };
+        let mode = job.spec.mode;
         self.charge_job(id, now);
-        self.detach(id, &alloc);
+        let mut effects = Vec::with_capacity(2);
+        effects.push(Effect::RunEnded(record));
+        if mode == NodeMode::Kube {
+            // A placeholder ends when the bridge reports its pods gone: nothing of it is
+            // left on any node.
+            self.detach(id, &alloc);
+        } else {
+            let held = self.hold_ending(id, &alloc, gone_on, now);
+            if !held.is_empty() {
+                effects.push(Effect::Cleanup {
+                    job: id,
+                    nodes: held,
+                });
+            }
+        }
         self.preempting.retain(|_, victims| {
             victims.retain(|v| *v != id);
             !victims.is_empty()
@@ -285,7 +340,94 @@ impl State {
         } else {
             self.finish(id, state, reason, now, exit_code, signal);
         }
-        vec![Effect::RunEnded(record)]
+        effects
+    }
+
+    /// Takes an ended run off its nodes: `gone_on` is freed; every other node keeps what the
+    /// run held there as an [`Ending`] (COMPLETING) until its worker reports the job's
+    /// processes gone. Returns the nodes held.
+    fn hold_ending(
+        &mut self,
+        id: JobId,
+        alloc: &Allocation,
+        gone_on: Option<NodeId>,
+        now: i64,
+    ) -> Vec<NodeId> {
+        let mut held = Vec::new();
+        for na in &alloc.nodes {
+            if Some(na.node) == gone_on {
+                self.detach_node(id, na);
+                continue;
+            }
+            let n = &mut self.nodes[na.node.index()];
+            n.jobs.retain(|j| *j != id);
+            // A job requeued and restarted before its earlier run was cleaned cannot be on
+            // that node again (it takes no work meanwhile), so one entry per job suffices.
+            if !n.ending.iter().any(|e| e.job == id) {
+                n.ending.push(Ending {
+                    job: id,
+                    alloc: na.clone(),
+                    since: now,
+                });
+            }
+            self.changes.nodes.insert(na.node);
+            held.push(na.node);
+        }
+        if !held.is_empty() {
+            self.with_job(id, |j| {
+                let c = j.completing.get_or_insert_with(Box::default);
+                for n in &held {
+                    if !c.contains(n) {
+                        c.push(*n);
+                    }
+                }
+            });
+        }
+        held
+    }
+
+    /// The worker of `node` reports that job `id`'s processes there are gone: the node gives
+    /// back what the run held, and the job leaves COMPLETING once no node is left. Reports
+    /// for a job not held there are ignored (a repeat, or one already released).
+    pub fn job_gone(&mut self, node: &str, id: JobId) -> Result<(), NodeError> {
+        let nid = *self
+            .node_by_name
+            .get(node)
+            .ok_or_else(|| NodeError::Unknown(node.to_string()))?;
+        let n = &mut self.nodes[nid.index()];
+        let Some(k) = n.ending.iter().position(|e| e.job == id) else {
+            return Ok(());
+        };
+        let ending = n.ending.swap_remove(k);
+        self.detach_node(id, &ending.alloc);
+        if self.jobs.get(&id).is_some_and(|j| j.completing_on(nid)) {
+            self.with_job(id, |j| j.done_completing_on(nid));
+        }
+        Ok(())
+    }
+
+    /// Drains, with Slurm's reason "Kill task failed", every node where a job's processes
+    /// outlived the kill: still there `after_s` seconds after the run ended. The job stays
+    /// held there until they are gone; the node stays drained until an administrator
+    /// resumes it. Returns the names of the nodes drained now.
+    pub fn drain_unkillable(&mut self, now: i64, after_s: i64) -> Vec<String> {
+        let mut drained = Vec::new();
+        for n in &mut self.nodes {
+            if n.drain
+                || !n
+                    .ending
+                    .iter()
+                    .any(|e| now.saturating_sub(e.since) >= after_s)
+            {
+                continue;
+            }
+            n.drain = true;
+            n.reason = Some(KILL_TASK_FAILED.to_string());
+            n.reason_by = None;
+            self.changes.nodes.insert(n.id);
+            drained.push(n.name.clone());
+        }
+        drained
     }
 
     /// Puts a job in a terminal state and updates its array's counters.

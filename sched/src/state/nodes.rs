@@ -99,6 +99,14 @@ impl State {
                 effects.extend(self.fail_job_on_lost_node(job, id, now));
             }
         }
+        // Ended jobs whose processes here were never reported gone (the worker was away, or
+        // the controller restarted): ask again; the node stays held until it answers.
+        for e in &self.nodes[id.index()].ending {
+            effects.push(Effect::Cleanup {
+                job: e.job,
+                nodes: vec![id],
+            });
+        }
         for job in &reg.running_jobs {
             let ours = self.jobs.get(job).is_some_and(|j| {
                 j.state == JobState::Running
@@ -161,6 +169,20 @@ impl State {
                 effects.extend(self.placeholder_on_lost_node(job));
             } else {
                 effects.extend(self.fail_job_on_lost_node(job, id, now));
+            }
+        }
+        // Fail closed: a lost worker cannot report, so the node keeps what ended jobs held
+        // there (it is DOWN, and stays held after it comes back until its worker reports
+        // their processes gone). The jobs themselves wait for it no longer: as Slurm does
+        // for a DOWN node, they leave COMPLETING once their other nodes have reported.
+        let ending: Vec<JobId> = self.nodes[id.index()]
+            .ending
+            .iter()
+            .map(|e| e.job)
+            .collect();
+        for job in ending {
+            if self.jobs.get(&job).is_some_and(|j| j.completing_on(id)) {
+                self.with_job(job, |j| j.done_completing_on(id));
             }
         }
         Ok(effects)

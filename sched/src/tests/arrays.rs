@@ -111,7 +111,7 @@ fn cancelling_tasks_removes_pending_indices_and_signals_running_ones() {
         "task 0 is already being killed; only task 1 is signalled now"
     );
     for s in &plan.starts {
-        st.job_ended(
+        st.job_ended_clean(
             s.job,
             JobOutcome {
                 signal: 15,

@@ -21,6 +21,8 @@ enum Op {
     CancelOne(usize),
     LoseNode(usize),
     RegisterNode(usize),
+    /// A node's worker reports one ended job's processes gone.
+    Gone(usize, usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -32,6 +34,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0usize..50).prop_map(Op::CancelOne),
         1 => (0usize..3).prop_map(Op::LoseNode),
         1 => (0usize..3).prop_map(Op::RegisterNode),
+        3 => (0usize..3, 0usize..8).prop_map(|(n, j)| Op::Gone(n, j)),
     ]
 }
 
@@ -55,9 +58,21 @@ proptest! {
                     let _ = st.submit(spec, now);
                 }
                 Op::Schedule => {
+                    let completing: Vec<crate::NodeId> =
+                        st.nodes().filter(|n| n.is_completing()).map(|n| n.id).collect();
                     let plan = st.schedule(now);
                     for s in &plan.starts {
                         prop_assert_eq!(state_of(&st, s.job), JobState::Running);
+                        for n in &s.nodes {
+                            prop_assert!(!completing.contains(&n.node), "started on a COMPLETING node");
+                        }
+                    }
+                }
+                Op::Gone(n, j) => {
+                    let name = format!("node-{:02}", n + 1);
+                    let ending: Vec<JobId> = st.node_by_name(&name).map(|n| n.ending.iter().map(|e| e.job).collect()).unwrap_or_default();
+                    if !ending.is_empty() {
+                        st.job_gone(&name, ending[j % ending.len()]).unwrap();
                     }
                 }
                 Op::EndOne(i) => {

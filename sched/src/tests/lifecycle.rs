@@ -180,7 +180,7 @@ fn job_outcomes_map_to_slurm_states() {
         let mut st = State::test_cluster(1, 8, 8000, 0);
         let id = st.submit(JobSpec::test(), 0).unwrap();
         st.schedule(0);
-        let effects = st.job_ended(id, outcome.clone(), 30).unwrap();
+        let effects = st.job_ended_clean(id, outcome.clone(), 30).unwrap();
         let job = st.job(id).unwrap();
         assert_eq!(
             (job.state, job.reason),
@@ -196,7 +196,7 @@ fn job_outcomes_map_to_slurm_states() {
             (want_state, false, Some(0))
         );
         // A second report of the same end is harmless.
-        assert_eq!(st.job_ended(id, outcome, 31).unwrap(), vec![]);
+        assert_eq!(st.job_ended_clean(id, outcome, 31).unwrap(), vec![]);
         assert_eq!(st.job(id).unwrap().end_time, Some(30));
     }
 }
@@ -230,7 +230,7 @@ fn cancel_is_immediate_when_pending_and_signals_when_running() {
     );
     assert_eq!(state_of(&st, run), JobState::Running);
     // The worker reports a signal death; the cancel decides the state.
-    st.job_ended(
+    st.job_ended_clean(
         run,
         JobOutcome {
             signal: 15,
@@ -605,6 +605,16 @@ fn lost_nodes_requeue_or_fail_their_jobs() {
         st.node_by_name("node-01").unwrap().state(),
         crate::node::NodeState::Down
     );
+    // node-02's worker kills its part and reports it gone; node-01, lost, cannot: it stays
+    // held (fail closed), but the job waits for it no more.
+    assert!(effects.contains(&Effect::Cleanup {
+        job: requeued,
+        nodes: vec![crate::NodeId(0), crate::NodeId(1)],
+    }));
+    assert!(st.node_by_name("node-02").unwrap().is_completing());
+    st.job_gone("node-02", requeued).unwrap();
+    assert_eq!(st.job(requeued).unwrap().completing, None);
+    assert!(st.node_by_name("node-01").unwrap().is_completing());
     st.node_lost("node-03", "worker gone", 101).unwrap();
     assert_eq!(
         (state_of(&st, failed), st.job(failed).unwrap().reason),
@@ -613,8 +623,17 @@ fn lost_nodes_requeue_or_fail_their_jobs() {
     assert_consistent(&st);
     // Only node-02 is up: the 2-node job waits.
     assert!(st.schedule(102).starts.is_empty());
-    st.register_node(NodeRegistration::test("node-01", 8, 8000, 0), 103)
+    let effects = st
+        .register_node(NodeRegistration::test("node-01", 8, 8000, 0), 103)
         .unwrap();
+    // Back, node-01 is asked again for the processes of the run that ended while it was
+    // away, and takes nothing until it answers.
+    assert!(effects.contains(&Effect::Cleanup {
+        job: requeued,
+        nodes: vec![crate::NodeId(0)],
+    }));
+    assert!(st.schedule(103).starts.is_empty());
+    st.clean_up(&effects);
     assert_eq!(started(&st.schedule(103)), vec![requeued]);
 }
 
@@ -880,7 +899,7 @@ fn requeue_of_a_running_job_brings_it_back_pending() {
         }
     ));
     let eff = st
-        .job_ended(
+        .job_ended_clean(
             a,
             JobOutcome {
                 signal: 15,

@@ -3,24 +3,64 @@
 //! - `lifecycle`: submit, cancel, hold, outcomes, node loss, recovery
 //! - `placement`: backfill reservations, gangs, node modes, preemption, limits
 //! - `arrays`: task splitting, throttle, array dependencies
+//! - `completing`: ended jobs hold each node until its processes are reported gone
 //! - `invariants`: property test over random event sequences
 //! - `admin`: run-time account, user and QOS changes (sacctmgr)
 //! - `placeholders`: `kube`-mode jobs on lost, downed and drained nodes
 
 mod admin;
 mod arrays;
+mod completing;
 mod invariants;
 mod lifecycle;
 mod placeholders;
 mod placement;
 
+use crate::effect::Effect;
 use crate::job::{JobOutcome, JobState};
-use crate::state::State;
+use crate::state::{JobError, State};
 use crate::{JobId, Plan};
+
+/// Workers that report every ended job's processes gone at once, as they do when nothing
+/// survives the kill: the end, then each node's cleanup report.
+pub(crate) trait CleanEnd {
+    fn job_ended_clean(
+        &mut self,
+        id: JobId,
+        outcome: JobOutcome,
+        now: i64,
+    ) -> Result<Vec<Effect>, JobError>;
+    /// Every node the effects leave held reports the job's processes gone.
+    fn clean_up(&mut self, effects: &[Effect]);
+}
+
+impl CleanEnd for State {
+    fn job_ended_clean(
+        &mut self,
+        id: JobId,
+        outcome: JobOutcome,
+        now: i64,
+    ) -> Result<Vec<Effect>, JobError> {
+        let effects = self.job_ended(id, outcome, now)?;
+        self.clean_up(&effects);
+        Ok(effects)
+    }
+
+    fn clean_up(&mut self, effects: &[Effect]) {
+        for e in effects {
+            if let Effect::Cleanup { job, nodes } = e {
+                for n in nodes {
+                    let name = self.node(*n).unwrap().name.clone();
+                    self.job_gone(&name, *job).unwrap();
+                }
+            }
+        }
+    }
+}
 
 /// Ends a running job the way a worker reports it.
 fn end(st: &mut State, id: JobId, exit_code: i32, now: i64) {
-    st.job_ended(
+    st.job_ended_clean(
         id,
         JobOutcome {
             exit_code,
@@ -82,6 +122,33 @@ fn assert_consistent(st: &State) {
                 }
                 count += 1;
             }
+        }
+        // Ended runs whose processes are not yet reported gone still hold their part.
+        for e in &n.ending {
+            assert_eq!(e.alloc.node, n.id, "{}: ending elsewhere", n.name);
+            assert!(
+                !n.jobs.contains(&e.job),
+                "{}: job both running and ending",
+                n.name
+            );
+            cpus += e.alloc.cpus;
+            mem += e.alloc.mem_mb;
+            for g in &e.alloc.gpus {
+                assert_eq!(gpus & (1 << g), 0, "GPU {g} of {} given twice", n.name);
+                gpus |= 1 << g;
+            }
+            assert_eq!(
+                st.job(e.job).map(|j| j.spec.mode),
+                Some(crate::node::NodeMode::Batch),
+                "{}: only batch jobs end through COMPLETING",
+                n.name
+            );
+            assert_eq!(
+                n.mode,
+                crate::node::NodeMode::Batch,
+                "{}: mode changed under a COMPLETING job",
+                n.name
+            );
         }
         assert_eq!(n.jobs.len(), count, "{}: job list", n.name);
         assert_eq!(

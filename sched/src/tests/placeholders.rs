@@ -80,7 +80,7 @@ fn a_lost_node_leaves_its_placeholder_ending_on_all_its_nodes_until_the_pods_are
 
     // The bridge reports the pods gone: the placeholder ends NODE_FAIL then, and is charged
     // until then.
-    let effects = st.job_ended(p, JobOutcome::default(), 150).unwrap();
+    let effects = st.job_ended_clean(p, JobOutcome::default(), 150).unwrap();
     let [Effect::RunEnded(rec)] = effects.as_slice() else {
         panic!("{effects:?}");
     };
@@ -131,7 +131,7 @@ fn a_lost_node_that_comes_back_stays_kube_while_the_placeholder_ends() {
         .unwrap();
     assert!(st.schedule(106).starts.is_empty());
     assert!(holds(&st, "node-01", p) && holds(&st, "node-02", p));
-    st.job_ended(p, JobOutcome::default(), 120).unwrap();
+    st.job_ended_clean(p, JobOutcome::default(), 120).unwrap();
     assert_eq!(state_of(&st, p), JobState::NodeFail);
     assert_eq!(started(&st.schedule(121)), vec![pinned]);
     assert_eq!(st.node_by_name("node-01").unwrap().mode, NodeMode::Batch);
@@ -151,7 +151,7 @@ fn a_placeholder_already_ending_keeps_its_reason_when_a_node_is_lost() {
         (JobState::Running, Some(KillReason::Cancel))
     );
     assert!(holds(&st, "node-01", p) && holds(&st, "node-02", p));
-    st.job_ended(p, JobOutcome::default(), 70).unwrap();
+    st.job_ended_clean(p, JobOutcome::default(), 70).unwrap();
     assert_eq!(state_of(&st, p), JobState::Cancelled);
     assert!(st.nodes().all(|n| n.jobs.is_empty()));
 }
@@ -179,7 +179,7 @@ fn a_drained_node_lets_its_placeholder_run_on() {
     assert!(st.schedule(10).starts.is_empty());
     assert_eq!(state_of(&st, more), JobState::Pending);
     // The pods finish: the placeholder completes and the node is DRAINED.
-    st.job_ended(p, JobOutcome::default(), 20).unwrap();
+    st.job_ended_clean(p, JobOutcome::default(), 20).unwrap();
     assert_eq!(state_of(&st, p), JobState::Completed);
     assert_eq!(
         st.node_by_name("node-01").unwrap().state(),

@@ -62,7 +62,7 @@ fn small_jobs_backfill_only_when_they_cannot_delay_the_reservation() {
     end(&mut st, f, 0, 900);
     assert!(st.schedule(900).starts.is_empty());
     // A ends at its limit: C starts at its reserved time, not later.
-    st.job_ended(
+    st.job_ended_clean(
         a,
         JobOutcome {
             timed_out: true,
@@ -303,7 +303,7 @@ fn cancel_during_a_preemption_grace_ends_the_job_now_as_cancelled() {
         "{eff:?}"
     );
     let eff = st
-        .job_ended(
+        .job_ended_clean(
             low,
             JobOutcome {
                 cancelled: true,
@@ -342,7 +342,7 @@ fn a_high_qos_job_preempts_the_most_recent_low_job_which_is_requeued() {
     // While the victim stops, no further victims are taken.
     assert!(st.schedule(21).preemptions.is_empty());
     let eff = st
-        .job_ended(
+        .job_ended_clean(
             l2,
             JobOutcome {
                 cancelled: true,
@@ -376,7 +376,7 @@ fn preempt_mode_cancel_ends_the_victim_for_good_and_same_qos_is_never_a_victim()
     let h1 = st.submit(JobSpec::test().gpus(8).qos("high"), 1).unwrap();
     let plan = st.schedule(1);
     assert_eq!(plan.preemptions[0].job, l);
-    st.job_ended(
+    st.job_ended_clean(
         l,
         JobOutcome {
             cancelled: true,
