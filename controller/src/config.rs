@@ -67,6 +67,11 @@ pub struct Args {
     /// Time between SIGTERM and SIGKILL at a time limit or cancel (Slurm's KillWait).
     #[arg(long, default_value = "30s", value_parser = parse_duration_arg)]
     pub kill_wait: Duration,
+    /// How long a job's processes may outlive the kill (after the kill wait) before their
+    /// node is drained with reason "Kill task failed" (Slurm's UnkillableStepTimeout). The
+    /// job keeps the node (COMPLETING) until they are gone.
+    #[arg(long, default_value = "60s", value_parser = parse_duration_arg)]
+    pub unkillable_step_timeout: Duration,
     /// Serve Prometheus/OpenMetrics text at /metrics over HTTP on this address.
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
@@ -168,6 +173,8 @@ pub struct Config {
     pub heartbeat_interval: Duration,
     pub node_timeout: Duration,
     pub kill_wait: Duration,
+    /// `--unkillable-step-timeout` (Slurm's UnkillableStepTimeout).
+    pub unkillable_step_timeout: Duration,
     pub sched_interval: Duration,
     pub metrics_listen: Option<SocketAddr>,
     pub scaler_listen: Option<SocketAddr>,
@@ -200,6 +207,7 @@ impl Config {
             heartbeat_interval: Duration::from_secs(2),
             node_timeout: Duration::from_secs(10),
             kill_wait: Duration::from_secs(30),
+            unkillable_step_timeout: Duration::from_secs(60),
             sched_interval: Duration::from_secs(5),
             metrics_listen: None,
             scaler_listen: None,
@@ -272,6 +280,7 @@ impl Args {
             heartbeat_interval: self.heartbeat_interval,
             node_timeout: self.node_timeout,
             kill_wait: self.kill_wait,
+            unkillable_step_timeout: self.unkillable_step_timeout,
             sched_interval: self.sched_interval,
             metrics_listen: self.metrics_listen,
             scaler_listen: self.scaler_listen,
@@ -747,6 +756,8 @@ mod tests {
         assert_eq!(c.cluster.cluster_name, "tandem");
         assert_eq!(c.key_file, PathBuf::from("/tmp/x/cluster.key"));
         assert_eq!(c.kill_wait, Duration::from_secs(30));
+        // Slurm's UnkillableStepTimeout default.
+        assert_eq!(c.unkillable_step_timeout, Duration::from_secs(60));
         assert_eq!(c.node_timeout, Duration::from_secs(10));
         assert_eq!(c.cluster.default_partition().name, "batch");
     }

@@ -529,7 +529,9 @@ pub fn job_info_with(st: &State, job: &Job, want: JobFields) -> v1::JobInfo {
         account: want.get(f::ACCOUNT, || job.spec.account.clone()),
         partition: want.get(f::PARTITION, || job.spec.partition.clone()),
         qos: want.get(f::QOS, || job.spec.qos.clone()),
-        state: state_to_proto(job.state) as i32,
+        // COMPLETING while an ended run's processes are awaited on a node (squeue CG,
+        // scontrol JobState=COMPLETING); sacct's records keep the final state.
+        state: state_to_proto(job.shown_state()) as i32,
         reason: want.get(f::REASON, reason),
         priority: want.get(f::PRIORITY, || job.priority),
         submit_time: want.get(f::SUBMIT_TIME, || job.submit_time),

@@ -72,6 +72,19 @@ impl Actor {
                         );
                     }
                 }
+                CoreEffect::Cleanup { job, nodes } => {
+                    // Each node answers with JobGone once the job's processes there are
+                    // gone; until then it stays held (COMPLETING). A worker not connected
+                    // is asked again when it registers.
+                    for n in nodes {
+                        if let Some(name) = self.st.node(n).map(|x| x.name.clone()) {
+                            self.send_after_commit(
+                                &name,
+                                controller_message::Msg::EndJob(v1::EndJob { job_id: job.0 }),
+                            );
+                        }
+                    }
+                }
                 CoreEffect::RunEnded(rec) => self.record_run(&rec),
             }
         }

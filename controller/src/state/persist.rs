@@ -98,7 +98,12 @@ impl Actor {
                 ws.retain(|w| !w.lagged());
             }
             if let Some(ws) = self.watchers.get(id) {
-                let info = self.job_info(job);
+                let mut info = self.job_info(job);
+                if job.state.is_terminal() {
+                    // A watcher (sbatch --wait, srun) ends with the job's final state, not
+                    // the COMPLETING shown while its nodes are cleaned.
+                    info.state = convert::state_to_proto(job.state) as i32;
+                }
                 let ws = if job.state.is_terminal() {
                     self.watchers.remove(id).unwrap_or_default()
                 } else {

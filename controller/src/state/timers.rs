@@ -65,6 +65,16 @@ impl Actor {
             }
             self.timeout_signalled.insert(id);
         }
+        // Processes that outlived the kill: the kill wait, then UnkillableStepTimeout, after
+        // the run ended. Their node is drained; the job keeps it until they are gone.
+        let unkillable = kill_wait.saturating_add(
+            i64::try_from(self.cfg.unkillable_step_timeout.as_secs()).unwrap_or(i64::MAX),
+        );
+        for name in self.st.drain_unkillable(now, unkillable) {
+            warn!(node = %name, after_s = unkillable, "job processes survived the kill: node drained (Kill task failed)");
+            let me = tandem_proto::net::user_name_of(rustix::process::geteuid().as_raw());
+            self.st.stamp_reason(&name, &me, now);
+        }
         self.placeholder_timeouts();
         // Periodic work.
         if now_i >= self.next_periodic_pass {

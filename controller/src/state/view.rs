@@ -395,7 +395,8 @@ impl Actor {
     fn job_entry(&self, job: &Job, version: u64) -> Arc<JobEntry> {
         Arc::new(JobEntry {
             info: self.job_info(job),
-            state: job.state,
+            // squeue lists COMPLETING jobs, and `-t CG` finds them.
+            state: job.shown_state(),
             array: job.array.as_deref().cloned(),
             version,
         })

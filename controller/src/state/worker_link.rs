@@ -69,6 +69,7 @@ impl Actor {
             cancelled: e.cancelled,
             launch_error: (!e.launch_error.is_empty()).then(|| e.launch_error.clone()),
             out_of_memory: e.out_of_memory,
+            processes_gone: e.processes_gone,
         };
         let end = if e.end_time > 0 { e.end_time } else { now };
         match self.st.job_ended_on(node, JobId(e.job_id), outcome, end) {
@@ -112,6 +113,23 @@ impl Actor {
                 }
             }
             worker_message::Msg::JobEnded(e) => self.job_ended(node, &e, now),
+            worker_message::Msg::JobGone(g) => {
+                // A worker speaks only for its own node: `job_gone` frees this node's hold
+                // and nothing else.
+                let before = self.st.job(JobId(g.job_id)).map(|j| j.shown_state());
+                match self.st.job_gone(node, JobId(g.job_id)) {
+                    Ok(()) => {
+                        let after = self.st.job(JobId(g.job_id)).map(|j| j.shown_state());
+                        if before == Some(JobState::Completing) && after != before {
+                            info!(job_id = g.job_id, node = %node, "job no longer COMPLETING: its last node reported its processes gone");
+                        } else {
+                            debug!(job_id = g.job_id, node = %node, "job's processes gone on this node");
+                        }
+                        self.pass_wanted = true;
+                    }
+                    Err(e) => debug!(job_id = g.job_id, error = %e, "ignoring a JobGone"),
+                }
+            }
             worker_message::Msg::StepEnded(s) => {
                 let on_node = self
                     .st
