@@ -45,6 +45,8 @@ use crate::unix_now;
 pub enum JobEvent {
     Started(JobStarted),
     Ended(JobEnded),
+    /// Every process of an ended job is gone from this node (the answer to `EndJob`).
+    Gone(u64),
 }
 
 /// Requests from the session to one job's supervisor.
@@ -198,6 +200,56 @@ impl Jobs {
         self.send(job_id, Control::Kill) || self.signal_steps(job_id, Control::Kill)
     }
 
+    /// The controller's `EndJob`: the job ended; what is left of it here (step tasks, or a
+    /// batch script's processes that outlived its cgroup's cleanup) is ended like a cancel
+    /// (SIGTERM, the kill wait, SIGKILL), and `JobEvent::Gone` follows once every process
+    /// of it here is gone, judged from its cgroup and its step tasks. Until then the node
+    /// stays held by the job (COMPLETING); processes that never die keep it so (the
+    /// controller drains the node, "Kill task failed").
+    pub fn end_job(&self, job_id: u64) {
+        let terminate = Control::Terminate {
+            cause: EndCause::Cancel,
+            grace: Duration::ZERO,
+        };
+        // A batch script still running here (an EndJob can only overtake its own end after a
+        // reconnect) ends as cancelled; its end is reported first, as always.
+        if !self.send(job_id, terminate) {
+            self.signal_steps(job_id, terminate);
+        }
+        let inner = Arc::clone(&self.inner);
+        tokio::spawn(async move {
+            let wait = inner.node.kill_wait.unwrap_or(DEFAULT_KILL_WAIT);
+            let begun = Instant::now();
+            let mut poll = Duration::from_millis(5);
+            loop {
+                let batch_running = inner
+                    .table
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .contains_key(&job_id);
+                if !batch_running && processes_gone(&inner.node.isolation, &inner.steps, job_id) {
+                    break;
+                }
+                if begun.elapsed() >= wait {
+                    // Past the kill wait: SIGKILL to whatever is left, every round, for
+                    // processes that may yet be killable (stuck in the kernel for a while).
+                    inner.steps.signal_job(job_id, Signal::SIGKILL);
+                    if let Some(c) = inner.node.isolation.existing_job(job_id) {
+                        c.kill_all();
+                    }
+                }
+                tokio::time::sleep(poll).await;
+                poll = (poll * 2).min(GONE_POLL_MAX);
+            }
+            // The job's cgroup, empty now, goes too (a step's own cleanup may have done it).
+            if let Some(c) = inner.node.isolation.existing_job(job_id) {
+                c.destroy().await;
+            }
+            info!(job_id, "ended job's processes gone from this node");
+            let _ = inner.events.send(JobEvent::Gone(job_id));
+        });
+    }
+
     /// On the other nodes of a multi-node job only its step tasks run here; they get the
     /// same treatment the batch script gets on the first node.
     fn signal_steps(&self, job_id: u64, control: Control) -> bool {
@@ -253,6 +305,29 @@ impl Jobs {
             }
         }
     }
+}
+
+/// Longest pause between two looks at an ended job's leftover processes.
+const GONE_POLL_MAX: Duration = Duration::from_secs(1);
+
+/// How long the batch host looks for the job's process group to vanish before it reports the
+/// end without `processes_gone` (then the controller asks again with `EndJob`).
+const BATCH_GONE_WAIT: Duration = Duration::from_millis(200);
+
+/// Whether no process of job `job_id` is left on this node: its cgroup is empty or gone, and
+/// no step task of it is unreaped. Without cgroups the step tasks' process groups are all
+/// the worker can see.
+pub fn processes_gone(
+    isolation: &crate::cgroup::Isolation,
+    steps: &StepRegistry,
+    job_id: u64,
+) -> bool {
+    isolation.job_processes_gone(job_id) && !steps.has_job(job_id)
+}
+
+/// Whether process group `pgid` has no member left (zombies not yet reaped count).
+fn group_gone(pgid: Pid) -> bool {
+    matches!(killpg(pgid, None), Err(nix::errno::Errno::ESRCH))
 }
 
 /// Runs one job to its end and describes that end.
@@ -441,9 +516,19 @@ async fn supervise(
     };
     ended.batch_usage = measured(Some(None));
     ended.job_usage = measured(None);
-    if let Some(c) = &cgroup {
-        c.destroy().await;
-    }
+    // Whether this node can be freed with the end report itself (no second message on the
+    // common path): the job's cgroup emptied, or without one, its process group gone.
+    let emptied = match &cgroup {
+        Some(c) => c.destroy().await,
+        None => {
+            let deadline = Instant::now() + BATCH_GONE_WAIT;
+            while !group_gone(pgid) && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            group_gone(pgid)
+        }
+    };
+    ended.processes_gone = emptied && !inner.steps.has_job(job.job_id);
     if let Err(e) = process::remove_spool(&started.spool_dir) {
         debug!(error = %e, "spool cleanup failed");
     }

@@ -71,6 +71,7 @@ use tracing::{info, warn};
 
 pub use config::{Args, Config, Transport};
 pub use error::Error;
+pub use jobs::processes_gone;
 
 use jobs::{Jobs, NodeFacts};
 use journal::Journal;

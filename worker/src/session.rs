@@ -149,6 +149,8 @@ impl Session {
 
     /// Moves job events that arrived while no stream was up into the outbox. Starts are
     /// dropped: the next `Register` lists the job as running.
+    /// "Gone" reports are dropped too: the controller asks again (`EndJob`) when the
+    /// worker registers, for every job still held on this node.
     fn drain_events(&mut self) {
         while let Ok(ev) = self.events.try_recv() {
             if let JobEvent::Ended(e) = ev {
@@ -247,6 +249,9 @@ impl Session {
                             self.outbox.push(e);
                             None
                         }
+                        JobEvent::Gone(job_id) => Some(msg(worker_message::Msg::JobGone(
+                            tandem_proto::v1::JobGone { job_id },
+                        ))),
                     };
                     let ends: Vec<JobEnded> = self.outbox.take_unsent(Instant::now());
                     let msgs = out.into_iter().chain(
@@ -305,6 +310,13 @@ impl Session {
                 if !self.jobs.signal(&s) {
                     debug!(job_id = s.job_id, "signal for a job not running here");
                 }
+            }
+            controller_message::Msg::EndJob(e) => {
+                debug!(
+                    job_id = e.job_id,
+                    "job ended: cleaning up its processes here"
+                );
+                self.jobs.end_job(e.job_id);
             }
             controller_message::Msg::AbandonJob(a) => {
                 info!(

@@ -280,6 +280,14 @@ impl Isolation {
         }
     }
 
+    /// Whether no process of job `job_id` is left in its cgroup on this node: the cgroup is
+    /// gone, or its `cgroup.procs` (`tasks` on v1) lists nobody. `true` without cgroups:
+    /// the caller judges by process groups then.
+    pub fn job_processes_gone(&self, job_id: u64) -> bool {
+        self.existing_job(job_id)
+            .is_none_or(|c| c.pids().is_empty())
+    }
+
     fn clean_leftovers(&self) {
         let ids = match &self.tree {
             None => return,
@@ -379,8 +387,10 @@ impl JobCgroup {
         }
     }
 
-    /// Kills what is left of the job, waits until its cgroup is empty, removes it.
-    pub async fn destroy(&self) {
+    /// Kills what is left of the job, waits until its cgroup is empty, removes it. Returns
+    /// whether it emptied: `false` when processes survived SIGKILL (the cgroup is left
+    /// behind, and the node stays held until they are gone).
+    pub async fn destroy(&self) -> bool {
         let deadline = tokio::time::Instant::now() + DESTROY_WAIT;
         // Listing the cgroup first: most jobs have no process left by now, and one listing
         // then does.
@@ -391,7 +401,7 @@ impl JobCgroup {
             }
             if tokio::time::Instant::now() >= deadline {
                 warn!(?pids, "job processes survived SIGKILL; cgroup left behind");
-                return;
+                return false;
             }
             self.kill_all();
             tokio::time::sleep(DESTROY_POLL).await;
@@ -399,6 +409,7 @@ impl JobCgroup {
         if let Err(e) = self.remove() {
             warn!(error = %e, "cannot remove the job's cgroup");
         }
+        true
     }
 
     /// Ends a step: kills what is left in its cgroup (a task's daemonized children), removes

@@ -67,6 +67,12 @@ impl StepRegistry {
         signal_groups(&groups, signal)
     }
 
+    /// Whether a step task of the job runs here, not yet reaped.
+    pub fn has_job(&self, job_id: u64) -> bool {
+        let steps = self.steps.lock().unwrap_or_else(PoisonError::into_inner);
+        steps.keys().any(|(job, _)| *job == job_id)
+    }
+
     /// Signals every step task of a job (the job was cancelled or ended on this node).
     pub fn signal_job(&self, job_id: u64, signal: Signal) -> usize {
         let groups: Vec<i32> = {
