@@ -174,6 +174,7 @@ impl BatchAlloc for GrpcBatch {
             mem_mb_per_pod: p.per_pod.mem_mb(),
             gpus_per_pod: p.per_pod.gpus,
             gpu_type: p.per_pod.gpu_type.clone().unwrap_or_default(),
+            exclude: p.exclude.clone(),
         };
         let resp = BridgeClient::new(self.channel.clone())
             .submit_placeholder(req)

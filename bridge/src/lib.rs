@@ -35,6 +35,7 @@ pub mod apply;
 pub mod batch;
 pub mod cluster;
 pub mod decide;
+pub mod fit;
 pub mod group;
 pub mod labels;
 pub mod leader;

@@ -36,6 +36,8 @@ pub struct Placeholder {
     pub nodes: u32,
     pub pods_per_node: u32,
     pub per_pod: PodResources,
+    /// Nodes the pods may not run on ([`crate::fit`]).
+    pub exclude: Vec<String>,
 }
 
 impl Placeholder {
@@ -87,6 +89,7 @@ pub fn placeholder(
         // Spread evenly: 9 pods at 4 a node is 3 nodes of 3, not 4 + 4 + 1.
         pods_per_node: count.div_ceil(nodes),
         per_pod,
+        exclude: Vec::new(),
     })
 }
 

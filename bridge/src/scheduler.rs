@@ -48,7 +48,7 @@ use crate::group::{
 use crate::labels::SCHEDULER_NAME;
 use crate::nodes::{self, Mode};
 use crate::policy::{self, NamespacePolicy};
-use crate::{annotations, apply, resources};
+use crate::{annotations, apply, fit, resources};
 
 mod modes;
 mod work;
@@ -721,6 +721,9 @@ impl<B: BatchAlloc> Loop<B> {
                 self.told.insert(key, message);
             }
         }
+        if let Some(job_id) = out.ended {
+            self.ended_here(&out.target, job_id);
+        }
         let now = unix_now();
         for key in out.refused {
             let r = self.refusals.entry(key).or_insert(Refusal {
@@ -750,6 +753,25 @@ impl<B: BatchAlloc> Loop<B> {
         if let Some(why) = out.retry {
             debug!(target = ?out.target, why, "retrying");
             self.retry.insert(out.target);
+        }
+    }
+
+    /// The controller took this bridge's end report for `job_id`: until its stream says
+    /// so too, the job counts as ended here, so a new pod of the group is not bound to
+    /// the nodes the end just freed (a batch job may have them already); it gets a new
+    /// placeholder instead.
+    fn ended_here(&mut self, t: &Target, job_id: u64) {
+        let id = match t {
+            Target::Group(k) => match self.uids.get(k) {
+                Some(u) => PlaceholderId::new(&k.namespace, u),
+                None => return,
+            },
+            Target::Orphan(id) => id.clone(),
+        };
+        if let Some(ev) = self.jobs.get_mut(&id)
+            && ev.job_id == job_id
+        {
+            mark_ended(ev);
         }
     }
 
@@ -863,6 +885,11 @@ impl<B: BatchAlloc> Loop<B> {
                 None
             }
             Decision::Submit => match (key, uid) {
+                // Which nodes the pods may use is judged from the pool's node list: wait
+                // for its first read rather than submit without it.
+                (Some(_), Some(_)) if self.modes.is_none() => {
+                    return Err("the pool's nodes are not read yet".into());
+                }
                 (Some(k), Some(id)) => Some(self.submit(k, id.uid, pods)),
                 _ => None,
             },
@@ -878,6 +905,22 @@ impl<B: BatchAlloc> Loop<B> {
                 fresh.then_some(Work::Tell { tell, message })
             }
             Decision::Bind { job_id, bindings } => {
+                // Never bind where the kubelet would reject the pod: a node's labels or
+                // taints may have changed since the placeholder was submitted. Such a job
+                // ends, and the group is submitted again with the nodes it may use.
+                if let Some(why) = self.misfit(&bindings, &pods) {
+                    warn!(
+                        job_id,
+                        why,
+                        "allocated node no longer fits the pods; ending the placeholder to place them again"
+                    );
+                    return Ok(Some(Work::End {
+                        ns,
+                        job_id,
+                        end_time: now,
+                        release,
+                    }));
+                }
                 let pods = pods
                     .into_iter()
                     .filter(|p| bindings.iter().any(|(n, _)| *n == pod_key(p).1))
@@ -1050,17 +1093,67 @@ impl<B: BatchAlloc> Loop<B> {
             .collect();
         let names: Vec<String> = waiting.iter().map(|p| pod_key(p).1).collect();
         let tell = self.tell(&k.namespace, &names, &waiting);
-        match self.request(&k, &tell.pods) {
-            Ok((info, res, settings)) => Work::Submit(Box::new(work::Submit {
+        let request = self
+            .request(&k, &tell.pods)
+            .and_then(|r| Ok((r, self.exclusions(&tell.pods)?)));
+        match request {
+            Ok(((info, res, settings), exclude)) => Work::Submit(Box::new(work::Submit {
                 key: k,
                 uid,
                 info,
                 res,
                 settings,
+                exclude,
                 waiting: tell,
             })),
             Err(message) => Work::Tell { tell, message },
         }
+    }
+
+    /// The pool nodes `pods` may not run on (their nodeSelector, required node affinity,
+    /// or a taint they do not tolerate; or no Kubernetes Node to bind to). `Err` when a pod
+    /// cannot be placed anywhere, saying why.
+    fn exclusions(&self, pods: &[Pod]) -> Result<Vec<String>, String> {
+        let specs: Vec<&k8s_openapi::api::core::v1::PodSpec> =
+            pods.iter().filter_map(|p| p.spec.as_ref()).collect();
+        if let Some(why) = specs.iter().find_map(|s| fit::unplaceable(s)) {
+            return Err(why);
+        }
+        let Some(modes) = &self.modes else {
+            return Err("the pool's nodes are not read yet".into());
+        };
+        let mut names: Vec<&String> = modes.keys().collect();
+        names.sort();
+        let mut out = Vec::new();
+        let mut first_why = None;
+        for name in names {
+            let why = match self.node_objs.get(name) {
+                None => Some(format!("node {name} has no Kubernetes Node")),
+                Some(n) => specs.iter().find_map(|s| fit::fits(s, n).err()),
+            };
+            if let Some(why) = why {
+                first_why.get_or_insert(why);
+                out.push(name.clone());
+            }
+        }
+        if !modes.is_empty() && out.len() == modes.len() {
+            return Err(format!(
+                "no pool node fits the pod: {}",
+                first_why.unwrap_or_default()
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Why a binding would put a pod where the kubelet rejects it, if it would.
+    fn misfit(&self, bindings: &[(String, String)], pods: &[Pod]) -> Option<String> {
+        bindings.iter().find_map(|(pod, node)| {
+            let spec = pods.iter().find(|p| pod_key(p).1 == *pod)?.spec.as_ref()?;
+            match self.node_objs.get(node) {
+                None => Some(format!("node {node} has no Kubernetes Node")),
+                Some(n) => fit::fits(spec, n).err(),
+            }
+        })
     }
 
     /// What the placeholder request needs that the loop knows.
@@ -1135,6 +1228,22 @@ fn direct_uid(info: &GroupInfo, p: &Pod) -> Option<String> {
     }
 }
 
+/// A running placeholder as the controller shows it once an end report was taken:
+/// COMPLETED, holding nothing (or CANCELLED and the like when it was ending; the
+/// controller's own event, which follows, says which).
+fn mark_ended(ev: &mut v1::PlaceholderEvent) {
+    use v1::JobState as S;
+    if S::try_from(ev.state) == Ok(S::Running) {
+        ev.state = if ev.ending != 0 {
+            ev.ending
+        } else {
+            S::Completed as i32
+        };
+        ev.ending = 0;
+        ev.nodes.clear();
+    }
+}
+
 fn job_view(ev: &v1::PlaceholderEvent) -> JobView {
     use v1::JobState as S;
     let state = S::try_from(ev.state).unwrap_or(S::Unspecified);
@@ -1171,4 +1280,46 @@ fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_ended_here_frees_nothing_for_new_pods_before_the_stream_says_so() {
+        let mut ev = v1::PlaceholderEvent {
+            job_id: 7,
+            group_uid: "g".into(),
+            namespace: "serving".into(),
+            state: v1::JobState::Running as i32,
+            nodes: vec!["k1".into()],
+            pods_per_node: 1,
+            ..Default::default()
+        };
+        assert!(matches!(job_view(&ev), JobView::Allocated { .. }));
+        mark_ended(&mut ev);
+        // A new pod of the group now gets a new placeholder, never the freed node.
+        let fresh = [Member {
+            name: "new".into(),
+            rank: None,
+            node: None,
+            state: MemberState::Live,
+        }];
+        assert_eq!(decide(&fresh, Some(1), &job_view(&ev), 0), Decision::Submit);
+        // An ending job ends as what it was ending for.
+        let mut cancelled = v1::PlaceholderEvent {
+            state: v1::JobState::Running as i32,
+            ending: v1::JobState::Cancelled as i32,
+            ..ev.clone()
+        };
+        mark_ended(&mut cancelled);
+        assert_eq!(
+            job_view(&cancelled),
+            JobView::Ended {
+                job_id: 7,
+                why: EndReason::Cancelled
+            }
+        );
+    }
 }

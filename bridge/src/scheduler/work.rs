@@ -98,6 +98,8 @@ pub(super) struct Submit {
     pub info: GroupInfo,
     pub res: Vec<PodResources>,
     pub settings: Resolved,
+    /// Nodes the pods may not run on.
+    pub exclude: Vec<String>,
     /// The waiting pods, told why when the controller refuses the request.
     pub waiting: Tell,
 }
@@ -115,6 +117,8 @@ pub(super) struct Outcome {
     pub bound: Vec<(PodKey, String)>,
     /// Pods whose eviction a PodDisruptionBudget refused.
     pub refused: Vec<PodKey>,
+    /// The placeholder this operation ended (the controller took the end report).
+    pub ended: Option<u64>,
     /// Why the target must be decided again later (a failed call).
     pub retry: Option<String>,
 }
@@ -128,6 +132,7 @@ impl Outcome {
             told: Vec::new(),
             bound: Vec::new(),
             refused: Vec::new(),
+            ended: None,
             retry: None,
         }
     }
@@ -200,6 +205,7 @@ pub(super) async fn perform<B: BatchAlloc>(ctx: Ctx<B>, target: Target, work: Wo
         } => match ctx.batch.end(job_id, end_time, &ns).await {
             Ok(()) => {
                 info!(job_id, end_time, "placeholder ended: its pods are gone");
+                out.ended = Some(job_id);
                 release(&ctx, &mut out, &stopped).await;
             }
             Err(e) => out.retry = Some(e.to_string()),
@@ -231,6 +237,7 @@ async fn submit<B: BatchAlloc>(ctx: &Ctx<B>, out: &mut Outcome, s: Submit) {
         info,
         res,
         settings,
+        exclude,
         waiting,
     } = s;
     let caps = match ctx
@@ -245,7 +252,7 @@ async fn submit<B: BatchAlloc>(ctx: &Ctx<B>, out: &mut Outcome, s: Submit) {
         }
     };
     let placeholder = match request::placeholder(&uid, &info, &res, settings, caps) {
-        Ok(p) => p,
+        Ok(p) => request::Placeholder { exclude, ..p },
         Err(e) => {
             out.told = tell(ctx, waiting, &e.to_string()).await;
             return;

@@ -12,6 +12,8 @@
 //! - `spec.nodeName` is preset: such a pod bypasses every scheduler, and the kubelet does
 //!   not enforce `NoSchedule` taints, so it could land on a node in `batch` mode;
 //! - `spec.resourceClaims` is used: the bridge does not schedule dynamic resources yet;
+//! - a container asks for a `hostPort`: a placeholder cannot reserve a port on a node, so
+//!   the kubelet could reject the pod where it is bound ([`crate::fit::unplaceable`]);
 //! - `spec.schedulerName` names another scheduler (two schedulers must not race for a pod).
 //!
 //! A `spec.workloadRef` (the in-tree Workload API) is allowed: the bridge places its pod group
@@ -211,6 +213,9 @@ pub fn admit(
             "spec.resourceClaims: the {SCHEDULER_NAME} scheduler does not schedule pods with \
              resource claims yet"
         ));
+    }
+    if let Some(why) = spec.and_then(crate::fit::unplaceable) {
+        problems.push(format!("spec.containers[].ports[].{why}"));
     }
     let unset = matches!(scheduler, None | Some("") | Some(DEFAULT_SCHEDULER));
     let wrong_scheduler = match mode {
@@ -633,6 +638,12 @@ mod tests {
         let p =
             pod(json!({"spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}]}}));
         assert!(denied(decide(Mode::Mutate, "serving", &p)).starts_with("spec.resourceClaims:"));
+        let p = pod(json!({"spec": {"containers": [{"name": "c",
+            "ports": [{"containerPort": 80, "hostPort": 80}]}]}}));
+        assert!(
+            denied(decide(Mode::Mutate, "serving", &p))
+                .starts_with("spec.containers[].ports[].hostPort 80:")
+        );
         let p = pod(json!({"spec": {"schedulerName": "volcano"}}));
         assert!(
             denied(decide(Mode::Mutate, "serving", &p))

@@ -18,6 +18,9 @@ use crate::state::{Command, Handle, PLACEHOLDER_STREAM_DEPTH};
 
 /// Longest group UID accepted (Kubernetes UIDs are 36 characters; LWS group keys 40).
 const MAX_GROUP_UID: usize = 128;
+/// Most excluded nodes a placeholder may name, and the longest name (a DNS subdomain).
+const MAX_EXCLUDED: usize = 10_000;
+const MAX_NODE_NAME: usize = 253;
 
 pub struct BridgeService {
     handle: Handle,
@@ -117,6 +120,16 @@ pub fn placeholder_spec(
             "a placeholder holds at least one pod on one node",
         ));
     }
+    if r.exclude.len() > MAX_EXCLUDED
+        || r.exclude
+            .iter()
+            .any(|n| n.is_empty() || n.len() > MAX_NODE_NAME || n.contains(','))
+    {
+        return Err(bad(
+            "exclude",
+            "node names must be 1 to 253 characters without commas, at most 10000 of them",
+        ));
+    }
     let cpus_per_task = r.cpus_per_pod.max(1);
     let mem_per_node_mb = r
         .mem_mb_per_pod
@@ -146,6 +159,7 @@ pub fn placeholder_spec(
         requeue: Some(false),
         mode: NodeMode::Kube,
         group_uid: Some(r.group_uid),
+        exclude: r.exclude,
         ..JobSpec::default()
     };
     spec.validate()

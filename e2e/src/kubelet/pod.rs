@@ -85,9 +85,28 @@ pub struct NodeCtx {
 }
 
 impl NodeCtx {
-    fn try_admit(&self, uid: &str, pod: &Pod) -> Result<(), Rejection> {
+    /// The Node's labels now, as a kubelet's node lister has them (labels added after
+    /// registration count); the registered ones if the Node cannot be read.
+    async fn current_labels(&self) -> BTreeMap<String, String> {
+        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> =
+            kube::Api::all(self.client.clone());
+        match nodes.get(&self.node).await {
+            Ok(n) => n.metadata.labels.unwrap_or_default(),
+            Err(e) => {
+                tracing::debug!(error = %e, "reading the Node for admission; using its registered labels");
+                self.labels.clone()
+            }
+        }
+    }
+
+    fn try_admit(
+        &self,
+        uid: &str,
+        pod: &Pod,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<(), Rejection> {
         let spec = pod.spec.clone().unwrap_or_default();
-        admit::check_node_selector(&spec, &self.labels)?;
+        admit::check_node_selector(&spec, labels)?;
         let requests = admit::pod_requests(&spec).map_err(|e| Rejection {
             reason: "UnexpectedAdmissionError".into(),
             message: format!("Pod was rejected: {e}"),
@@ -271,7 +290,8 @@ impl Worker {
         if self.deleting() {
             return self.finalize().await;
         }
-        if let Err(rejection) = self.ctx.try_admit(&self.uid, &self.pod) {
+        let labels = self.ctx.current_labels().await;
+        if let Err(rejection) = self.ctx.try_admit(&self.uid, &self.pod, &labels) {
             self.reject(rejection).await;
             return self.await_removal().await;
         }
