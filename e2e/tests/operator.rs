@@ -16,6 +16,8 @@
 //!   controller Service's `scaler` port, as KEDA asks) report demand, and scaling back
 //!   through the scale subresource runs the job;
 //! - deleting a worker set removes its pods and its nodes before its finalizer goes;
+//! - pool nodes in batch mode (`NoSchedule` and `NoExecute` pool taints) get workers whose
+//!   template tolerates only `NoSchedule`: the operator adds the pool toleration;
 //! - a running cluster and worker set made invalid: `Degraded` naming the field and an
 //!   `InvalidSpec` Event, and nothing running is touched.
 //!
@@ -893,6 +895,68 @@ async fn a_set_scaled_to_zero_comes_back_when_the_keda_scaler_reports_a_pending_
     h.workers_ready("cpu", 1).await;
     // Nothing waits or runs any more: back to inactive.
     h.scaler_says("hpc", &keda, (false, 0)).await;
+    h.stop().await;
+}
+
+/// Pool nodes in batch mode carry `tandem.dev/pool=<cluster>` as `NoSchedule` and
+/// `NoExecute`. A worker set whose template tolerates only `NoSchedule` (what platform
+/// teams wrote before) still gets its workers there: the operator counts those nodes and
+/// renders every worker pod with the pool toleration of every effect, which the harness's
+/// scheduler checks as kube-scheduler does.
+#[tokio::test]
+async fn workers_run_on_batch_mode_pool_nodes_whatever_their_template_tolerates() {
+    let Some(h) = Harness::start("workers_on_batch_mode_pool_nodes", 3, "2").await else {
+        return;
+    };
+    // kn-1 and kn-2 are pool nodes in batch mode; kn-0 (no taint) takes the controller and
+    // the login pod.
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(h.client.clone());
+    for n in &h.nodes[1..] {
+        nodes
+            .patch(
+                n,
+                &PatchParams::default(),
+                &Patch::Merge(json!({
+                    "metadata": {"labels": {"pool": "gpu", "tandem.dev/mode": "batch"}},
+                    "spec": {"taints": [
+                        {"key": "tandem.dev/pool", "value": "hpc", "effect": "NoSchedule"},
+                        {"key": "tandem.dev/pool", "value": "hpc", "effect": "NoExecute"},
+                    ]},
+                })),
+            )
+            .await
+            .unwrap();
+    }
+    h.cluster_with_workers(
+        2,
+        ", template: {nodeSelector: {pool: gpu}, tolerations: [{key: tandem.dev/pool, \
+           operator: Exists, effect: NoSchedule}]}",
+    )
+    .await;
+    let pods = h.worker_pods("cpu").await;
+    let mut on: Vec<String> = pods
+        .iter()
+        .filter_map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()))
+        .collect();
+    on.sort();
+    assert_eq!(on, h.nodes[1..].to_vec(), "workers on the pool nodes");
+    for p in &pods {
+        let tols = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.tolerations.clone())
+            .unwrap_or_default();
+        let first = serde_json::to_value(&tols[0]).unwrap();
+        assert_eq!(
+            first,
+            json!({"key": "tandem.dev/pool", "operator": "Exists"}),
+            "{tols:?}"
+        );
+    }
+    // And they are the batch nodes: a two-node job runs on them.
+    let id = h.sbatch(&["-N", "2", "--wrap", "hostname"]).await;
+    let last = h.completed(&id).await;
+    assert!(last.split_whitespace().any(|w| w == "2"), "{last}");
     h.stop().await;
 }
 
