@@ -95,6 +95,19 @@ pub enum Decision {
 /// [`crate::group::expected_members`]); `None` = not known yet. Call only once the pod
 /// watch has synced: an empty member list then means the pods are really gone.
 pub fn decide(members: &[Member], expected: Option<u32>, job: &JobView, now: i64) -> Decision {
+    decide_gang(members, expected, false, job, now)
+}
+
+/// [`decide`] for a group that may start in stages (`staged`: a JobSet started `InOrder`
+/// or with `dependsOn`): its placeholder, sized for every member, is submitted as soon as
+/// the first members exist, and later members bind to its allocation as they appear.
+pub fn decide_gang(
+    members: &[Member],
+    expected: Option<u32>,
+    staged: bool,
+    job: &JobView,
+    now: i64,
+) -> Decision {
     let live_unbound: Vec<&Member> = members
         .iter()
         .filter(|m| m.state == MemberState::Live && m.node.is_none())
@@ -115,7 +128,7 @@ pub fn decide(members: &[Member], expected: Option<u32>, job: &JobView, now: i64
             let have = u32::try_from(live_unbound.len()).unwrap_or(u32::MAX);
             match expected {
                 None => unschedulable(&live_unbound, "waiting for the group's size".into()),
-                Some(want) if have < want => unschedulable(
+                Some(want) if have < want && !staged => unschedulable(
                     &live_unbound,
                     format!("pod group has {have} of {want} pods; waiting for the rest"),
                 ),
@@ -404,6 +417,43 @@ mod tests {
             nodes: nodes.iter().map(|n| (*n).into()).collect(),
             pods_per_node: ppn,
         }
+    }
+
+    #[test]
+    fn a_staged_gang_is_submitted_with_its_first_members_and_the_rest_bind_as_they_come() {
+        // InOrder: only the leader exists; waiting for all four would wait forever.
+        let leader = waiting(1);
+        assert_eq!(
+            decide_gang(&leader, Some(4), true, &JobView::Absent, 0),
+            Decision::Submit
+        );
+        assert!(matches!(
+            decide(&leader, Some(4), &JobView::Absent, 0),
+            Decision::Unschedulable { .. }
+        ));
+        // The whole allocation is held: the leader binds now ...
+        let d = decide_gang(&leader, Some(4), true, &allocated(&["k1", "k2"], 2), 0);
+        assert_eq!(
+            d,
+            Decision::Bind {
+                job_id: 7,
+                bindings: vec![("p0".into(), "k1".into())],
+            }
+        );
+        // ... and the workers, created once it runs, into the slots left.
+        let mut later = vec![m("p0", Some("k1"), MemberState::Live)];
+        later.extend((1..4).map(|i| m(&format!("w{i}"), None, MemberState::Live)));
+        assert_eq!(
+            decide_gang(&later, Some(4), true, &allocated(&["k1", "k2"], 2), 0),
+            Decision::Bind {
+                job_id: 7,
+                bindings: vec![
+                    ("w1".into(), "k1".into()),
+                    ("w2".into(), "k2".into()),
+                    ("w3".into(), "k2".into()),
+                ],
+            }
+        );
     }
 
     #[test]

@@ -383,6 +383,50 @@ pub fn expected_members(info: &GroupInfo, owner: Option<&serde_json::Value>) -> 
     }
 }
 
+/// The pod specs of every member of a group whose owner starts its pods in stages (a
+/// JobSet with `startupPolicy.startupPolicyOrder: InOrder`, or whose replicated jobs
+/// `dependsOn` others): later stages are created only once earlier ones run, so waiting
+/// for every member before submitting would wait forever. Such a group is one gang
+/// submitted for all its members as soon as the first exist; later pods bind to the
+/// allocation as they appear. `None` for a group that starts all at once.
+pub fn staged_members(
+    info: &GroupInfo,
+    owner: Option<&serde_json::Value>,
+) -> Option<Vec<k8s_openapi::api::core::v1::PodSpec>> {
+    if info.key.kind != GroupKind::JobSet {
+        return None;
+    }
+    let spec = owner?.get("spec")?;
+    let rjs = spec.get("replicatedJobs")?.as_array()?;
+    let in_order = spec
+        .pointer("/startupPolicy/startupPolicyOrder")
+        .and_then(|o| o.as_str())
+        == Some("InOrder");
+    let depends = rjs.iter().any(|rj| {
+        rj.get("dependsOn")
+            .and_then(|d| d.as_array())
+            .is_some_and(|d| !d.is_empty())
+    });
+    if !in_order && !depends {
+        return None;
+    }
+    let mut out = Vec::new();
+    for rj in rjs {
+        let replicas = rj.get("replicas").map_or(Some(1), |r| r.as_u64())?;
+        let job = rj.pointer("/template/spec")?;
+        let per_job = job_pods(job)?;
+        let pod: k8s_openapi::api::core::v1::PodSpec =
+            serde_json::from_value(job.pointer("/template/spec")?.clone()).ok()?;
+        let n = u32::try_from(replicas).ok()?.checked_mul(per_job)?;
+        // A bound on what one owner object can make the bridge hold in memory.
+        if out.len().saturating_add(n as usize) > 100_000 {
+            return None;
+        }
+        out.extend(std::iter::repeat_n(pod, n as usize));
+    }
+    Some(out)
+}
+
 /// Pods a Job runs at once: `parallelism` (default 1), at most `completions`.
 fn job_pods(spec: &serde_json::Value) -> Option<u32> {
     let parallelism = spec.get("parallelism").map_or(Some(1), |p| p.as_u64())?;
@@ -407,6 +451,52 @@ mod tests {
             },
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn a_jobset_started_in_order_is_one_gang_of_all_its_templates() {
+        let info = GroupInfo {
+            key: GroupKey {
+                namespace: "ml".into(),
+                kind: GroupKind::JobSet,
+                name: "train".into(),
+            },
+            display: "ml/train".into(),
+            size_hint: None,
+            rank: None,
+        };
+        let template = |gpus: u32| {
+            json!({"spec": {"parallelism": 2, "template": {"spec": {"containers": [{"name": "c",
+                "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}}}]}}}})
+        };
+        let js = |policy: serde_json::Value, depends: bool| {
+            let mut workers = json!({"name": "workers", "replicas": 2, "template": template(2)});
+            if depends {
+                workers["dependsOn"] = json!([{"name": "leader", "status": "Ready"}]);
+            }
+            json!({"spec": {"startupPolicy": policy, "replicatedJobs": [
+                {"name": "leader", "replicas": 1, "template": template(0)}, workers]}})
+        };
+        let staged = staged_members(
+            &info,
+            Some(&js(json!({"startupPolicyOrder": "InOrder"}), false)),
+        )
+        .unwrap();
+        assert_eq!(staged.len(), 6, "1 x 2 leaders and 2 x 2 workers");
+        assert_eq!(
+            Some(staged.len() as u32),
+            expected_members(&info, Some(&js(json!({}), false)))
+        );
+        assert!(staged_members(&info, Some(&js(json!({}), true))).is_some());
+        // Started all at once: not staged.
+        assert!(
+            staged_members(
+                &info,
+                Some(&js(json!({"startupPolicyOrder": "AnyOrder"}), false))
+            )
+            .is_none()
+        );
+        assert!(staged_members(&info, None).is_none());
     }
 
     #[test]

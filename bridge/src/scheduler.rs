@@ -40,7 +40,8 @@ use tracing::{debug, info, warn};
 use crate::batch::{BatchAlloc, BatchError, reconnect_backoff};
 use crate::cluster;
 use crate::decide::{
-    self, Decision, EndReason, JobView, Member, MemberState, decide, member_state, vanished_state,
+    self, Decision, EndReason, JobView, Member, MemberState, decide_gang, member_state,
+    vanished_state,
 };
 use crate::group::{
     self, GroupInfo, GroupKey, GroupKind, WorkloadPolicy, expected_members, group_of,
@@ -165,6 +166,9 @@ struct Loop<B> {
     /// Workload pod groups whose policy is `basic`: their pods are grouped one by one (the
     /// pod groups of a Workload are immutable).
     basic: HashSet<GroupKey>,
+    /// Groups whose owner starts them in stages, with every member's requests (from the
+    /// owner's templates): submitted whole as soon as the first members exist.
+    staged: HashMap<GroupKey, Vec<resources::PodResources>>,
     /// The newest placeholder of each group.
     jobs: HashMap<PlaceholderId, v1::PlaceholderEvent>,
     /// Submitted, not yet seen on the stream: wait for it rather than submit again.
@@ -226,6 +230,7 @@ pub async fn run<B: BatchAlloc + 'static>(
         keys: HashMap::new(),
         expected: HashMap::new(),
         basic: HashSet::new(),
+        staged: HashMap::new(),
         jobs: HashMap::new(),
         submitted: HashSet::new(),
         nodes: HashSet::new(),
@@ -874,12 +879,16 @@ impl<B: BatchAlloc> Loop<B> {
             Some(k) => self.expected_of(k, &pods, owner.as_ref()),
             None => Some(0),
         };
+        if let (Some(k), Some(o)) = (&key, owner.as_ref()) {
+            self.note_staged(k, &pods, o);
+        }
+        let staged = key.as_ref().is_some_and(|k| self.staged.contains_key(k));
         let ns = match (&key, &uid) {
             (Some(k), _) => k.namespace.clone(),
             (None, Some(id)) => id.namespace.clone(),
             (None, None) => String::new(),
         };
-        let work = match decide(&members, expected, &view, now) {
+        let work = match decide_gang(&members, expected, staged, &view, now) {
             Decision::Wait { why } => {
                 debug!(target = ?t, why, "waiting");
                 None
@@ -985,8 +994,32 @@ impl<B: BatchAlloc> Loop<B> {
         })
     }
 
+    /// Records whether the group's owner, just read, starts it in stages, with every
+    /// member's requests. Templates whose requests cannot be read leave it a plain gang
+    /// (whose pods are then told why, when they are submitted).
+    fn note_staged(&mut self, k: &GroupKey, pods: &[Pod], owner: &serde_json::Value) {
+        let Some(info) = pods.first().and_then(|p| self.pod_group.get(&pod_key(p))) else {
+            return;
+        };
+        let Some(specs) = group::staged_members(info, Some(owner)) else {
+            self.staged.remove(k);
+            return;
+        };
+        match specs
+            .iter()
+            .map(resources::pod_resources)
+            .collect::<Result<Vec<_>, _>>()
+        {
+            Ok(all) => {
+                self.staged.insert(k.clone(), all);
+            }
+            Err(e) => debug!(group = ?k, error = %e, "staged group's templates unreadable"),
+        }
+    }
+
     fn forget(&mut self, k: &GroupKey) {
         self.members.remove(k);
+        self.staged.remove(k);
         self.expected.remove(k);
         self.owners.remove(k);
         if let Some(uid) = self.uids.remove(k) {
@@ -1167,6 +1200,15 @@ impl<B: BatchAlloc> Loop<B> {
             annotations::parse(first.metadata.annotations.as_ref()).map_err(|e| e.to_string())?;
         let settings =
             policy::resolve(&k.namespace, &asks, &self.policies).map_err(|e| e.to_string())?;
+        if let Some(all) = self.staged.get(k) {
+            // Sized for every member, the later stages included.
+            let info = self
+                .pod_group
+                .get(&pod_key(first))
+                .ok_or("pod not grouped")?
+                .clone();
+            return Ok((info, all.clone(), settings));
+        }
         let res: Vec<resources::PodResources> = pods
             .iter()
             .map(|p| {
@@ -1306,7 +1348,10 @@ mod tests {
             node: None,
             state: MemberState::Live,
         }];
-        assert_eq!(decide(&fresh, Some(1), &job_view(&ev), 0), Decision::Submit);
+        assert_eq!(
+            decide::decide(&fresh, Some(1), &job_view(&ev), 0),
+            Decision::Submit
+        );
         // An ending job ends as what it was ending for.
         let mut cancelled = v1::PlaceholderEvent {
             state: v1::JobState::Running as i32,

@@ -268,3 +268,99 @@ async fn a_pod_group_and_a_jobset_are_each_bound_all_at_once_or_not_at_all() {
 
     watch.finish().assert_no_overlap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobset_started_in_order_reserves_its_whole_gang_and_binds_each_stage_as_it_comes() {
+    let test = "a_jobset_started_in_order_reserves_its_whole_gang_and_binds_each_stage_as_it_comes";
+    let cluster = TestCluster::start().await.unwrap();
+    if !cluster.needs_process_kubelet(test) {
+        return;
+    }
+    let mut crds = tandem_operator::crd::all();
+    crds.push(crd("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets"));
+    let mut env = BridgeEnv::start(
+        &cluster,
+        Setup::new(crds)
+            .node("g1", 8, 16, 2)
+            .node("g2", 8, 16, 2)
+            .namespace("ml", "root", json!({})),
+    )
+    .await;
+    let _bridge = env.spawn_bridge(&[]);
+    let ns = env.ns("ml").to_owned();
+    let client = cluster.client();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let jobsets: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &ns,
+        &resource("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets"),
+    );
+    // JobSet's InOrder startup: the workers' Job is created only once the leader runs, so
+    // a gang that waited for all four pods before asking for nodes would wait forever.
+    let template = |n: u32| {
+        json!({"spec": {"parallelism": n, "completions": n,
+            "template": {"spec": {"containers": [{"name": "c", "image": "busybox",
+                "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                              "limits": {"nvidia.com/gpu": "1"}}}]}}}})
+    };
+    let js: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": "ordered"},
+        "spec": {"startupPolicy": {"startupPolicyOrder": "InOrder"}, "replicatedJobs": [
+            {"name": "leader", "replicas": 1, "template": template(1)},
+            {"name": "workers", "replicas": 1, "template": template(3)},
+        ]},
+    }))
+    .unwrap();
+    jobsets.create(&PostParams::default(), &js).await.unwrap();
+    let member = |rj: &str, index: u32| {
+        let job = format!("ordered-{rj}-0");
+        pod(
+            &format!("{job}-{index}"),
+            json!({
+                "jobset.sigs.k8s.io/jobset-name": "ordered",
+                "jobset.sigs.k8s.io/replicatedjob-name": rj,
+                "batch.kubernetes.io/job-name": job,
+                "batch.kubernetes.io/job-completion-index": index.to_string(),
+                "set": "ordered",
+            }),
+        )
+    };
+    let set = ListParams::default().labels("set=ordered");
+    pods.create(&PostParams::default(), &member("leader", 0))
+        .await
+        .unwrap();
+    let leader = env
+        .wait_pods(&pods, &set, "the leader bound alone", |ps| {
+            ps.len() == 1 && ps.iter().all(|p| node_of(p).is_some())
+        })
+        .await;
+    let job = job_id(&leader[0]).unwrap().to_owned();
+    // The placeholder holds the whole gang's four GPUs from the start.
+    let held = env.cli(&["squeue", "-h", "-j", &job, "-o", "%D|%b"]);
+    assert!(
+        held.trim().starts_with("2|"),
+        "two nodes held for four pods: {held}"
+    );
+    for i in 0..3 {
+        pods.create(&PostParams::default(), &member("workers", i))
+            .await
+            .unwrap();
+    }
+    let up = env
+        .wait_pods(&pods, &set, "the workers bound to the same job", |ps| {
+            ps.len() == 4 && ps.iter().all(|p| node_of(p).is_some())
+        })
+        .await;
+    let jobs: BTreeSet<&str> = up.iter().filter_map(job_id).collect();
+    assert_eq!(
+        jobs,
+        BTreeSet::from([job.as_str()]),
+        "one job for every stage"
+    );
+    let mut per_node = BTreeMap::<&str, usize>::new();
+    for p in &up {
+        *per_node.entry(node_of(p).unwrap()).or_default() += 1;
+    }
+    assert!(per_node.values().all(|c| *c <= 2), "{per_node:?}");
+}
