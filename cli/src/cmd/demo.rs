@@ -79,6 +79,7 @@ pub async fn run(args: Args) -> Exit {
         no_default_config: true,
         config: None,
         kill_wait: Some("2s".into()),
+        unkillable_step_timeout: None,
         heartbeat_interval: None,
         node_timeout: None,
         durability: None,

@@ -76,6 +76,10 @@ pub struct Args {
     /// Seconds between SIGTERM and SIGKILL at a time limit or cancel.
     #[arg(long, value_name = "DURATION")]
     pub kill_wait: Option<String>,
+    /// How long a job's processes may outlive the kill before their node is drained "Kill
+    /// task failed" (Slurm's UnkillableStepTimeout; the controller's default: 60s).
+    #[arg(long, value_name = "DURATION")]
+    pub unkillable_step_timeout: Option<String>,
     /// Heartbeat period of the workers (e.g. 500ms).
     #[arg(long, value_name = "DURATION")]
     pub heartbeat_interval: Option<String>,
@@ -227,6 +231,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Started> {
     }
     for (flag, v) in [
         ("--kill-wait", &args.kill_wait),
+        ("--unkillable-step-timeout", &args.unkillable_step_timeout),
         ("--heartbeat-interval", &args.heartbeat_interval),
         ("--node-timeout", &args.node_timeout),
         ("--durability", &args.durability),
