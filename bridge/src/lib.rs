@@ -42,6 +42,7 @@ pub mod leader;
 pub mod nodes;
 pub mod policy;
 pub mod quantity;
+pub mod rbac;
 pub mod request;
 pub mod resources;
 pub mod scheduler;
