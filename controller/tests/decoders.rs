@@ -256,6 +256,8 @@ fn placeholder_request() -> impl Strategy<Value = Vec<u8>> {
             )| {
                 prost::Message::encode_to_vec(&v1::SubmitPlaceholderRequest {
                     group_uid: group_uid.unwrap_or_default(),
+                    // The hostile name doubles as an excluded node (empty, huge, commas).
+                    exclude: name.iter().cloned().collect(),
                     name: name.unwrap_or_default(),
                     namespace: namespace.unwrap_or_default(),
                     account: account.unwrap_or_default(),

@@ -273,11 +273,17 @@ async fn fake_worker(
                     Some(controller_message::Msg::SignalJob(s)) => {
                         // Cancelled or preempted: it "exits" at once.
                         let e = v1::JobEnded { job_id: s.job_id, cancelled: true,
-                            end_time: unix_now(), ..Default::default() };
+                            end_time: unix_now(), processes_gone: true, ..Default::default() };
                         forget(&pool, &name, s.job_id);
                         let _ = tx.send(send(worker_message::Msg::JobEnded(e))).await;
                     }
                     Some(controller_message::Msg::AbandonJob(a)) => forget(&pool, &name, a.job_id),
+                    // A simulated node runs nothing: whatever ended here is gone.
+                    Some(controller_message::Msg::EndJob(e)) => {
+                        forget(&pool, &name, e.job_id);
+                        let gone = v1::JobGone { job_id: e.job_id };
+                        let _ = tx.send(send(worker_message::Msg::JobGone(gone))).await;
+                    }
                     None => {}
                 }
             }
@@ -285,7 +291,7 @@ async fn fake_worker(
                 Some(Cmd::End(job)) => {
                     forget(&pool, &name, job);
                     let e = v1::JobEnded { job_id: job, exit_code: 0, end_time: unix_now(),
-                        ..Default::default() };
+                        processes_gone: true, ..Default::default() };
                     let _ = tx.send(send(worker_message::Msg::JobEnded(e))).await;
                 }
                 None => return,
