@@ -140,13 +140,20 @@ pub async fn run_with_client(
     let managed = watcher::Config::default().labels(&format!("{APP_MANAGED_BY}={MANAGER}"));
     let (pod_store, pod_writer) = reflector::store();
     let (node_store, node_writer) = reflector::store();
-    let pod_reflector = reflector::reflector(pod_writer, watcher(pods.clone(), managed.clone()))
-        .applied_objects()
-        .for_each(|_| async {});
-    let node_reflector =
-        reflector::reflector(node_writer, watcher(nodes, watcher::Config::default()))
-            .applied_objects()
-            .for_each(|_| async {});
+    // Both back off on errors (exponential, reset after a healthy stretch) rather than
+    // relisting in a tight loop against an API server that refuses.
+    let pod_reflector = reflector::reflector(
+        pod_writer,
+        watcher(pods.clone(), managed.clone()).default_backoff(),
+    )
+    .applied_objects()
+    .for_each(|_| async {});
+    let node_reflector = reflector::reflector(
+        node_writer,
+        watcher(nodes, watcher::Config::default()).default_backoff(),
+    )
+    .applied_objects()
+    .for_each(|_| async {});
     let reporter = Reporter {
         controller: REPORTER.into(),
         instance: std::env::var("POD_NAME").ok(),
