@@ -165,7 +165,12 @@ pub struct BridgeEnv {
     controller_args: Vec<String>,
     controller: Option<Proc>,
     controller_starts: usize,
-    workers: Vec<Proc>,
+    /// The nodes' shapes, to start a worker again as it was first started.
+    nodes: Vec<NodeShape>,
+    /// The invariant checker's harness id, to mark each worker's node.
+    harness: Option<String>,
+    /// Each node's worker (absent while killed) and how many times it was started.
+    workers: BTreeMap<String, (Option<Proc>, usize)>,
     namespaces: BTreeMap<String, String>,
     cluster_ns: String,
     kubeconfig: PathBuf,
@@ -254,7 +259,9 @@ impl BridgeEnv {
             controller_args: setup.controller_args,
             controller: None,
             controller_starts: 0,
-            workers: Vec::new(),
+            nodes: setup.nodes.clone(),
+            harness: cluster.invariant().map(|c| c.harness().to_owned()),
+            workers: BTreeMap::new(),
             namespaces: BTreeMap::new(),
             cluster_ns: String::new(),
             kubeconfig,
@@ -264,48 +271,8 @@ impl BridgeEnv {
         };
         env.start_controller_on_a_free_port().await;
 
-        let url = env.url.clone();
-        let key_s = env.key_str();
-        // Each worker carries its node's mark, so the invariant checker places its jobs'
-        // processes (its descendants) on that node.
-        let harness = cluster.invariant().map(|c| c.harness().to_owned());
         for n in &setup.nodes {
-            let mark = harness
-                .as_ref()
-                .map(|h| crate::invariant::node_mark(h, &n.name));
-            let spool = env.dir.path().join(format!("spool-{}", n.name));
-            let (cpus, mem, gpus) = (
-                n.cpus.to_string(),
-                format!("{}G", n.mem_gib),
-                n.gpus.to_string(),
-            );
-            let log = env.dir.path().join(format!("worker-{}.log", n.name));
-            env.workers.push(spawn(
-                &env.tandem,
-                &[
-                    "worker",
-                    "--controller",
-                    &url,
-                    "--key-file",
-                    &key_s,
-                    "--name",
-                    &n.name,
-                    "--cpus",
-                    &cpus,
-                    "--mem",
-                    &mem,
-                    "--gpus",
-                    &gpus,
-                    "--state-dir",
-                    &spool.to_string_lossy(),
-                    "--insecure-plaintext",
-                ],
-                &log,
-                &mark
-                    .iter()
-                    .map(|(k, v)| (*k, v.as_str()))
-                    .collect::<Vec<_>>(),
-            ));
+            env.start_worker(&n.name);
         }
         let want = setup.nodes.len();
         let deadline = tokio::time::Instant::now() + T;
@@ -473,6 +440,78 @@ impl BridgeEnv {
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// Starts the worker of node `name` (with the node's shape, spool and invariant mark, as
+    /// at the start); its log is `worker-<name>.log`, then `worker-<name>-<n>.log` for the
+    /// n-th start.
+    fn start_worker(&mut self, name: &str) {
+        let n = self
+            .nodes
+            .iter()
+            .find(|n| n.name == name)
+            .unwrap_or_else(|| panic!("no node {name} in the setup"))
+            .clone();
+        let starts = self.workers.get(name).map_or(0, |w| w.1) + 1;
+        // Each worker carries its node's mark, so the invariant checker places its jobs'
+        // processes (its descendants) on that node.
+        let mark = self
+            .harness
+            .as_ref()
+            .map(|h| crate::invariant::node_mark(h, &n.name));
+        let spool = self.dir.path().join(format!("spool-{}", n.name));
+        let (cpus, mem, gpus) = (
+            n.cpus.to_string(),
+            format!("{}G", n.mem_gib),
+            n.gpus.to_string(),
+        );
+        let log = match starts {
+            1 => self.dir.path().join(format!("worker-{}.log", n.name)),
+            k => self.dir.path().join(format!("worker-{}-{k}.log", n.name)),
+        };
+        let (url, key) = (self.url.clone(), self.key_str());
+        let p = spawn(
+            &self.tandem,
+            &[
+                "worker",
+                "--controller",
+                &url,
+                "--key-file",
+                &key,
+                "--name",
+                &n.name,
+                "--cpus",
+                &cpus,
+                "--mem",
+                &mem,
+                "--gpus",
+                &gpus,
+                "--state-dir",
+                &spool.to_string_lossy(),
+                "--insecure-plaintext",
+            ],
+            &log,
+            &mark
+                .iter()
+                .map(|(k, v)| (*k, v.as_str()))
+                .collect::<Vec<_>>(),
+        );
+        self.workers.insert(n.name.clone(), (Some(p), starts));
+    }
+
+    /// Kills the worker of node `name` (SIGKILL, as a crash of slurmd): its jobs' processes
+    /// live on until a worker of that node starts again and ends them.
+    pub fn kill_worker(&mut self, name: &str) {
+        if let Some(mut p) = self.workers.get_mut(name).and_then(|w| w.0.take()) {
+            p.kill();
+        }
+    }
+
+    /// Starts the worker of node `name` again (killing it first if it runs) with the same
+    /// spool; it registers with the controller as the same node.
+    pub fn restart_worker(&mut self, name: &str) {
+        self.kill_worker(name);
+        self.start_worker(name);
     }
 
     /// Starts a `tandem-bridge run` for the cluster, with `extra` flags; its log is
