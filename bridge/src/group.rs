@@ -393,8 +393,10 @@ pub fn staged_members(
     info: &GroupInfo,
     owner: Option<&serde_json::Value>,
 ) -> Option<Vec<k8s_openapi::api::core::v1::PodSpec>> {
-    if info.key.kind != GroupKind::JobSet {
-        return None;
+    match info.key.kind {
+        GroupKind::JobSet => {}
+        GroupKind::LeaderWorkerSet => return lws_members(owner?),
+        _ => return None,
     }
     let spec = owner?.get("spec")?;
     let rjs = spec.get("replicatedJobs")?.as_array()?;
@@ -424,6 +426,31 @@ pub fn staged_members(
         }
         out.extend(std::iter::repeat_n(pod, n as usize));
     }
+    Some(out)
+}
+
+/// A LeaderWorkerSet with `startupPolicy: LeaderReady`: its leader (the leader template,
+/// else the worker template) and `size - 1` workers.
+fn lws_members(owner: &serde_json::Value) -> Option<Vec<k8s_openapi::api::core::v1::PodSpec>> {
+    let spec = owner.get("spec")?;
+    if spec.get("startupPolicy").and_then(|p| p.as_str()) != Some("LeaderReady") {
+        return None;
+    }
+    let t = spec.get("leaderWorkerTemplate")?;
+    let size = t.get("size").map_or(Some(1), |s| s.as_u64())?;
+    let size = usize::try_from(size)
+        .ok()
+        .filter(|s| (1..=100_000).contains(s))?;
+    let parse = |v: &serde_json::Value| -> Option<k8s_openapi::api::core::v1::PodSpec> {
+        serde_json::from_value(v.get("spec")?.clone()).ok()
+    };
+    let worker = parse(t.get("workerTemplate")?)?;
+    let leader = match t.get("leaderTemplate") {
+        Some(l) => parse(l)?,
+        None => worker.clone(),
+    };
+    let mut out = vec![leader];
+    out.extend(std::iter::repeat_n(worker, size - 1));
     Some(out)
 }
 
@@ -497,6 +524,39 @@ mod tests {
             .is_none()
         );
         assert!(staged_members(&info, None).is_none());
+    }
+
+    #[test]
+    fn a_leader_ready_lws_is_one_gang_of_its_leader_and_workers() {
+        let info = GroupInfo {
+            key: GroupKey {
+                namespace: "ml".into(),
+                kind: GroupKind::LeaderWorkerSet,
+                name: "0a1b2c".into(),
+            },
+            display: "ml/infer".into(),
+            size_hint: Some(4),
+            rank: None,
+        };
+        let tpl = |gpus: u32| {
+            json!({"spec": {"containers": [{"name": "c",
+                "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}}}]}})
+        };
+        let lws = |policy: &str| {
+            json!({"spec": {"startupPolicy": policy, "leaderWorkerTemplate": {
+                "size": 4, "leaderTemplate": tpl(0), "workerTemplate": tpl(2)}}})
+        };
+        let staged = staged_members(&info, Some(&lws("LeaderReady"))).unwrap();
+        assert_eq!(staged.len(), 4);
+        let gpus = |s: &k8s_openapi::api::core::v1::PodSpec| {
+            crate::resources::pod_resources(s).unwrap().gpus
+        };
+        assert_eq!(
+            staged.iter().map(gpus).collect::<Vec<_>>(),
+            vec![0, 2, 2, 2]
+        );
+        // LeaderCreated (the default) makes every pod at once: a plain gang.
+        assert!(staged_members(&info, Some(&lws("LeaderCreated"))).is_none());
     }
 
     #[test]

@@ -30,6 +30,7 @@ pub const USES: &[(&str, &str, &[&str])] = &[
     ("scheduling.k8s.io", "workloads", &["get"]),
     ("jobset.x-k8s.io", "jobsets", &["get"]),
     ("batch", "jobs", &["get"]),
+    ("leaderworkerset.x-k8s.io", "leaderworkersets", &["get"]),
 ];
 
 /// Leader election's Lease, in the release namespace.
@@ -125,6 +126,11 @@ mod tests {
             ("jobset.x-k8s.io", "jobsets", "get"),
         ),
         ("owners", "\"jobs\"", ("batch", "jobs", "get")),
+        (
+            "owners",
+            "\"leaderworkersets\"",
+            ("leaderworkerset.x-k8s.io", "leaderworkersets", "get"),
+        ),
         (
             "leases",
             ".get_opt(",

@@ -169,6 +169,8 @@ struct Loop<B> {
     /// Groups whose owner starts them in stages, with every member's requests (from the
     /// owner's templates): submitted whole as soon as the first members exist.
     staged: HashMap<GroupKey, Vec<resources::PodResources>>,
+    /// Groups whose owner was read (for those read once, whatever it said).
+    owner_read: HashSet<GroupKey>,
     /// The newest placeholder of each group.
     jobs: HashMap<PlaceholderId, v1::PlaceholderEvent>,
     /// Submitted, not yet seen on the stream: wait for it rather than submit again.
@@ -231,6 +233,7 @@ pub async fn run<B: BatchAlloc + 'static>(
         expected: HashMap::new(),
         basic: HashSet::new(),
         staged: HashMap::new(),
+        owner_read: HashSet::new(),
         jobs: HashMap::new(),
         submitted: HashSet::new(),
         nodes: HashSet::new(),
@@ -786,16 +789,23 @@ impl<B: BatchAlloc> Loop<B> {
         let (key, uid, owner) = match t {
             Target::Group(k) => {
                 let owner = self.owners.remove(k);
-                let needs_owner = matches!(
-                    k.kind,
+                let needs_owner = match k.kind {
                     GroupKind::Workload
-                        | GroupKind::PodGroup
-                        | GroupKind::JobSet
-                        | GroupKind::IndexedJob
-                ) && (!self.uids.contains_key(k)
-                    || !self.expected.contains_key(k));
+                    | GroupKind::PodGroup
+                    | GroupKind::JobSet
+                    | GroupKind::IndexedJob => {
+                        !self.uids.contains_key(k) || !self.expected.contains_key(k)
+                    }
+                    // Read once, for its startup policy: a LeaderReady set makes its
+                    // workers only once the leader runs.
+                    GroupKind::LeaderWorkerSet => !self.owner_read.contains(k),
+                    GroupKind::Pod => false,
+                };
                 if needs_owner && owner.is_none() {
-                    return Ok(Some(Work::Lookup(k.clone())));
+                    return Ok(Some(Work::Lookup(k.clone(), self.owner_name(k))));
+                }
+                if owner.is_some() {
+                    self.owner_read.insert(k.clone());
                 }
                 if k.kind == GroupKind::Workload
                     && let Some(read) = &owner
@@ -1017,9 +1027,25 @@ impl<B: BatchAlloc> Loop<B> {
         }
     }
 
+    /// The owner's name when the group's key is not it: a LeaderWorkerSet's, from its pods.
+    fn owner_name(&self, k: &GroupKey) -> Option<String> {
+        if k.kind != GroupKind::LeaderWorkerSet {
+            return None;
+        }
+        self.members.get(k)?.iter().find_map(|name| {
+            let p = self.pods.get(&(k.namespace.clone(), name.clone()))?;
+            p.metadata
+                .labels
+                .as_ref()?
+                .get(crate::labels::LWS_NAME)
+                .cloned()
+        })
+    }
+
     fn forget(&mut self, k: &GroupKey) {
         self.members.remove(k);
         self.staged.remove(k);
+        self.owner_read.remove(k);
         self.expected.remove(k);
         self.owners.remove(k);
         if let Some(uid) = self.uids.remove(k) {

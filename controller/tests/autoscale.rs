@@ -249,7 +249,7 @@ async fn keda_scaler_reports_shape_aware_demand_and_scales_to_zero() {
     .unwrap();
     wait_workers(&mut s, &gpu8(), 2).await;
     let mut w1 = gpu_worker(&c, "gpu-1").await;
-    let w2 = gpu_worker(&c, "gpu-2").await;
+    let mut w2 = gpu_worker(&c, "gpu-2").await;
     assert_eq!(w1.expect_launch().await.job_id, wide);
     // Running on both workers, nothing pending: still 2 (busy), still active.
     let m = scrape_until(metrics_addr, "tandem_nodes_alloc", 2.0).await;
@@ -260,6 +260,7 @@ async fn keda_scaler_reports_shape_aware_demand_and_scales_to_zero() {
 
     // The job ends: idle workers, nothing pending -> zero and inactive (scale to zero).
     w1.end(wide, 0).await;
+    w2.confirm_gone(wide).await;
     wait_workers(&mut s, &gpu8(), 0).await;
     assert!(!is_active(&mut s, &gpu8()).await);
     let last = tokio::time::timeout(WAIT, stream.message()).await.unwrap();

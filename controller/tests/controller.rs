@@ -101,10 +101,23 @@ impl FakeWorker {
         }
     }
 
+    /// Answers the controller's `EndJob` for `job` (this node is not the job's batch host)
+    /// with `JobGone`: the next message must be that `EndJob`.
+    async fn confirm_gone(&mut self, job: u64) {
+        match self.next().await {
+            controller_message::Msg::EndJob(e) => assert_eq!(e.job_id, job),
+            other => panic!("expected EndJob, got {other:?}"),
+        }
+        self.send(worker_message::Msg::JobGone(v1::JobGone { job_id: job }))
+            .await;
+    }
+
+    /// The job ended on this node; a stand-in runs nothing, so nothing of it is left here.
     async fn end(&self, job: u64, exit_code: i32) {
         self.send(worker_message::Msg::JobEnded(v1::JobEnded {
             job_id: job,
             exit_code,
+            processes_gone: true,
             ..Default::default()
         }))
         .await;
@@ -633,6 +646,8 @@ async fn steps_holds_and_node_administration() {
     .await
     .unwrap();
     w1.end(id, 0).await;
+    // The other node is held (COMPLETING) until its worker says the job is gone there.
+    w2.confirm_gone(id).await;
     wait_state(&mut jobs, id, v1::JobState::Completed).await;
     let mut acct = AccountingClient::new(ctl.channel(&alice()).await);
     let rec = acct

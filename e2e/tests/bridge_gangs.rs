@@ -364,3 +364,98 @@ async fn a_jobset_started_in_order_reserves_its_whole_gang_and_binds_each_stage_
     }
     assert!(per_node.values().all(|c| *c <= 2), "{per_node:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_ready_leaderworkerset_binds_its_leader_first_on_the_whole_gangs_nodes() {
+    let test = "a_leader_ready_leaderworkerset_binds_its_leader_first_on_the_whole_gangs_nodes";
+    let cluster = TestCluster::start().await.unwrap();
+    if !cluster.needs_process_kubelet(test) {
+        return;
+    }
+    let mut crds = tandem_operator::crd::all();
+    crds.push(crd(
+        "leaderworkerset.x-k8s.io",
+        "v1",
+        "LeaderWorkerSet",
+        "leaderworkersets",
+    ));
+    let mut env = BridgeEnv::start(
+        &cluster,
+        Setup::new(crds)
+            .node("g1", 8, 16, 2)
+            .node("g2", 8, 16, 2)
+            .namespace("ml", "root", json!({})),
+    )
+    .await;
+    let _bridge = env.spawn_bridge(&[]);
+    let ns = env.ns("ml").to_owned();
+    let client = cluster.client();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let sets: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &ns,
+        &resource(
+            "leaderworkerset.x-k8s.io",
+            "v1",
+            "LeaderWorkerSet",
+            "leaderworkersets",
+        ),
+    );
+    // LeaderReady: the workers' StatefulSet is made only once the leader is Ready.
+    let template = json!({"spec": {"containers": [{"name": "c", "image": "busybox",
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                      "limits": {"nvidia.com/gpu": "1"}}}]}});
+    let lws: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+        "metadata": {"name": "infer"},
+        "spec": {"startupPolicy": "LeaderReady", "leaderWorkerTemplate": {
+            "size": 4, "workerTemplate": template}},
+    }))
+    .unwrap();
+    sets.create(&PostParams::default(), &lws).await.unwrap();
+    let member = |name: &str, index: u32| {
+        let mut p = pod(
+            name,
+            json!({
+                "leaderworkerset.sigs.k8s.io/name": "infer",
+                "leaderworkerset.sigs.k8s.io/group-key": "5f1e2d3c",
+                "leaderworkerset.sigs.k8s.io/worker-index": index.to_string(),
+                "set": "infer",
+            }),
+        );
+        p.metadata.annotations = Some(
+            [(
+                "leaderworkerset.sigs.k8s.io/size".to_owned(),
+                "4".to_owned(),
+            )]
+            .into(),
+        );
+        p
+    };
+    let set = ListParams::default().labels("set=infer");
+    pods.create(&PostParams::default(), &member("infer-0", 0))
+        .await
+        .unwrap();
+    let leader = env
+        .wait_pods(&pods, &set, "the leader bound alone", |ps| {
+            ps.len() == 1 && ps.iter().all(|p| node_of(p).is_some())
+        })
+        .await;
+    let job = job_id(&leader[0]).unwrap().to_owned();
+    for i in 1..4 {
+        pods.create(&PostParams::default(), &member(&format!("infer-0-{i}"), i))
+            .await
+            .unwrap();
+    }
+    let up = env
+        .wait_pods(&pods, &set, "the workers bound to the leader's job", |ps| {
+            ps.len() == 4 && ps.iter().all(|p| node_of(p).is_some())
+        })
+        .await;
+    let jobs: BTreeSet<&str> = up.iter().filter_map(job_id).collect();
+    assert_eq!(
+        jobs,
+        BTreeSet::from([job.as_str()]),
+        "one job for the whole group"
+    );
+}

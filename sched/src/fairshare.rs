@@ -368,6 +368,16 @@ impl AssocTree {
         }
     }
 
+    /// Takes back `usage` charged for time a job did not run; never below zero.
+    pub fn refund(&mut self, idx: AssocIdx, usage: f64) {
+        if !(usage.is_finite() && usage > 0.0) {
+            return;
+        }
+        if let Some(a) = self.assocs.get_mut(idx.index()) {
+            a.usage = (a.usage - usage).max(0.0);
+        }
+    }
+
     /// Decay every association's usage by `elapsed_s` seconds of half-life
     /// decay. One multiplication per association.
     pub fn decay_all(&mut self, elapsed_s: u64, half_life_s: u64) {

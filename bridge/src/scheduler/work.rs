@@ -55,7 +55,9 @@ pub(super) struct Tell {
 /// One operation, decided by the loop.
 pub(super) enum Work {
     /// Read the group's owner object (Workload, PodGroup, JobSet, Job): its UID and size.
-    Lookup(GroupKey),
+    /// The second field names the owner when the group's key does not (a LeaderWorkerSet's
+    /// group key is a hash; its pods name the set).
+    Lookup(GroupKey, Option<String>),
     /// Submit the group's placeholder (the partition's capacity is read first, cached).
     Submit(Box<Submit>),
     Tell {
@@ -142,8 +144,8 @@ impl Outcome {
 pub(super) async fn perform<B: BatchAlloc>(ctx: Ctx<B>, target: Target, work: Work) -> Outcome {
     let mut out = Outcome::new(target);
     match work {
-        Work::Lookup(k) => {
-            let owner = owner(&ctx.client, &k).await;
+        Work::Lookup(k, name) => {
+            let owner = owner(&ctx.client, &k, name.as_deref()).await;
             out.owner = Some((k, owner));
         }
         Work::Submit(s) => submit(&ctx, &mut out, *s).await,
@@ -365,13 +367,19 @@ async fn bind<B>(
 
 /// The Workload, PodGroup, JobSet or Job behind a group, as JSON; `None` when absent or
 /// unreadable (a cluster without the Workload API answers 404: its pods wait, told why).
-async fn owner(client: &Client, k: &GroupKey) -> Option<serde_json::Value> {
+async fn owner(client: &Client, k: &GroupKey, named: Option<&str>) -> Option<serde_json::Value> {
     let (group, version, kind, plural) = match k.kind {
         GroupKind::Workload => ("scheduling.k8s.io", "v1alpha1", "Workload", "workloads"),
         GroupKind::PodGroup => ("scheduling.x-k8s.io", "v1alpha1", "PodGroup", "podgroups"),
         GroupKind::JobSet => ("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets"),
         GroupKind::IndexedJob => ("batch", "v1", "Job", "jobs"),
-        GroupKind::Pod | GroupKind::LeaderWorkerSet => return None,
+        GroupKind::LeaderWorkerSet => (
+            "leaderworkerset.x-k8s.io",
+            "v1",
+            "LeaderWorkerSet",
+            "leaderworkersets",
+        ),
+        GroupKind::Pod => return None,
     };
     let ar = ApiResource {
         group: group.into(),
@@ -380,7 +388,7 @@ async fn owner(client: &Client, k: &GroupKey) -> Option<serde_json::Value> {
         kind: kind.into(),
         plural: plural.into(),
     };
-    let name = workload_ref(k).map_or(k.name.as_str(), |r| r.workload);
+    let name = named.unwrap_or_else(|| workload_ref(k).map_or(k.name.as_str(), |r| r.workload));
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &k.namespace, &ar);
     match api.get_opt(name).await {
         Ok(Some(o)) => serde_json::to_value(o).ok(),

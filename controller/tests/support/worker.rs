@@ -78,12 +78,29 @@ impl FakeWorker {
         }
     }
 
+    /// The job ended on this (its batch) node; a stand-in runs nothing, so nothing of it is
+    /// left here.
     pub async fn end(&self, job: u64, exit_code: i32) {
         self.send(worker_message::Msg::JobEnded(v1::JobEnded {
             job_id: job,
             exit_code,
+            processes_gone: true,
             ..Default::default()
         }))
         .await;
+    }
+
+    /// Answers the controller's `EndJob` for `job` (on a node of a multi-node job other than
+    /// its batch host) with `JobGone`, skipping other messages.
+    pub async fn confirm_gone(&mut self, job: u64) {
+        loop {
+            if let controller_message::Msg::EndJob(e) = self.next().await
+                && e.job_id == job
+            {
+                self.send(worker_message::Msg::JobGone(v1::JobGone { job_id: job }))
+                    .await;
+                return;
+            }
+        }
     }
 }

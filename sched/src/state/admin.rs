@@ -283,34 +283,51 @@ impl State {
         self.changes.assoc = true;
     }
 
-    /// Charges a job's last stretch (since the last periodic charge) when it ends.
-    pub(super) fn charge_job(&mut self, id: JobId, now: i64) {
+    /// Settles a job's usage when it ends at `end`: charges its last stretch (since the
+    /// last periodic charge), or, when a periodic charge already ran past `end` (the end
+    /// was reported late: a controller restart, a worker or a bridge that told it after a
+    /// pass), gives back what was charged for time the job did not run. Usage then equals
+    /// what `sacct` shows it ran. The refund is not decayed: the periods involved are
+    /// seconds against a half-life of days.
+    pub(super) fn charge_job(&mut self, id: JobId, end: i64) {
         let Some(job) = self.jobs.get(&id) else {
             return;
         };
         let last = self.usage_charged_at.unwrap_or(i64::MIN);
-        let from = job.start_time.unwrap_or(now).max(last);
-        self.charge(id, from, now);
+        let start = job.start_time.unwrap_or(end);
+        if end >= last {
+            self.charge(id, start.max(last), end);
+        } else {
+            self.refund(id, end.max(start), last);
+        }
         self.changes.assoc = true;
     }
 
     fn charge(&mut self, id: JobId, from: i64, to: i64) {
-        if to <= from {
-            return;
+        if let Some((idx, usage)) = self.usage_between(id, from, to) {
+            self.assoc.charge(idx, usage);
         }
-        let job = &self.jobs[&id];
-        let Some(alloc) = job.alloc.as_deref() else {
-            return;
-        };
-        let t = alloc.total();
+    }
+
+    fn refund(&mut self, id: JobId, from: i64, to: i64) {
+        if let Some((idx, usage)) = self.usage_between(id, from, to) {
+            self.assoc.refund(idx, usage);
+        }
+    }
+
+    /// The job's billed usage from `from` to `to`, and the association it goes to.
+    fn usage_between(&self, id: JobId, from: i64, to: i64) -> Option<(AssocIdx, f64)> {
+        if to <= from {
+            return None;
+        }
+        let job = self.jobs.get(&id)?;
+        let t = job.alloc.as_deref()?.total();
         let usage = self.config.fairshare.billing.usage(
             u64::from(t.cpus),
             t.mem_mb,
             u64::from(t.gpus),
             (to - from) as u64,
         );
-        if let Some(idx) = self.job_assoc(job) {
-            self.assoc.charge(idx, usage);
-        }
+        Some((self.job_assoc(job)?, usage))
     }
 }

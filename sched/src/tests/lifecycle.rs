@@ -937,6 +937,26 @@ fn usage_is_charged_to_the_users_association() {
     );
 }
 
+#[test]
+fn an_end_reported_after_a_charge_gives_back_the_time_it_did_not_run() {
+    let mut st = State::test_cluster(1, 8, 8000, 2);
+    let a = st.submit(JobSpec::test().gpus(2), 0).unwrap();
+    st.schedule(0);
+    st.schedule(100);
+    // A pass at 200 charges the job as running; its end at 150 is told only at 210 (a
+    // controller restart, a late worker or bridge).
+    st.schedule(200);
+    end(&mut st, a, 0, 150);
+    let idx = st.assoc().user("alice", "root").unwrap();
+    let usage = st.assoc().own_usage(idx);
+    let rate = st.config().fairshare.billing.rate(1, 0, 2);
+    assert!(
+        usage > rate * 149.0 && usage <= rate * 150.0,
+        "charged {usage}, ran {}",
+        rate * 150.0
+    );
+}
+
 /// A pending job must stay small: the controller targets < 2 KB per pending job in total.
 #[test]
 fn a_pending_job_record_is_small() {
