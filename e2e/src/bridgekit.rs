@@ -796,6 +796,25 @@ pub fn deployment(name: &str, replicas: u32, gpus: u32) -> Deployment {
     .unwrap_or_else(|e| panic!("deployment {name}: {e}"))
 }
 
+/// A pod of one GPU (and 1 CPU, 1 GiB) that sleeps, scheduled by Tandem; `extra` is merged
+/// into the whole object (`{"metadata": {"labels": ..}}`, `{"spec": {"nodeSelector": ..}}`).
+pub fn gpu_pod(name: &str, extra: serde_json::Value) -> Pod {
+    let mut pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerName": "tandem",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "serve", "image": "busybox",
+                "command": ["sh", "-c", "sleep 300"],
+                "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                              "limits": {"nvidia.com/gpu": "1"}}}],
+        },
+    });
+    crate::testkit::merge_json(&mut pod, extra);
+    serde_json::from_value(pod).unwrap_or_else(|e| panic!("pod {name}: {e}"))
+}
+
 /// Sets the Deployment `name`'s replicas.
 pub async fn scale(api: &Api<Deployment>, name: &str, replicas: u32) {
     api.patch(

@@ -7,25 +7,11 @@
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use tandem_e2e::bridgekit::{BridgeEnv, Setup, node_of, running, unschedulable};
+use tandem_e2e::bridgekit::{BridgeEnv, Setup, gpu_pod, node_of, running, unschedulable};
 use tandem_e2e::testkit::TestCluster;
 
-fn pod(name: &str, extra: serde_json::Value) -> Pod {
-    let mut spec = json!({
-        "schedulerName": "tandem",
-        "terminationGracePeriodSeconds": 1,
-        "containers": [{"name": "serve", "image": "busybox",
-            "command": ["sh", "-c", "sleep 300"],
-            "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
-                          "limits": {"nvidia.com/gpu": "1"}}}],
-    });
-    tandem_e2e::testkit::merge_json(&mut spec, extra);
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": spec,
-    }))
-    .unwrap_or_else(|e| panic!("pod {name}: {e}"))
+fn pod(name: &str, spec: serde_json::Value) -> Pod {
+    gpu_pod(name, json!({"spec": spec}))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,7 +17,9 @@ use k8s_openapi::api::events::v1::Event as KubeEvent;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use tandem_e2e::bridgekit::{BridgeEnv, Proc, Setup, deployment, job_id, node_of, running};
+use tandem_e2e::bridgekit::{
+    BridgeEnv, Proc, Setup, deployment, gpu_pod, job_id, node_of, running,
+};
 use tandem_e2e::testkit::TestCluster;
 
 const FINALIZER: &str = "tandem.dev/slot-protection";
@@ -50,18 +52,23 @@ fn stamp(file: &Path) -> u128 {
         .unwrap_or_else(|e| panic!("{}: {text:?}: {e}", file.display()))
 }
 
-/// One pool node with 2 GPUs and a serving namespace; the stubborn pod running on it.
-async fn pod_on_the_only_node(
-    cluster: &TestCluster,
-    bridge_flags: &[&str],
-) -> (BridgeEnv, Proc, Api<Pod>, std::path::PathBuf) {
-    let mut env = BridgeEnv::start(
+/// One pool node, p1, with 2 GPUs, and a serving namespace.
+async fn one_node(cluster: &TestCluster) -> BridgeEnv {
+    BridgeEnv::start(
         cluster,
         Setup::new(tandem_operator::crd::all())
             .node("p1", 8, 16, 2)
             .namespace("serving", "root", json!({})),
     )
-    .await;
+    .await
+}
+
+/// One pool node with 2 GPUs and a serving namespace; the stubborn pod running on it.
+async fn pod_on_the_only_node(
+    cluster: &TestCluster,
+    bridge_flags: &[&str],
+) -> (BridgeEnv, Proc, Api<Pod>, std::path::PathBuf) {
+    let mut env = one_node(cluster).await;
     let bridge = env.spawn_bridge(bridge_flags);
     let ns = env.ns("serving").to_owned();
     let pods: Api<Pod> = Api::namespaced(cluster.client(), &ns);
@@ -190,13 +197,7 @@ async fn a_bridge_started_while_the_controller_is_away_waits_for_it() {
     if !cluster.needs_process_kubelet(test) {
         return;
     }
-    let mut env = BridgeEnv::start(
-        &cluster,
-        Setup::new(tandem_operator::crd::all())
-            .node("p1", 8, 16, 2)
-            .namespace("serving", "root", json!({})),
-    )
-    .await;
+    let mut env = one_node(&cluster).await;
     env.kill_controller();
     let mut bridge = env.spawn_bridge(&[]);
     let ns = env.ns("serving").to_owned();
@@ -230,13 +231,7 @@ async fn a_disruption_budget_delays_a_cancel_only_until_the_eviction_timeout() {
     if !cluster.needs_process_kubelet(test) {
         return;
     }
-    let mut env = BridgeEnv::start(
-        &cluster,
-        Setup::new(tandem_operator::crd::all())
-            .node("p1", 8, 16, 2)
-            .namespace("serving", "root", json!({})),
-    )
-    .await;
+    let mut env = one_node(&cluster).await;
     let _bridge = env.spawn_bridge(&["--eviction-timeout", "3"]);
     let ns = env.ns("serving").to_owned();
     let client = cluster.client();
@@ -297,22 +292,13 @@ async fn a_disruption_budget_delays_a_cancel_only_until_the_eviction_timeout() {
 
 /// A one-GPU pod of LeaderWorkerSet group `key` (size 1), as the LWS controller labels it.
 fn lws_pod(name: &str, key: &str) -> Pod {
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name,
+    gpu_pod(
+        name,
+        json!({"metadata": {
             "labels": {"leaderworkerset.sigs.k8s.io/group-key": key,
                        "leaderworkerset.sigs.k8s.io/name": "infer"},
-            "annotations": {"leaderworkerset.sigs.k8s.io/size": "1"}},
-        "spec": {
-            "schedulerName": "tandem",
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "serve", "image": "busybox",
-                "command": ["sh", "-c", "sleep 300"],
-                "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
-                              "limits": {"nvidia.com/gpu": "1"}}}],
-        },
-    }))
-    .unwrap_or_else(|e| panic!("pod {name}: {e}"))
+            "annotations": {"leaderworkerset.sigs.k8s.io/size": "1"}}}),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
