@@ -43,16 +43,16 @@ use crate::decide::{
     self, Decision, EndReason, JobView, Member, MemberState, decide_gang, member_state,
     vanished_state,
 };
-use crate::group::{
-    self, GroupInfo, GroupKey, GroupKind, WorkloadPolicy, expected_members, group_of,
-};
+use crate::group::{self, GroupInfo, GroupKey, GroupKind, WorkloadPolicy, expected_members};
 use crate::labels::SCHEDULER_NAME;
 use crate::nodes::{self, Mode};
 use crate::policy::{self, NamespacePolicy};
 use crate::{annotations, apply, fit, resources};
 
+mod index;
 mod modes;
 mod work;
+use index::{Ghost, GroupIndex, PodKey, pod_key};
 use work::{Ctx, Outcome, Tell, Work};
 
 /// What the loop needs besides its clients.
@@ -82,17 +82,6 @@ struct Refusal {
 
 const MAX_EVICT_BACKOFF_S: i64 = 30;
 
-/// A bound pod that vanished from the API before its containers were reported stopped
-/// (its slot finalizer removed by hand, or bound before the bridge set one): its slot stays
-/// held until `deadline`, whatever the API says.
-#[derive(Debug, Clone)]
-struct Ghost {
-    name: String,
-    rank: Option<u32>,
-    node: String,
-    deadline: i64,
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("watching {what}")]
@@ -104,8 +93,6 @@ pub enum Error {
     #[error(transparent)]
     Batch(#[from] BatchError),
 }
-
-type PodKey = (String, String);
 
 /// How often node modes are read from the controller when nothing asked sooner: a node
 /// leaves `kube` mode when a batch job takes it, which no bridge event announces.
@@ -150,22 +137,13 @@ struct Loop<B> {
     batch: Arc<B>,
     recorder: Recorder,
     cfg: Config,
-    pods: HashMap<PodKey, Pod>,
-    /// Pods seen since the pod watch (re)started listing; at the list's end, pods not in
-    /// it were deleted while the watch was away (the watcher emits no Delete for them).
-    relist: Option<HashSet<PodKey>>,
-    /// Bound pods that vanished while their containers may run, per group.
-    ghosts: HashMap<GroupKey, Vec<Ghost>>,
-    pod_group: HashMap<PodKey, GroupInfo>,
-    members: HashMap<GroupKey, BTreeSet<String>>,
+    /// The pods, their groups and the ghosts of vanished ones.
+    ix: GroupIndex,
     /// Group -> its UID (with its namespace, the placeholder's key), once known.
     uids: HashMap<GroupKey, String>,
     keys: HashMap<PlaceholderId, GroupKey>,
     /// Owner-derived group sizes; `None` entries are looked up again.
     expected: HashMap<GroupKey, u32>,
-    /// Workload pod groups whose policy is `basic`: their pods are grouped one by one (the
-    /// pod groups of a Workload are immutable).
-    basic: HashSet<GroupKey>,
     /// Groups whose owner starts them in stages, with every member's requests (from the
     /// owner's templates): submitted whole as soon as the first members exist.
     staged: HashMap<GroupKey, Vec<resources::PodResources>>,
@@ -223,15 +201,10 @@ pub async fn run<B: BatchAlloc + 'static>(
         client: client.clone(),
         batch: Arc::new(batch),
         cfg: cfg.clone(),
-        pods: HashMap::new(),
-        relist: None,
-        ghosts: HashMap::new(),
-        pod_group: HashMap::new(),
-        members: HashMap::new(),
+        ix: GroupIndex::default(),
         uids: HashMap::new(),
         keys: HashMap::new(),
         expected: HashMap::new(),
-        basic: HashSet::new(),
         staged: HashMap::new(),
         owner_read: HashSet::new(),
         jobs: HashMap::new(),
@@ -377,30 +350,15 @@ fn placeholder_feed<B: BatchAlloc + 'static>(
 impl<B: BatchAlloc> Loop<B> {
     fn on_pod(&mut self, ev: Event<Pod>) {
         match ev {
-            Event::Init => self.relist = Some(HashSet::new()),
+            Event::Init => self.ix.relist_start(),
             Event::InitDone => {
-                if let Some(seen) = self.relist.take() {
-                    let missed: Vec<Pod> = self
-                        .pods
-                        .iter()
-                        .filter(|(k, _)| !seen.contains(*k))
-                        .map(|(_, p)| p.clone())
-                        .collect();
-                    for p in missed {
-                        self.on_delete(&p);
-                    }
+                for p in self.ix.relist_end() {
+                    self.on_delete(&p);
                 }
                 self.pods_synced = true;
-                let all: Vec<Target> = self.members.keys().cloned().map(Target::Group).collect();
-                self.dirty.extend(all);
+                self.dirty_all();
             }
-            Event::InitApply(p) => {
-                if let Some(seen) = self.relist.as_mut() {
-                    seen.insert(pod_key(&p));
-                }
-                self.upsert(p);
-            }
-            Event::Apply(p) => self.upsert(p),
+            Event::InitApply(p) | Event::Apply(p) => self.upsert(p),
             Event::Delete(p) => self.on_delete(&p),
         }
     }
@@ -410,20 +368,17 @@ impl<B: BatchAlloc> Loop<B> {
     fn on_delete(&mut self, last: &Pod) {
         let key = pod_key(last);
         let now = unix_now();
-        let held = match self.pods.get(&key) {
+        let held = match self.ix.pod(&key) {
             Some(p) => {
                 !matches!(self.member(p, now).state, MemberState::Finished { .. })
                     && !matches!(self.member(last, now).state, MemberState::Finished { .. })
             }
             None => false,
         };
-        self.pods.remove(&key);
+        let removed = self.ix.remove(&key);
         self.told.remove(&key);
         self.refusals.remove(&key);
-        if let Some(info) = self.pod_group.remove(&key) {
-            if let Some(m) = self.members.get_mut(&info.key) {
-                m.remove(&key.1);
-            }
+        if let Some((_, Some(info))) = removed {
             let node = last.spec.as_ref().and_then(|s| s.node_name.clone());
             if held
                 && let Some(node) = node
@@ -433,48 +388,42 @@ impl<B: BatchAlloc> Loop<B> {
                     pod = %key.1, namespace = %key.0, node = %node, deadline,
                     "pod vanished before its containers were reported stopped; its slot stays held until its grace period has passed"
                 );
-                self.ghosts
-                    .entry(info.key.clone())
-                    .or_default()
-                    .push(Ghost {
+                self.ix.add_ghost(
+                    info.key.clone(),
+                    Ghost {
                         name: key.1.clone(),
                         rank: info.rank,
                         node,
                         deadline,
-                    });
+                    },
+                );
             }
             self.dirty.insert(Target::Group(info.key));
         }
     }
 
     fn upsert(&mut self, p: Pod) {
-        let key = pod_key(&p);
-        let grouped = group_of(&p).and_then(|i| {
-            if self.basic.contains(&i.key) {
-                group::single(&p)
-            } else {
-                Ok(i)
+        let uid = |info: &GroupInfo| direct_uid(info, &p);
+        let up = self.ix.upsert(p.clone());
+        if let Some(info) = &up.group {
+            if let Some(uid) = uid(info) {
+                self.keys.insert(
+                    PlaceholderId::new(&info.key.namespace, &uid),
+                    info.key.clone(),
+                );
+                self.uids.insert(info.key.clone(), uid);
             }
-        });
-        match grouped {
-            Ok(info) => {
-                self.members
-                    .entry(info.key.clone())
-                    .or_default()
-                    .insert(key.1.clone());
-                if let Some(uid) = direct_uid(&info, &p) {
-                    self.keys.insert(
-                        PlaceholderId::new(&info.key.namespace, &uid),
-                        info.key.clone(),
-                    );
-                    self.uids.insert(info.key.clone(), uid);
-                }
-                self.dirty.insert(Target::Group(info.key.clone()));
-                self.pod_group.insert(key.clone(), info);
-            }
-            Err(e) => debug!(pod = %key.1, error = %e, "pod not grouped"),
+            self.dirty.insert(Target::Group(info.key.clone()));
         }
-        self.pods.insert(key, p);
+        if let Some(left) = up.left {
+            self.dirty.insert(Target::Group(left));
+        }
+    }
+
+    /// Every group is decided again (a watch synced, the namespace map changed).
+    fn dirty_all(&mut self) {
+        let all: Vec<Target> = self.ix.groups().into_iter().map(Target::Group).collect();
+        self.dirty.extend(all);
     }
 
     fn on_node(&mut self, ev: Event<Node>) {
@@ -508,12 +457,7 @@ impl<B: BatchAlloc> Loop<B> {
     }
 
     fn dirty_on_node(&mut self, node: &str) {
-        let hit: Vec<Target> = self
-            .pods
-            .iter()
-            .filter(|(_, p)| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
-            .filter_map(|(k, _)| self.pod_group.get(k).map(|i| Target::Group(i.key.clone())))
-            .collect();
+        let hit = self.ix.groups_on_node(node).into_iter().map(Target::Group);
         self.dirty.extend(hit);
     }
 
@@ -521,8 +465,7 @@ impl<B: BatchAlloc> Loop<B> {
         match cluster::policies(&tc.data) {
             Ok(p) => {
                 self.policies = p;
-                let all: Vec<Target> = self.members.keys().cloned().map(Target::Group).collect();
-                self.dirty.extend(all);
+                self.dirty_all();
             }
             Err(e) => {
                 warn!(error = %e, "TandemCluster namespace map refused; keeping the last one")
@@ -543,8 +486,7 @@ impl<B: BatchAlloc> Loop<B> {
                 .map(Target::Orphan)
                 .collect();
             self.dirty.extend(orphans);
-            let all: Vec<Target> = self.members.keys().cloned().map(Target::Group).collect();
-            self.dirty.extend(all);
+            self.dirty_all();
             return;
         }
         if ev.removed {
@@ -570,14 +512,8 @@ impl<B: BatchAlloc> Loop<B> {
         for n in gone {
             self.dirty_on_node(&n);
         }
-        let now = unix_now();
-        let due: Vec<Target> = self
-            .ghosts
-            .iter()
-            .filter(|(_, gs)| gs.iter().any(|g| g.deadline <= now))
-            .map(|(k, _)| Target::Group(k.clone()))
-            .collect();
-        self.dirty.extend(due);
+        let due = self.ix.groups_with_due_ghosts(unix_now());
+        self.dirty.extend(due.into_iter().map(Target::Group));
     }
 
     /// What the controller last said about Kubernetes node `name`.
@@ -725,7 +661,7 @@ impl<B: BatchAlloc> Loop<B> {
             }
         }
         for (key, message) in out.told {
-            if self.pods.contains_key(&key) {
+            if self.ix.pod(&key).is_some() {
                 self.told.insert(key, message);
             }
         }
@@ -747,7 +683,7 @@ impl<B: BatchAlloc> Loop<B> {
             r.next = now.saturating_add(wait);
         }
         for (key, node) in out.bound {
-            if let Some(p) = self.pods.get_mut(&key) {
+            if let Some(p) = self.ix.pod_mut(&key) {
                 // Plan from what was written until the watch brings it: another event of
                 // the group before then must not bind it again (a 409).
                 if let Some(spec) = p.spec.as_mut()
@@ -823,28 +759,20 @@ impl<B: BatchAlloc> Loop<B> {
                 // A group of the same namespace whose UID is still unknown (its PodGroup
                 // not read yet) may own it: fail closed rather than end a running group's
                 // job. Groups of other namespaces never own it.
-                if self.members.iter().any(|(k, m)| {
-                    k.namespace == id.namespace && !m.is_empty() && !self.uids.contains_key(k)
-                }) {
+                if self
+                    .ix
+                    .groups_in(&id.namespace)
+                    .any(|k| !self.uids.contains_key(k))
+                {
                     return Err("a group's UID is still unknown".into());
                 }
                 (None, Some(id.clone()), None)
             }
         };
-        let pods: Vec<Pod> = match &key {
-            Some(k) => self
-                .members
-                .get(k)
-                .into_iter()
-                .flatten()
-                .filter_map(|name| self.pods.get(&(k.namespace.clone(), name.clone())).cloned())
-                .collect(),
-            None => Vec::new(),
-        };
+        let pods: Vec<Pod> = key.as_ref().map(|k| self.ix.pods_of(k)).unwrap_or_default();
         let ghosts: Vec<Ghost> = key
             .as_ref()
-            .and_then(|k| self.ghosts.get(k))
-            .cloned()
+            .map(|k| self.ix.ghosts(k).to_vec())
             .unwrap_or_default();
         if let Some(k) = &key
             && pods.is_empty()
@@ -862,13 +790,8 @@ impl<B: BatchAlloc> Loop<B> {
             state: vanished_state(g.deadline, now),
         }));
         // A ghost past its deadline counts as stopped in this decision, then is dropped.
-        if let Some(k) = &key
-            && let Some(gs) = self.ghosts.get_mut(k)
-        {
-            gs.retain(|g| g.deadline > now);
-            if gs.is_empty() {
-                self.ghosts.remove(k);
-            }
+        if let Some(k) = &key {
+            self.ix.drop_due_ghosts(k, now);
         }
         // Pods whose slot is free (stopped, as the kubelet reported) but still carry the
         // slot finalizer: released with this decision's end report, or on their own when
@@ -1008,7 +931,7 @@ impl<B: BatchAlloc> Loop<B> {
     /// member's requests. Templates whose requests cannot be read leave it a plain gang
     /// (whose pods are then told why, when they are submitted).
     fn note_staged(&mut self, k: &GroupKey, pods: &[Pod], owner: &serde_json::Value) {
-        let Some(info) = pods.first().and_then(|p| self.pod_group.get(&pod_key(p))) else {
+        let Some(info) = pods.first().and_then(|p| self.ix.info(&pod_key(p))) else {
             return;
         };
         let Some(specs) = group::staged_members(info, Some(owner)) else {
@@ -1032,8 +955,7 @@ impl<B: BatchAlloc> Loop<B> {
         if k.kind != GroupKind::LeaderWorkerSet {
             return None;
         }
-        self.members.get(k)?.iter().find_map(|name| {
-            let p = self.pods.get(&(k.namespace.clone(), name.clone()))?;
+        self.ix.pods_of(k).iter().find_map(|p| {
             p.metadata
                 .labels
                 .as_ref()?
@@ -1043,7 +965,7 @@ impl<B: BatchAlloc> Loop<B> {
     }
 
     fn forget(&mut self, k: &GroupKey) {
-        self.members.remove(k);
+        self.ix.forget(k);
         self.staged.remove(k);
         self.owner_read.remove(k);
         self.expected.remove(k);
@@ -1058,7 +980,7 @@ impl<B: BatchAlloc> Loop<B> {
         let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
         let gone = node.as_ref().and_then(|n| self.gone.get(n).copied());
         Member {
-            rank: self.pod_group.get(&key).and_then(|i| i.rank),
+            rank: self.ix.info(&key).and_then(|i| i.rank),
             name: key.1,
             state: member_state(p, gone, self.cfg.node_grace_s, now),
             node,
@@ -1076,14 +998,7 @@ impl<B: BatchAlloc> Loop<B> {
     ) -> Option<Option<Work>> {
         match group::workload_group(k, workload) {
             Ok(g) if g.policy == WorkloadPolicy::Basic => {
-                self.basic.insert(k.clone());
-                let pods: Vec<Pod> = self
-                    .members
-                    .get(k)
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|n| self.pods.get(&(k.namespace.clone(), n.clone())).cloned())
-                    .collect();
+                let pods = self.ix.make_basic(k);
                 self.forget(k);
                 for p in pods {
                     self.upsert(p);
@@ -1094,16 +1009,13 @@ impl<B: BatchAlloc> Loop<B> {
             Err(e) => {
                 self.retry.insert(Target::Group(k.clone()));
                 let waiting: Vec<Pod> = self
-                    .members
-                    .get(k)
+                    .ix
+                    .pods_of(k)
                     .into_iter()
-                    .flatten()
-                    .filter_map(|n| self.pods.get(&(k.namespace.clone(), n.clone())))
                     .filter(|p| {
                         p.metadata.deletion_timestamp.is_none()
                             && p.spec.as_ref().is_some_and(|s| s.node_name.is_none())
                     })
-                    .cloned()
                     .collect();
                 let names: Vec<String> = waiting.iter().map(|p| pod_key(p).1).collect();
                 let tell = self.tell(&k.namespace, &names, &waiting);
@@ -1138,7 +1050,7 @@ impl<B: BatchAlloc> Loop<B> {
         if let Some(n) = self.expected.get(k) {
             return Some(*n);
         }
-        let info = pods.first().and_then(|p| self.pod_group.get(&pod_key(p)))?;
+        let info = pods.first().and_then(|p| self.ix.info(&pod_key(p)))?;
         let n = expected_members(info, owner)?;
         self.expected.insert(k.clone(), n);
         Some(n)
@@ -1229,8 +1141,8 @@ impl<B: BatchAlloc> Loop<B> {
         if let Some(all) = self.staged.get(k) {
             // Sized for every member, the later stages included.
             let info = self
-                .pod_group
-                .get(&pod_key(first))
+                .ix
+                .info(&pod_key(first))
                 .ok_or("pod not grouped")?
                 .clone();
             return Ok((info, all.clone(), settings));
@@ -1246,8 +1158,8 @@ impl<B: BatchAlloc> Loop<B> {
             .collect::<Result<_, _>>()
             .map_err(|e| e.to_string())?;
         let info = self
-            .pod_group
-            .get(&pod_key(first))
+            .ix
+            .info(&pod_key(first))
             .ok_or("pod not grouped")?
             .clone();
         Ok((info, res, settings))
@@ -1273,13 +1185,6 @@ impl<B: BatchAlloc> Loop<B> {
             told,
         }
     }
-}
-
-fn pod_key(p: &Pod) -> PodKey {
-    (
-        p.metadata.namespace.clone().unwrap_or_default(),
-        p.metadata.name.clone().unwrap_or_default(),
-    )
 }
 
 /// A group's UID when the pod itself says it: the pod's own, or the LWS group key (with
