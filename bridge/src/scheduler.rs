@@ -40,8 +40,7 @@ use tracing::{debug, info, warn};
 use crate::batch::{BatchAlloc, BatchError, reconnect_backoff};
 use crate::cluster;
 use crate::decide::{
-    self, Decision, EndReason, JobView, Member, MemberState, decide_gang, member_state,
-    vanished_state,
+    self, Decision, Member, MemberState, decide_gang, member_state, vanished_state,
 };
 use crate::group::{self, GroupInfo, GroupKey, GroupKind, WorkloadPolicy, expected_members};
 use crate::labels::SCHEDULER_NAME;
@@ -49,9 +48,11 @@ use crate::nodes::{self, Mode};
 use crate::policy::{self, NamespacePolicy};
 use crate::{annotations, apply, fit, resources};
 
+mod book;
 mod index;
 mod modes;
 mod work;
+use book::{Book, PlaceholderId};
 use index::{Ghost, GroupIndex, PodKey, pod_key};
 use work::{Ctx, Outcome, Tell, Work};
 
@@ -110,28 +111,6 @@ enum Target {
     Orphan(PlaceholderId),
 }
 
-/// A placeholder's key, as the controller keeps it: a group belongs to its namespace, so
-/// the same UID in two namespaces (an LWS group key anyone can compute, a copied label) is
-/// two groups, and neither's pods are ever bound onto or end the other's job.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(super) struct PlaceholderId {
-    pub namespace: String,
-    pub uid: String,
-}
-
-impl PlaceholderId {
-    fn new(namespace: &str, uid: &str) -> Self {
-        Self {
-            namespace: namespace.to_owned(),
-            uid: uid.to_owned(),
-        }
-    }
-
-    fn of(ev: &v1::PlaceholderEvent) -> Self {
-        Self::new(&ev.namespace, &ev.group_uid)
-    }
-}
-
 struct Loop<B> {
     client: Client,
     batch: Arc<B>,
@@ -139,9 +118,8 @@ struct Loop<B> {
     cfg: Config,
     /// The pods, their groups and the ghosts of vanished ones.
     ix: GroupIndex,
-    /// Group -> its UID (with its namespace, the placeholder's key), once known.
-    uids: HashMap<GroupKey, String>,
-    keys: HashMap<PlaceholderId, GroupKey>,
+    /// The placeholders and the groups they are.
+    book: Book,
     /// Owner-derived group sizes; `None` entries are looked up again.
     expected: HashMap<GroupKey, u32>,
     /// Groups whose owner starts them in stages, with every member's requests (from the
@@ -149,10 +127,6 @@ struct Loop<B> {
     staged: HashMap<GroupKey, Vec<resources::PodResources>>,
     /// Groups whose owner was read (for those read once, whatever it said).
     owner_read: HashSet<GroupKey>,
-    /// The newest placeholder of each group.
-    jobs: HashMap<PlaceholderId, v1::PlaceholderEvent>,
-    /// Submitted, not yet seen on the stream: wait for it rather than submit again.
-    submitted: HashSet<PlaceholderId>,
     nodes: HashSet<String>,
     /// Kubernetes Nodes as last observed, for their mode label and pool taint.
     node_objs: HashMap<String, Node>,
@@ -202,13 +176,10 @@ pub async fn run<B: BatchAlloc + 'static>(
         batch: Arc::new(batch),
         cfg: cfg.clone(),
         ix: GroupIndex::default(),
-        uids: HashMap::new(),
-        keys: HashMap::new(),
+        book: Book::default(),
         expected: HashMap::new(),
         staged: HashMap::new(),
         owner_read: HashSet::new(),
-        jobs: HashMap::new(),
-        submitted: HashSet::new(),
         nodes: HashSet::new(),
         node_objs: HashMap::new(),
         modes: None,
@@ -407,11 +378,7 @@ impl<B: BatchAlloc> Loop<B> {
         let up = self.ix.upsert(p.clone());
         if let Some(info) = &up.group {
             if let Some(uid) = uid(info) {
-                self.keys.insert(
-                    PlaceholderId::new(&info.key.namespace, &uid),
-                    info.key.clone(),
-                );
-                self.uids.insert(info.key.clone(), uid);
+                self.book.link(&info.key, uid);
             }
             self.dirty.insert(Target::Group(info.key.clone()));
         }
@@ -478,31 +445,14 @@ impl<B: BatchAlloc> Loop<B> {
         self.modes_dirty = true;
         if ev.snapshot_done {
             self.jobs_synced = true;
-            let orphans: Vec<Target> = self
-                .jobs
-                .keys()
-                .filter(|id| !self.keys.contains_key(*id))
-                .cloned()
-                .map(Target::Orphan)
-                .collect();
+            let orphans = self.book.orphans().into_iter().map(Target::Orphan);
             self.dirty.extend(orphans);
             self.dirty_all();
             return;
         }
-        if ev.removed {
-            self.jobs.retain(|_, j| j.job_id != ev.job_id);
-            return;
+        if let Some(t) = self.book.apply(ev) {
+            self.dirty.insert(t);
         }
-        let id = PlaceholderId::of(&ev);
-        self.submitted.remove(&id);
-        let newer = self.jobs.get(&id).is_none_or(|j| j.job_id <= ev.job_id);
-        if newer {
-            self.jobs.insert(id.clone(), ev);
-        }
-        self.dirty.insert(match self.keys.get(&id) {
-            Some(k) => Target::Group(k.clone()),
-            None => Target::Orphan(id),
-        });
     }
 
     fn on_tick(&mut self) {
@@ -627,7 +577,7 @@ impl<B: BatchAlloc> Loop<B> {
     /// An orphan whose group is known now is that group.
     fn resolve(&self, t: Target) -> Target {
         match t {
-            Target::Orphan(id) => match self.keys.get(&id) {
+            Target::Orphan(id) => match self.book.group(&id) {
                 Some(k) => Target::Group(k.clone()),
                 None => Target::Orphan(id),
             },
@@ -639,11 +589,9 @@ impl<B: BatchAlloc> Loop<B> {
     fn in_flight(&self, t: &Target) -> bool {
         self.busy.contains(t)
             || matches!(t, Target::Group(k) if self
-                .uids
-                .get(k)
-                .is_some_and(|u| self
-                    .busy
-                    .contains(&Target::Orphan(PlaceholderId::new(&k.namespace, u)))))
+                .book
+                .id(k)
+                .is_some_and(|id| self.busy.contains(&Target::Orphan(id))))
     }
 
     /// Folds a finished operation into the state; its target may be decided again.
@@ -655,10 +603,7 @@ impl<B: BatchAlloc> Loop<B> {
             self.dirty.insert(out.target.clone());
         }
         if let Some((id, job_id)) = out.submitted {
-            // Wait for it on the stream, unless the stream brought it first.
-            if self.jobs.get(&id).is_none_or(|j| j.job_id < job_id) {
-                self.submitted.insert(id);
-            }
+            self.book.submitted(id, job_id);
         }
         for (key, message) in out.told {
             if self.ix.pod(&key).is_some() {
@@ -700,23 +645,16 @@ impl<B: BatchAlloc> Loop<B> {
         }
     }
 
-    /// The controller took this bridge's end report for `job_id`: until its stream says
-    /// so too, the job counts as ended here, so a new pod of the group is not bound to
-    /// the nodes the end just freed (a batch job may have them already); it gets a new
-    /// placeholder instead.
+    /// This bridge's end report for `job_id` was taken ([`Book::ended_here`]).
     fn ended_here(&mut self, t: &Target, job_id: u64) {
         let id = match t {
-            Target::Group(k) => match self.uids.get(k) {
-                Some(u) => PlaceholderId::new(&k.namespace, u),
+            Target::Group(k) => match self.book.id(k) {
+                Some(id) => id,
                 None => return,
             },
             Target::Orphan(id) => id.clone(),
         };
-        if let Some(ev) = self.jobs.get_mut(&id)
-            && ev.job_id == job_id
-        {
-            mark_ended(ev);
-        }
+        self.book.ended_here(&id, job_id);
     }
 
     /// Decides one target; the operation that applies the decision, if any. `Err` = try
@@ -730,7 +668,7 @@ impl<B: BatchAlloc> Loop<B> {
                     | GroupKind::PodGroup
                     | GroupKind::JobSet
                     | GroupKind::IndexedJob => {
-                        !self.uids.contains_key(k) || !self.expected.contains_key(k)
+                        self.book.uid(k).is_none() || !self.expected.contains_key(k)
                     }
                     // Read once, for its startup policy: a LeaderReady set makes its
                     // workers only once the leader runs.
@@ -762,7 +700,7 @@ impl<B: BatchAlloc> Loop<B> {
                 if self
                     .ix
                     .groups_in(&id.namespace)
-                    .any(|k| !self.uids.contains_key(k))
+                    .any(|k| self.book.uid(k).is_none())
                 {
                     return Err("a group's UID is still unknown".into());
                 }
@@ -777,7 +715,7 @@ impl<B: BatchAlloc> Loop<B> {
         if let Some(k) = &key
             && pods.is_empty()
             && ghosts.is_empty()
-            && uid.as_ref().is_none_or(|u| !self.jobs.contains_key(u))
+            && uid.as_ref().is_none_or(|u| !self.book.has_job(u))
         {
             self.forget(k);
             return Ok(None);
@@ -802,12 +740,7 @@ impl<B: BatchAlloc> Loop<B> {
             .filter(|(p, m)| matches!(m.state, MemberState::Finished { .. }) && apply::protected(p))
             .map(|(p, _)| p.clone())
             .collect();
-        let view = match uid.as_ref().and_then(|u| self.jobs.get(u)) {
-            Some(ev) => job_view(ev),
-            None if uid.as_ref().is_some_and(|u| self.submitted.contains(u)) => JobView::Unknown,
-            None if uid.is_none() => JobView::Unknown,
-            None => JobView::Absent,
-        };
+        let view = self.book.view(uid.as_ref());
         let expected = match &key {
             Some(k) => self.expected_of(k, &pods, owner.as_ref()),
             None => Some(0),
@@ -970,9 +903,7 @@ impl<B: BatchAlloc> Loop<B> {
         self.owner_read.remove(k);
         self.expected.remove(k);
         self.owners.remove(k);
-        if let Some(uid) = self.uids.remove(k) {
-            self.keys.remove(&PlaceholderId::new(&k.namespace, &uid));
-        }
+        self.book.unlink(k);
     }
 
     fn member(&self, p: &Pod, now: i64) -> Member {
@@ -1031,13 +962,11 @@ impl<B: BatchAlloc> Loop<B> {
 
     /// The group's UID: on the pods where they carry it, else from its owner object.
     fn uid_of(&mut self, k: &GroupKey, owner: Option<&serde_json::Value>) -> Option<String> {
-        if let Some(u) = self.uids.get(k) {
+        if let Some(u) = self.book.uid(k) {
             return Some(u.clone());
         }
         let uid = group::owner_uid(k, owner)?;
-        self.keys
-            .insert(PlaceholderId::new(&k.namespace, &uid), k.clone());
-        self.uids.insert(k.clone(), uid.clone());
+        self.book.link(k, uid.clone());
         Some(uid)
     }
 
@@ -1201,101 +1130,8 @@ fn direct_uid(info: &GroupInfo, p: &Pod) -> Option<String> {
     }
 }
 
-/// A running placeholder as the controller shows it once an end report was taken:
-/// COMPLETED, holding nothing (or CANCELLED and the like when it was ending; the
-/// controller's own event, which follows, says which).
-fn mark_ended(ev: &mut v1::PlaceholderEvent) {
-    use v1::JobState as S;
-    if S::try_from(ev.state) == Ok(S::Running) {
-        ev.state = if ev.ending != 0 {
-            ev.ending
-        } else {
-            S::Completed as i32
-        };
-        ev.ending = 0;
-        ev.nodes.clear();
-    }
-}
-
-fn job_view(ev: &v1::PlaceholderEvent) -> JobView {
-    use v1::JobState as S;
-    let state = S::try_from(ev.state).unwrap_or(S::Unspecified);
-    let why = |s: S| match s {
-        S::Cancelled => EndReason::Cancelled,
-        S::Preempted => EndReason::Preempted,
-        S::Timeout => EndReason::TimedOut,
-        S::NodeFail => EndReason::NodeFailed,
-        _ => EndReason::PodsGone,
-    };
-    match state {
-        S::Pending => JobView::Pending {
-            job_id: ev.job_id,
-            reason: ev.reason.clone(),
-        },
-        S::Running if ev.ending != 0 => JobView::Ending {
-            job_id: ev.job_id,
-            why: why(S::try_from(ev.ending).unwrap_or(S::Cancelled)),
-        },
-        S::Running => JobView::Allocated {
-            job_id: ev.job_id,
-            nodes: ev.nodes.clone(),
-            pods_per_node: ev.pods_per_node,
-        },
-        S::Unspecified | S::Suspended | S::Completing => JobView::Unknown,
-        s => JobView::Ended {
-            job_id: ev.job_id,
-            why: why(s),
-        },
-    }
-}
-
 fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_job_ended_here_frees_nothing_for_new_pods_before_the_stream_says_so() {
-        let mut ev = v1::PlaceholderEvent {
-            job_id: 7,
-            group_uid: "g".into(),
-            namespace: "serving".into(),
-            state: v1::JobState::Running as i32,
-            nodes: vec!["k1".into()],
-            pods_per_node: 1,
-            ..Default::default()
-        };
-        assert!(matches!(job_view(&ev), JobView::Allocated { .. }));
-        mark_ended(&mut ev);
-        // A new pod of the group now gets a new placeholder, never the freed node.
-        let fresh = [Member {
-            name: "new".into(),
-            rank: None,
-            node: None,
-            state: MemberState::Live,
-        }];
-        assert_eq!(
-            decide::decide(&fresh, Some(1), &job_view(&ev), 0),
-            Decision::Submit
-        );
-        // An ending job ends as what it was ending for.
-        let mut cancelled = v1::PlaceholderEvent {
-            state: v1::JobState::Running as i32,
-            ending: v1::JobState::Cancelled as i32,
-            ..ev.clone()
-        };
-        mark_ended(&mut cancelled);
-        assert_eq!(
-            job_view(&cancelled),
-            JobView::Ended {
-                job_id: 7,
-                why: EndReason::Cancelled
-            }
-        );
-    }
 }
