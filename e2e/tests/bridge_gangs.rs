@@ -116,6 +116,18 @@ async fn all_or_nothing(
     assert!(per_node.values().all(|c| *c <= 2), "{per_node:?}");
 }
 
+/// Two pool nodes of 2 GPUs, g1 and g2, the namespace `ml`, and `crds`.
+async fn two_nodes(cluster: &TestCluster, crds: Vec<CustomResourceDefinition>) -> BridgeEnv {
+    BridgeEnv::start(
+        cluster,
+        Setup::new(crds)
+            .node("g1", 8, 16, 2)
+            .node("g2", 8, 16, 2)
+            .namespace("ml", "root", json!({})),
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_group_and_a_jobset_are_each_bound_all_at_once_or_not_at_all() {
     let test = "a_pod_group_and_a_jobset_are_each_bound_all_at_once_or_not_at_all";
@@ -131,14 +143,7 @@ async fn a_pod_group_and_a_jobset_are_each_bound_all_at_once_or_not_at_all() {
         "podgroups",
     ));
     crds.push(crd("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets"));
-    let mut env = BridgeEnv::start(
-        &cluster,
-        Setup::new(crds)
-            .node("g1", 8, 16, 2)
-            .node("g2", 8, 16, 2)
-            .namespace("ml", "root", json!({})),
-    )
-    .await;
+    let mut env = two_nodes(&cluster, crds).await;
     let watch = env.watch_partition(&cluster.server().unwrap().url());
     let _bridge = env.spawn_bridge(&[]);
     let ns = env.ns("ml").to_owned();
@@ -278,14 +283,7 @@ async fn a_jobset_started_in_order_reserves_its_whole_gang_and_binds_each_stage_
     }
     let mut crds = tandem_operator::crd::all();
     crds.push(crd("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets"));
-    let mut env = BridgeEnv::start(
-        &cluster,
-        Setup::new(crds)
-            .node("g1", 8, 16, 2)
-            .node("g2", 8, 16, 2)
-            .namespace("ml", "root", json!({})),
-    )
-    .await;
+    let mut env = two_nodes(&cluster, crds).await;
     let _bridge = env.spawn_bridge(&[]);
     let ns = env.ns("ml").to_owned();
     let client = cluster.client();
@@ -379,14 +377,7 @@ async fn a_leader_ready_leaderworkerset_binds_its_leader_first_on_the_whole_gang
         "LeaderWorkerSet",
         "leaderworkersets",
     ));
-    let mut env = BridgeEnv::start(
-        &cluster,
-        Setup::new(crds)
-            .node("g1", 8, 16, 2)
-            .node("g2", 8, 16, 2)
-            .namespace("ml", "root", json!({})),
-    )
-    .await;
+    let mut env = two_nodes(&cluster, crds).await;
     let _bridge = env.spawn_bridge(&[]);
     let ns = env.ns("ml").to_owned();
     let client = cluster.client();
