@@ -165,8 +165,19 @@ pub enum EndpointError {
         "no CA to verify {address} against: plain text is only for loopback addresses; set {ENV_CA_FILE} or the cluster file's ca_file"
     )]
     NoCa { address: String },
+    #[error(
+        "node name {node:?} cannot be verified in a certificate (not a DNS name or IP address)"
+    )]
+    InvalidNodeName { node: String },
     #[error("cannot connect to the controller at {address}")]
     Connect {
+        address: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("cannot connect to the step service of node {node} at {address}")]
+    ConnectNode {
+        node: String,
         address: String,
         #[source]
         source: tonic::transport::Error,
@@ -362,6 +373,34 @@ pub async fn connect_with(
     security: &ClientSecurity,
     auth: ClientAuth,
 ) -> Result<AuthChannel, EndpointError> {
+    connect_verifying(address, None, security, auth).await
+}
+
+/// Connects to the step service of worker `node` at `address` (what the worker
+/// advertises: on Kubernetes its pod IP) as [`connect_with`] does, except that with TLS
+/// the certificate must name `node`, not the address: a worker's step certificate is issued
+/// for its node name, the one name known before its pod runs ([`crate::net`]). A worker
+/// holding a certificate for another node is refused at any address.
+pub async fn connect_to_node(
+    address: &str,
+    node: &str,
+    security: &ClientSecurity,
+    auth: ClientAuth,
+) -> Result<AuthChannel, EndpointError> {
+    if rustls::pki_types::ServerName::try_from(node).is_err() {
+        return Err(EndpointError::InvalidNodeName {
+            node: node.to_owned(),
+        });
+    }
+    connect_verifying(address, Some(node), security, auth).await
+}
+
+async fn connect_verifying(
+    address: &str,
+    verify: Option<&str>,
+    security: &ClientSecurity,
+    auth: ClientAuth,
+) -> Result<AuthChannel, EndpointError> {
     let address = normalize_address(address)?;
     let endpoint = tonic::transport::Endpoint::from_shared(address.clone())
         .map_err(|_| EndpointError::InvalidAddress {
@@ -369,9 +408,18 @@ pub async fn connect_with(
         })?
         .connect_timeout(Duration::from_secs(5))
         .timeout(message_timeout());
-    let channel = crate::net::connect(&endpoint, security)
-        .await
-        .map_err(|source| EndpointError::Connect { address, source })?;
+    let channel = match verify {
+        Some(node) => crate::net::connect_verifying(&endpoint, security, node)
+            .await
+            .map_err(|source| EndpointError::ConnectNode {
+                node: node.to_owned(),
+                address,
+                source,
+            })?,
+        None => crate::net::connect(&endpoint, security)
+            .await
+            .map_err(|source| EndpointError::Connect { address, source })?,
+    };
     Ok(InterceptedService::new(channel, auth))
 }
 

@@ -37,6 +37,16 @@
 //!   metrics endpoint);
 //! - clients: build a `tonic::transport::Endpoint` and `net::connect(&endpoint, &security)`,
 //!   or `net::connect_local(path)`.
+//!
+//! # Which name is verified
+//!
+//! [`connect`] verifies the host it dials, as any TLS client does: the controller's
+//! certificate names its addresses. [`connect_verifying`] dials one address and verifies
+//! another name: a worker's step service is reached at the address the worker advertises
+//! (on Kubernetes its pod IP, known only once the pod runs) but certified for its *node
+//! name*, which the operator knows when it renders the pod and issues a certificate for
+//! (srun, through [`crate::endpoint::connect_to_node`]). A certificate for another node is
+//! refused even at the right address.
 
 use std::future::Future;
 use std::io;
@@ -452,20 +462,43 @@ pub async fn connect(
     security: &ClientSecurity,
 ) -> Result<Channel, tonic::transport::Error> {
     endpoint
-        .connect_with_connector(Connector {
-            tls: match security {
-                ClientSecurity::Tls(c) => Some(tokio_rustls::TlsConnector::from(c.clone())),
-                ClientSecurity::Plaintext => None,
-            },
-        })
+        .connect_with_connector(Connector::new(security, None))
+        .await
+}
+
+/// As [`connect`], but with TLS the server's certificate must name `server_name` (a DNS
+/// name or an IP address) instead of the host of the endpoint's URI, which is only dialled:
+/// a worker's step service, dialled at its advertised address and verified as its node.
+/// A `server_name` that is neither fails each connection attempt (`InvalidInput`); plain
+/// text ignores it.
+pub async fn connect_verifying(
+    endpoint: &Endpoint,
+    security: &ClientSecurity,
+    server_name: &str,
+) -> Result<Channel, tonic::transport::Error> {
+    endpoint
+        .connect_with_connector(Connector::new(security, Some(server_name)))
         .await
 }
 
 /// tonic's connector: resolves the URI's host and port, opens the socket and, with TLS,
-/// completes the handshake.
+/// completes the handshake, verifying `name` if set, else the URI's host.
 #[derive(Clone)]
 struct Connector {
     tls: Option<tokio_rustls::TlsConnector>,
+    name: Option<Arc<str>>,
+}
+
+impl Connector {
+    fn new(security: &ClientSecurity, name: Option<&str>) -> Connector {
+        Connector {
+            tls: match security {
+                ClientSecurity::Tls(c) => Some(tokio_rustls::TlsConnector::from(c.clone())),
+                ClientSecurity::Plaintext => None,
+            },
+            name: name.map(Arc::from),
+        }
+    }
 }
 
 impl Service<Uri> for Connector {
@@ -479,6 +512,7 @@ impl Service<Uri> for Connector {
 
     fn call(&mut self, uri: Uri) -> Self::Future {
         let tls = self.tls.clone();
+        let verify = self.name.clone();
         Box::pin(async move {
             let invalid = || {
                 io::Error::new(
@@ -498,8 +532,13 @@ impl Service<Uri> for Connector {
             let Some(tls) = tls else {
                 return Ok(TokioIo::new(ClientConn::Plain(stream)));
             };
-            let name = rustls::pki_types::ServerName::try_from(host.to_owned())
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+            let name = verify.as_deref().unwrap_or(host);
+            let name = rustls::pki_types::ServerName::try_from(name.to_owned()).map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{name:?} cannot be verified in a certificate: {e}"),
+                )
+            })?;
             let stream = tls.connect(name, stream).await?;
             Ok(TokioIo::new(ClientConn::Tls(Box::new(stream))))
         })
@@ -611,7 +650,7 @@ mod tests {
         };
         let addr = listener.local_addr().unwrap();
         let uri: Uri = format!("http://[::1]:{}", addr.port()).parse().unwrap();
-        let mut plain = Connector { tls: None };
+        let mut plain = Connector::new(&ClientSecurity::Plaintext, None);
         let (io, accepted) = tokio::join!(plain.call(uri), listener.accept());
         assert!(io.unwrap().inner().tcp().unwrap().nodelay().unwrap());
         assert!(accepted.unwrap().0.nodelay().unwrap());
@@ -634,12 +673,7 @@ mod tests {
     }
 
     fn tls_connector(security: &ClientSecurity) -> Connector {
-        match security {
-            ClientSecurity::Tls(c) => Connector {
-                tls: Some(tokio_rustls::TlsConnector::from(c.clone())),
-            },
-            ClientSecurity::Plaintext => Connector { tls: None },
-        }
+        Connector::new(security, None)
     }
 
     #[tokio::test]
@@ -676,6 +710,63 @@ mod tests {
         conn.read_exact(&mut got).await.unwrap();
         assert_eq!(&got, b"ping");
         drop(silent);
+    }
+
+    /// A step service certified for node `kn-a` only (no address), as the operator issues
+    /// it: dialled at 127.0.0.1, it is accepted as `kn-a` and refused as any other node or
+    /// as its address.
+    #[tokio::test]
+    async fn a_server_is_verified_by_the_name_asked_for_not_the_address_dialled() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let dir = tempfile::tempdir().unwrap();
+        let ca = crate::tls::ca::ClusterCa::load_or_create(&dir.path().join("ca")).unwrap();
+        let srv = dir.path().join("kn-a");
+        ca.write_server_dir(&srv, &["kn-a".into()]).unwrap();
+        let server = crate::tls::server_config(
+            &srv.join(crate::tls::CERT_FILE),
+            &srv.join(crate::tls::KEY_FILE),
+        )
+        .unwrap();
+        let client = ClientSecurity::Tls(
+            crate::tls::client_config(&dir.path().join("ca").join(crate::tls::CA_FILE)).unwrap(),
+        );
+        let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut incoming = listener.incoming(ServerSecurity::Tls(server));
+        // The server side runs on its own, so refused handshakes complete (and are skipped).
+        let (tx, mut served) = tokio::sync::mpsc::channel(1);
+        tokio::spawn(async move {
+            while let Some(conn) = incoming.next().await {
+                if tx.send(conn).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let uri: Uri = format!("http://{addr}").parse().unwrap();
+
+        let refused = |name: Option<&'static str>| {
+            let mut c = Connector::new(&client, name);
+            let uri = uri.clone();
+            async move { c.call(uri).await.map(|_| ()) }
+        };
+        for wrong in [Some("kn-b"), None, Some("127.0.0.1")] {
+            let err = refused(wrong)
+                .await
+                .expect_err(&format!("a certificate for kn-a passed as {wrong:?}"));
+            assert!(err.to_string().contains("certificate"), "{wrong:?}: {err}");
+        }
+        let err = refused(Some("not a name")).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{err}");
+
+        let mut right = Connector::new(&client, Some("kn-a"));
+        let io = right.call(uri).await;
+        let mut io = io.expect("kn-a refused at its address").into_inner();
+        let mut conn = served.recv().await.unwrap().unwrap();
+        io.write_all(b"ping").await.unwrap();
+        io.flush().await.unwrap();
+        let mut got = [0u8; 4];
+        conn.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"ping");
     }
 
     #[tokio::test]

@@ -77,6 +77,12 @@ pub enum TlsError {
     },
     #[error("{0}")]
     Flags(String),
+    #[error("the certificate in {path} is not valid for {name:?}: {why}")]
+    WrongName {
+        path: PathBuf,
+        name: String,
+        why: String,
+    },
 }
 
 /// The one crypto provider (ring: builds anywhere, no cmake or C toolchain beyond cc).
@@ -147,6 +153,22 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig
     Ok(Arc::new(config))
 }
 
+/// Checks that the first certificate in `cert` (a PEM chain, leaf first) names `name` (a DNS
+/// name or an IP address) as a client verifying `name` would: a worker checks at start that
+/// its step certificate names its node, which srun verifies, rather than srun failing later.
+pub fn check_certificate_name(cert: &Path, name: &str) -> Result<(), TlsError> {
+    let wrong = |why: String| TlsError::WrongName {
+        path: cert.to_owned(),
+        name: name.to_owned(),
+        why,
+    };
+    let server_name = rustls::pki_types::ServerName::try_from(name)
+        .map_err(|e| wrong(format!("not a DNS name or IP address ({e})")))?;
+    let leaf = load_certs(cert)?.swap_remove(0);
+    let parsed = rustls::server::ParsedCertificate::try_from(&leaf)?;
+    rustls::client::verify_server_name(&parsed, &server_name).map_err(|e| wrong(e.to_string()))
+}
+
 /// A client configuration that trusts exactly the CA certificates in `ca` (PEM).
 pub fn client_config(ca: &Path) -> Result<Arc<rustls::ClientConfig>, TlsError> {
     client_config_from(load_certs(ca)?)
@@ -206,6 +228,16 @@ impl Options {
     /// How a server listening on `listen` speaks: TLS with the certificate and key given,
     /// or plain text when `--insecure-plaintext` was given and every address is loopback.
     pub fn server(&self, listen: &[SocketAddr]) -> Result<ServerSecurity, TlsError> {
+        self.server_named(listen, None)
+    }
+
+    /// As [`Options::server`]; with TLS the certificate must also name `name` if given
+    /// ([`check_certificate_name`]): a worker's step service and its node name.
+    pub fn server_named(
+        &self,
+        listen: &[SocketAddr],
+        name: Option<&str>,
+    ) -> Result<ServerSecurity, TlsError> {
         self.check_exclusive()?;
         if self.insecure_plaintext {
             if let Some(a) = listen.iter().find(|a| !a.ip().is_loopback()) {
@@ -230,7 +262,11 @@ impl Options {
                 ));
             }
         };
-        Ok(ServerSecurity::Tls(server_config(&cert, &key)?))
+        let config = server_config(&cert, &key)?;
+        if let Some(name) = name {
+            check_certificate_name(&cert, name)?;
+        }
+        Ok(ServerSecurity::Tls(config))
     }
 
     /// How this daemon connects to `peer` (`http[s]://HOST:PORT`): verifying the server
@@ -331,6 +367,45 @@ mod tests {
             ..Options::default()
         };
         assert!(both.client("http://127.0.0.1:1", None).is_err());
+    }
+
+    #[test]
+    fn a_server_certificate_is_checked_against_the_name_it_must_carry() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = ca::ClusterCa::load_or_create(&dir.path().join("ca")).unwrap();
+        let srv = dir.path().join("srv");
+        ca.write_server_dir(&srv, &["10.1.2.3".into(), "kn-1".into()])
+            .unwrap();
+        let cert = srv.join(CERT_FILE);
+        for ok in ["kn-1", "10.1.2.3"] {
+            check_certificate_name(&cert, ok).unwrap();
+        }
+        for (wrong, says) in [
+            ("kn-2", "not valid for \"kn-2\""),
+            ("10.1.2.4", "10.1.2.4"),
+            ("a b", "not a DNS name"),
+        ] {
+            let err = check_certificate_name(&cert, wrong)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(says) && err.contains("tls.crt"),
+                "{wrong}: {err}"
+            );
+        }
+        let opts = Options {
+            dir: Some(srv.clone()),
+            ..Options::default()
+        };
+        let listen = ["127.0.0.1:1".parse().unwrap()];
+        assert!(opts.server_named(&listen, Some("kn-1")).is_ok());
+        assert!(opts.server_named(&listen, Some("kn-2")).is_err());
+        // Plain text has no certificate to check.
+        let plain = Options {
+            insecure_plaintext: true,
+            ..Options::default()
+        };
+        assert!(plain.server_named(&listen, Some("kn-2")).is_ok());
     }
 
     #[test]

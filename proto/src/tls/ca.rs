@@ -10,9 +10,12 @@
 //! ```
 //!
 //! On Kubernetes the operator keeps the CA in a Secret instead ([`ClusterCa::generate`],
-//! [`ClusterCa::from_pem`]) and mounts the same file names: the controller's certificate as
-//! a `kubernetes.io/tls` Secret (`tls.crt`, `tls.key`, `ca.crt`), and each worker issues its
-//! own step certificate at start ([`ClusterCa::load`]), since its pod IP is known only then.
+//! [`ClusterCa::from_pem`]) and issues the certificates into `kubernetes.io/tls` Secrets
+//! (`tls.crt`, `tls.key`, `ca.crt`): the controller's, and one per worker pod for its node
+//! name, which is what srun verifies a step service by ([`crate::net::connect_verifying`]),
+//! so no worker holds the CA key. `tandem worker --tls-issue-from DIR` still issues a step
+//! certificate at start from a CA directory ([`ClusterCa::load`]), for machines that have
+//! one.
 
 use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt as _;
