@@ -610,6 +610,12 @@ pub struct Job {
     /// Boxed: rare, and a pending job's record must stay small.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completing: Option<Box<Vec<NodeId>>>,
+    /// Nodes a RUNNING `kube`-mode placeholder must hand back while it keeps the others
+    /// (drained, or lost: its pods there run under the kubelet, so nothing is known to
+    /// have stopped). The bridge evicts the group's pods on them, then releases them
+    /// ([`crate::state::State::release_placeholder_nodes`]); until then each stays held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub releasing: Option<Box<Vec<NodeId>>>,
 }
 
 impl Job {
@@ -650,6 +656,7 @@ impl Job {
             preempt_time: None,
             cancelled_by: None,
             completing: None,
+            releasing: None,
         }
     }
 
@@ -669,6 +676,11 @@ impl Job {
     /// Whether the processes of an ended run are still awaited on `node`.
     pub fn completing_on(&self, node: NodeId) -> bool {
         self.completing.as_ref().is_some_and(|c| c.contains(&node))
+    }
+
+    /// Nodes the placeholder must hand back (see [`Job::releasing`]).
+    pub fn releasing_nodes(&self) -> &[NodeId] {
+        self.releasing.as_deref().map_or(&[], Vec::as_slice)
     }
 
     /// Nodes where the processes of an ended run are still awaited.

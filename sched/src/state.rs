@@ -29,6 +29,8 @@ mod lifecycle;
 pub use lifecycle::KILL_TASK_FAILED;
 pub(crate) use lifecycle::lays_out_tasks;
 mod nodes;
+mod release;
+pub use release::Release;
 mod submit;
 /// Records changed since the last [`State::take_changes`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

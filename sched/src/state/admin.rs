@@ -5,6 +5,7 @@ use crate::account::{AccountConfig, UserConfig};
 use crate::fairshare::{AssocIdx, FairShareError};
 use crate::job::Job;
 use crate::qos::{DEFAULT_QOS, Qos};
+use crate::tres::Tres;
 
 use super::{AccountingSnapshot, AdminError, State};
 
@@ -303,6 +304,29 @@ impl State {
         self.changes.assoc = true;
     }
 
+    /// Settles the usage of one part of a running job's allocation that leaves it at `end`
+    /// while the rest runs on (a placeholder handing back a node): as [`Self::charge_job`],
+    /// for `part` only. Call before the part leaves the allocation; the periodic charge
+    /// bills the rest from then on.
+    pub(super) fn charge_part(&mut self, id: JobId, part: &Tres, end: i64) {
+        let Some(job) = self.jobs.get(&id) else {
+            return;
+        };
+        let last = self.usage_charged_at.unwrap_or(i64::MIN);
+        let start = job.start_time.unwrap_or(end);
+        let Some(idx) = self.job_assoc(job) else {
+            return;
+        };
+        if end >= last {
+            if let Some(usage) = self.usage_of(part, start.max(last), end) {
+                self.assoc.charge(idx, usage);
+            }
+        } else if let Some(usage) = self.usage_of(part, end.max(start), last) {
+            self.assoc.refund(idx, usage);
+        }
+        self.changes.assoc = true;
+    }
+
     fn charge(&mut self, id: JobId, from: i64, to: i64) {
         if let Some((idx, usage)) = self.usage_between(id, from, to) {
             self.assoc.charge(idx, usage);
@@ -317,17 +341,22 @@ impl State {
 
     /// The job's billed usage from `from` to `to`, and the association it goes to.
     fn usage_between(&self, id: JobId, from: i64, to: i64) -> Option<(AssocIdx, f64)> {
+        let job = self.jobs.get(&id)?;
+        let t = job.alloc.as_deref()?.total();
+        Some((self.job_assoc(job)?, self.usage_of(&t, from, to)?))
+    }
+
+    /// What holding `t` from `from` to `to` bills, by the configured weights.
+    fn usage_of(&self, t: &Tres, from: i64, to: i64) -> Option<f64> {
         if to <= from {
             return None;
         }
-        let job = self.jobs.get(&id)?;
-        let t = job.alloc.as_deref()?.total();
         let usage = self.config.fairshare.billing.usage(
             u64::from(t.cpus),
             t.mem_mb,
             u64::from(t.gpus),
             (to - from) as u64,
         );
-        Some((self.job_assoc(job)?, usage))
+        Some(usage)
     }
 }

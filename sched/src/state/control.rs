@@ -405,4 +405,5 @@ pub(super) fn back_to_pending(j: &mut Job) {
     j.exit_code = 0;
     j.signal = 0;
     j.cancelled_by = None;
+    j.releasing = None;
 }

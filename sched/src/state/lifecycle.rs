@@ -144,6 +144,7 @@ impl State {
             preempt_time: None,
             cancelled_by: None,
             completing: None,
+            releasing: None,
         };
         self.next_job_id += 1;
         self.with_job(meta, |m| {
@@ -330,6 +331,10 @@ impl State {
                     nodes: held,
                 });
             }
+        }
+        // Whatever it was handing back goes with the rest: the run is over everywhere.
+        if self.jobs.get(&id).is_some_and(|j| j.releasing.is_some()) {
+            self.with_job(id, |j| j.releasing = None);
         }
         self.preempting.retain(|_, victims| {
             victims.retain(|v| *v != id);

@@ -166,7 +166,7 @@ impl State {
                 .get(&job)
                 .is_some_and(|j| j.spec.mode == NodeMode::Kube);
             if kube {
-                effects.extend(self.placeholder_on_lost_node(job));
+                effects.extend(self.placeholder_on_lost_node(job, id));
             } else {
                 effects.extend(self.fail_job_on_lost_node(job, id, now));
             }
@@ -190,25 +190,33 @@ impl State {
 
     /// A placeholder's pods run under the kubelet, not the worker: a lost worker or an
     /// operator's DOWN says nothing about whether they still run, on this node or the
-    /// others. Freeing its nodes now would hand them to batch work beside live pods, so the
-    /// placeholder is only marked ending NODE_FAIL (the controller asks the bridge to evict
-    /// the pods) and keeps every node, in `kube` mode, until the bridge reports the pods
-    /// gone ([`State::job_ended`] then ends it NODE_FAIL and frees them). An ending already
-    /// asked for (scancel, preemption, requeue) keeps its meaning and is not asked again.
-    fn placeholder_on_lost_node(&mut self, job: JobId) -> Vec<Effect> {
-        let Some(j) = self.jobs.get(&job) else {
-            return Vec::new();
-        };
-        if j.state != JobState::Running || j.kill.is_some() {
+    /// others. Freeing the node now would hand it to batch work beside live pods, so the
+    /// placeholder keeps it, in `kube` mode, and hands back only that node once the bridge
+    /// has evicted the group's pods there ([`State::release_placeholder_nodes`]); its other
+    /// nodes keep serving. When it has no other node left to keep, the whole placeholder
+    /// is marked ending NODE_FAIL instead (the bridge evicts every pod, then reports them
+    /// gone: [`State::job_ended`] ends it and frees its nodes). An ending already asked for
+    /// (scancel, preemption, requeue) keeps its meaning and is not asked again.
+    fn placeholder_on_lost_node(&mut self, job: JobId, lost: NodeId) -> Vec<Effect> {
+        let running = self
+            .jobs
+            .get(&job)
+            .is_some_and(|j| j.state == JobState::Running && j.kill.is_none());
+        if !running || self.mark_releasing(job, lost) {
             return Vec::new();
         }
         // Every node, the lost one included: its kubelet may well be alive.
-        let nodes: Vec<NodeId> = j
-            .alloc
+        let nodes: Vec<NodeId> = self
+            .jobs
+            .get(&job)
+            .and_then(|j| j.alloc.as_ref())
             .as_ref()
             .map(|a| a.node_ids().collect())
             .unwrap_or_default();
-        self.with_job(job, |j| j.kill = Some(KillReason::NodeFail));
+        self.with_job(job, |j| {
+            j.kill = Some(KillReason::NodeFail);
+            j.releasing = None;
+        });
         vec![Effect::Terminate {
             job,
             nodes,
@@ -267,6 +275,25 @@ impl State {
         n.drain = true;
         n.reason = Some(reason.to_string());
         self.changes.nodes.insert(id);
+        // Batch jobs finish where they run; a placeholder's pods never "finish" (a serving
+        // Deployment runs for good), so a drain hands the node back as `kubectl drain`
+        // would: the bridge evicts the group's pods there (PodDisruptionBudgets honoured
+        // up to its eviction deadline), then releases only this node.
+        let placeholders: Vec<JobId> = self.nodes[id.index()]
+            .jobs
+            .iter()
+            .copied()
+            .filter(|j| {
+                self.jobs.get(j).is_some_and(|j| {
+                    j.spec.mode == NodeMode::Kube
+                        && j.state == JobState::Running
+                        && j.kill.is_none()
+                })
+            })
+            .collect();
+        for job in placeholders {
+            self.mark_releasing_all_ok(job, id);
+        }
         Ok(())
     }
 

@@ -23,6 +23,9 @@ enum Op {
     RegisterNode(usize),
     /// A node's worker reports one ended job's processes gone.
     Gone(usize, usize),
+    DrainNode(usize),
+    /// The bridge hands back the nodes one running placeholder was asked for.
+    Release(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -35,6 +38,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0usize..3).prop_map(Op::LoseNode),
         1 => (0usize..3).prop_map(Op::RegisterNode),
         3 => (0usize..3, 0usize..8).prop_map(|(n, j)| Op::Gone(n, j)),
+        1 => (0usize..3).prop_map(Op::DrainNode),
+        2 => (0usize..50).prop_map(Op::Release),
     ]
 }
 
@@ -89,6 +94,23 @@ proptest! {
                 }
                 Op::LoseNode(i) => {
                     let _ = st.node_lost(&format!("node-{:02}", i + 1), "", now);
+                }
+                Op::DrainNode(i) => {
+                    let _ = st.drain(&format!("node-{:02}", i + 1), "test");
+                }
+                Op::Release(i) => {
+                    let asked: Vec<(JobId, Vec<crate::NodeId>)> = st
+                        .running_jobs()
+                        .filter(|j| !j.releasing_nodes().is_empty())
+                        .map(|j| (j.id, j.releasing_nodes().to_vec()))
+                        .collect();
+                    if !asked.is_empty() {
+                        let (job, nodes) = &asked[i % asked.len()];
+                        let released = st.release_placeholder_nodes(*job, nodes, now).unwrap();
+                        if released == crate::state::Release::EndsJob {
+                            end(&mut st, *job, 0, now);
+                        }
+                    }
                 }
                 Op::RegisterNode(i) => {
                     let name = format!("node-{:02}", i + 1);

@@ -961,7 +961,8 @@ fn an_end_reported_after_a_charge_gives_back_the_time_it_did_not_run() {
 #[test]
 fn a_pending_job_record_is_small() {
     let size = std::mem::size_of::<crate::Job>();
-    assert!(size <= 576, "Job is {size} bytes");
+    // 576 plus one boxed pointer for the nodes a placeholder hands back (`releasing`).
+    assert!(size <= 584, "Job is {size} bytes");
     let mut st = State::test_cluster(1, 8, 8000, 0);
     st.submit(JobSpec::test(), 0).unwrap();
     // Heap beyond the struct: the short strings (name, user, account, partition, qos).

@@ -100,6 +100,24 @@ fn assert_consistent(st: &State) {
         singletons,
         "singleton index"
     );
+    for j in st.jobs() {
+        // Only a running placeholder hands nodes back, and only nodes it holds.
+        for r in j.releasing_nodes() {
+            assert_eq!(
+                (j.state, j.spec.mode),
+                (JobState::Running, crate::node::NodeMode::Kube),
+                "job {} releases {r} but is not a running placeholder",
+                j.id
+            );
+            assert!(
+                j.alloc
+                    .as_ref()
+                    .is_some_and(|a| a.node_ids().any(|n| n == *r)),
+                "job {} releases {r}, which it does not hold",
+                j.id
+            );
+        }
+    }
     for n in st.nodes() {
         let mut cpus = 0u32;
         let mut mem = 0u64;

@@ -1,15 +1,18 @@
 //! `kube`-mode placeholders (the bridge's jobs) on nodes that are lost, set DOWN or drained.
 //!
 //! A placeholder's pods run under the kubelet, not the worker: losing the worker (or an
-//! operator's DOWN) says nothing about whether the pods still run. So the placeholder is not
-//! ended on the spot; it is marked ending NODE_FAIL (the bridge evicts its pods) and keeps
-//! every node it holds, in `kube` mode, until the bridge reports the pods gone.
+//! operator's DOWN) says nothing about whether the pods still run, and a drain does not make
+//! a serving pod finish. So the node is marked to be handed back, the placeholder keeps it
+//! (in `kube` mode) until the bridge has evicted the group's pods there and releases it, and
+//! the placeholder runs on with its other nodes. A placeholder that would keep no node ends
+//! as a whole: NODE_FAIL when its last node is lost.
 
 use super::*;
+use crate::NodeId;
 use crate::effect::{Effect, SignalReason};
 use crate::job::{JobSpec, KillReason, Reason};
 use crate::node::{NodeMode, NodeState};
-use crate::state::{JobSelector, NodeRegistration, Requester};
+use crate::state::{JobSelector, NodeRegistration, Release, Requester};
 
 /// Two 8-CPU, 2-GPU nodes; a placeholder (as the controller makes them: never requeued)
 /// running on both, one GPU a node.
@@ -37,7 +40,7 @@ fn holds(st: &State, node: &str, job: JobId) -> bool {
 }
 
 #[test]
-fn a_lost_node_leaves_its_placeholder_ending_on_all_its_nodes_until_the_pods_are_gone() {
+fn a_lost_node_is_handed_back_alone_once_its_pods_are_gone() {
     let (mut st, p) = placeholder_on_two_nodes();
     // A batch job that fits either node: only the placeholder keeps it off them.
     let batch = st.submit(JobSpec::test(), 1).unwrap();
@@ -45,97 +48,139 @@ fn a_lost_node_leaves_its_placeholder_ending_on_all_its_nodes_until_the_pods_are
 
     let effects = st.node_lost("node-01", "Not responding", 100).unwrap();
     assert!(
-        !effects.iter().any(|e| matches!(e, Effect::RunEnded(_))),
-        "the placeholder must not end before its pods are gone: {effects:?}"
+        effects.is_empty(),
+        "the placeholder keeps serving on node-02: {effects:?}"
     );
-    // The pods of every node, the lost one's included (its kubelet may be alive), are to go.
+    let job = st.job(p).unwrap();
+    assert_eq!((job.state, job.kill), (JobState::Running, None));
+    assert_eq!(job.releasing_nodes(), &[NodeId(0)]);
+    // Recorded as a job change, so the controller tells the bridge which node to clear.
+    assert!(st.take_changes().jobs.contains(&p));
+    assert!(holds(&st, "node-01", p) && holds(&st, "node-02", p));
+    assert_eq!(st.node_by_name("node-01").unwrap().state(), NodeState::Down);
+    assert_consistent(&st);
+
+    // Neither node goes to batch work while the pods may still run on it.
+    assert!(st.schedule(101).starts.is_empty());
+    assert_eq!(state_of(&st, batch), JobState::Pending);
+
+    // Set DOWN again (the operator retrying, a second timeout): nothing more to do.
+    assert!(st.node_lost("node-01", "again", 110).unwrap().is_empty());
+    assert_eq!(st.job(p).unwrap().releasing_nodes(), &[NodeId(0)]);
+
+    // The bridge reports the pods on node-01 gone as of 150: the node leaves the job.
+    assert_eq!(
+        st.release_placeholder_nodes(p, &[NodeId(0)], 150).unwrap(),
+        Release::Shrunk
+    );
+    let job = st.job(p).unwrap();
+    assert_eq!((job.state, job.kill), (JobState::Running, None));
+    assert!(job.releasing.is_none());
+    assert_eq!(st.nodelist(job), "node-02");
+    assert!(st.node_by_name("node-01").unwrap().jobs.is_empty());
+    assert_eq!(st.node_by_name("node-01").unwrap().alloc, crate::Tres::ZERO);
+    assert!(holds(&st, "node-02", p));
+    assert_consistent(&st);
+    // A repeat changes nothing.
+    assert_eq!(
+        st.release_placeholder_nodes(p, &[NodeId(0)], 160).unwrap(),
+        Release::Nothing
+    );
+
+    // The group's last pods end at 300; usage: node-01's share until 150, node-02's until 300.
+    let effects = st.job_ended_clean(p, JobOutcome::default(), 300).unwrap();
+    let [Effect::RunEnded(rec)] = effects.as_slice() else {
+        panic!("{effects:?}");
+    };
+    assert_eq!(
+        (rec.state, rec.nodes.clone()),
+        (JobState::Completed, vec![NodeId(1)])
+    );
+    let idx = st.assoc().user("alice", "root").unwrap();
+    let part = st.config().fairshare.billing.rate(1, 0, 1);
+    let usage = st.assoc().own_usage(idx);
+    let ran = part * 150.0 + part * 300.0;
+    assert!(
+        usage > ran * 0.99 && usage <= ran,
+        "charged {usage}, ran {ran}"
+    );
+    // node-01 stays DOWN; node-02 takes the batch job.
+    let plan = st.schedule(301);
+    assert_eq!(started(&plan), vec![batch]);
+    assert_eq!(plan.starts[0].nodes[0].name, "node-02");
+    assert_consistent(&st);
+}
+
+#[test]
+fn a_lost_node_that_comes_back_stays_held_until_released() {
+    let (mut st, p) = placeholder_on_two_nodes();
+    st.node_lost("node-01", "Not responding", 100).unwrap();
+    // The worker comes back before the bridge reports: it does not vouch for the pods
+    // either way (they are not its), so the node stays with the placeholder.
+    let effects = st
+        .register_node(NodeRegistration::test("node-01", 8, 8_000, 2), 105)
+        .unwrap();
+    assert!(effects.is_empty(), "{effects:?}");
+    let pinned = st
+        .submit(JobSpec::test().nodelist(&["node-01"]), 106)
+        .unwrap();
+    assert!(st.schedule(106).starts.is_empty());
+    assert!(holds(&st, "node-01", p) && holds(&st, "node-02", p));
+    st.release_placeholder_nodes(p, &[NodeId(0)], 120).unwrap();
+    assert_eq!(started(&st.schedule(121)), vec![pinned]);
+    assert_eq!(st.node_by_name("node-01").unwrap().mode, NodeMode::Batch);
+    assert_eq!(state_of(&st, p), JobState::Running);
+    assert!(holds(&st, "node-02", p));
+    assert_consistent(&st);
+}
+
+/// When the node lost is the last one a placeholder would keep, it ends NODE_FAIL as a
+/// whole: every pod is evicted and every node stays held until the bridge reports them gone.
+#[test]
+fn losing_the_last_node_it_keeps_ends_the_placeholder_node_fail() {
+    let (mut st, p) = placeholder_on_two_nodes();
+    assert!(st.node_lost("node-01", "", 100).unwrap().is_empty());
+    let effects = st.node_lost("node-02", "", 110).unwrap();
     assert_eq!(
         effects,
         vec![Effect::Terminate {
             job: p,
-            nodes: vec![crate::NodeId(0), crate::NodeId(1)],
+            nodes: vec![NodeId(0), NodeId(1)],
             reason: SignalReason::NodeFail,
             grace_s: 0,
         }]
     );
     let job = st.job(p).unwrap();
     assert_eq!(
-        (job.state, job.kill, job.end_time),
-        (JobState::Running, Some(KillReason::NodeFail), None)
+        (job.state, job.kill, job.releasing.is_none()),
+        (JobState::Running, Some(KillReason::NodeFail), true)
     );
-    // Recorded as a job change, so the controller announces the ending to the bridge.
-    assert!(st.take_changes().jobs.contains(&p));
     assert!(holds(&st, "node-01", p) && holds(&st, "node-02", p));
-    assert_eq!(st.node_by_name("node-01").unwrap().state(), NodeState::Down);
-    assert_consistent(&st);
-
-    // The survivor is not handed to batch work while the pods may still run there.
-    assert!(st.schedule(101).starts.is_empty());
-    assert_eq!(state_of(&st, batch), JobState::Pending);
-    assert!(holds(&st, "node-02", p));
-
-    // Set DOWN again (the operator retrying, a second timeout): nothing more to do.
-    assert!(st.node_lost("node-01", "again", 110).unwrap().is_empty());
-    assert_eq!(st.job(p).unwrap().kill, Some(KillReason::NodeFail));
-
-    // The bridge reports the pods gone: the placeholder ends NODE_FAIL then, and is charged
-    // until then.
     let effects = st.job_ended_clean(p, JobOutcome::default(), 150).unwrap();
     let [Effect::RunEnded(rec)] = effects.as_slice() else {
         panic!("{effects:?}");
     };
+    assert_eq!((rec.state, rec.end_time), (JobState::NodeFail, 150));
     assert_eq!(
-        (rec.state, rec.end_time, rec.requeued),
-        (JobState::NodeFail, 150, false)
+        (state_of(&st, p), st.job(p).unwrap().reason),
+        (JobState::NodeFail, Reason::NodeDown)
     );
-    let job = st.job(p).unwrap();
-    assert_eq!(
-        (job.state, job.reason, job.end_time),
-        (JobState::NodeFail, Reason::NodeDown, Some(150))
-    );
-    let idx = st.assoc().user("alice", "root").unwrap();
-    let rate = st.config().fairshare.billing.rate(2, 0, 2);
-    let usage = st.assoc().own_usage(idx);
-    assert!(
-        usage > rate * 149.0 && usage <= rate * 150.0,
-        "charged until the pods were gone: {usage} vs {}",
-        rate * 150.0
-    );
-
-    // Both nodes are free now; the lost one stays DOWN, the survivor takes the batch job.
-    assert!(st.node_by_name("node-01").unwrap().jobs.is_empty());
-    assert_eq!(st.node_by_name("node-01").unwrap().state(), NodeState::Down);
-    let plan = st.schedule(151);
-    assert_eq!(started(&plan), vec![batch]);
-    assert_eq!(plan.starts[0].nodes[0].name, "node-02");
-    assert_eq!(st.node_by_name("node-02").unwrap().mode, NodeMode::Batch);
+    assert!(st.nodes().all(|n| n.jobs.is_empty()));
     assert_consistent(&st);
 }
 
+/// A one-node placeholder (a Deployment's pod) whose node is lost: NODE_FAIL, as before.
 #[test]
-fn a_lost_node_that_comes_back_stays_kube_while_the_placeholder_ends() {
-    let (mut st, p) = placeholder_on_two_nodes();
-    st.node_lost("node-01", "Not responding", 100).unwrap();
-    // The worker comes back before the bridge reports: it does not vouch for the pods
-    // either way (they are not its), so the placeholder keeps ending and keeps the node.
-    let effects = st
-        .register_node(NodeRegistration::test("node-01", 8, 8_000, 2), 105)
+fn a_one_node_placeholder_on_a_lost_node_ends_node_fail() {
+    let mut st = State::test_cluster(1, 8, 8_000, 2);
+    let p = st
+        .submit(JobSpec::test().gpus_per_node(1).kube().no_requeue(), 0)
         .unwrap();
-    assert!(effects.is_empty(), "{effects:?}");
-    assert_eq!(
-        (state_of(&st, p), st.job(p).unwrap().kill),
-        (JobState::Running, Some(KillReason::NodeFail))
-    );
-    let pinned = st
-        .submit(JobSpec::test().nodelist(&["node-01"]), 106)
-        .unwrap();
-    assert!(st.schedule(106).starts.is_empty());
-    assert!(holds(&st, "node-01", p) && holds(&st, "node-02", p));
-    st.job_ended_clean(p, JobOutcome::default(), 120).unwrap();
-    assert_eq!(state_of(&st, p), JobState::NodeFail);
-    assert_eq!(started(&st.schedule(121)), vec![pinned]);
-    assert_eq!(st.node_by_name("node-01").unwrap().mode, NodeMode::Batch);
-    assert_consistent(&st);
+    st.schedule(0);
+    let effects = st.node_lost("node-01", "", 10).unwrap();
+    assert_eq!(effects.len(), 1, "{effects:?}");
+    assert_eq!(st.job(p).unwrap().kill, Some(KillReason::NodeFail));
+    assert!(holds(&st, "node-01", p));
 }
 
 #[test]
@@ -150,18 +195,22 @@ fn a_placeholder_already_ending_keeps_its_reason_when_a_node_is_lost() {
         (state_of(&st, p), st.job(p).unwrap().kill),
         (JobState::Running, Some(KillReason::Cancel))
     );
+    assert!(st.job(p).unwrap().releasing.is_none());
     assert!(holds(&st, "node-01", p) && holds(&st, "node-02", p));
     st.job_ended_clean(p, JobOutcome::default(), 70).unwrap();
     assert_eq!(state_of(&st, p), JobState::Cancelled);
     assert!(st.nodes().all(|n| n.jobs.is_empty()));
 }
 
+/// A drain hands the node back as `kubectl drain` would (a serving pod never finishes on its
+/// own): the placeholder runs on with its other node, and the node ends DRAINED.
 #[test]
-fn a_drained_node_lets_its_placeholder_run_on() {
+fn a_drained_node_is_handed_back_and_the_placeholder_runs_on() {
     let (mut st, p) = placeholder_on_two_nodes();
     st.drain("node-01", "maintenance").unwrap();
     let job = st.job(p).unwrap();
     assert_eq!((job.state, job.kill), (JobState::Running, None));
+    assert_eq!(job.releasing_nodes(), &[NodeId(0)]);
     assert_eq!(
         st.node_by_name("node-01").unwrap().state(),
         NodeState::Draining
@@ -178,13 +227,60 @@ fn a_drained_node_lets_its_placeholder_run_on() {
         .unwrap();
     assert!(st.schedule(10).starts.is_empty());
     assert_eq!(state_of(&st, more), JobState::Pending);
-    // The pods finish: the placeholder completes and the node is DRAINED.
-    st.job_ended_clean(p, JobOutcome::default(), 20).unwrap();
-    assert_eq!(state_of(&st, p), JobState::Completed);
+    assert_eq!(
+        st.release_placeholder_nodes(p, &[NodeId(0)], 20).unwrap(),
+        Release::Shrunk
+    );
     assert_eq!(
         st.node_by_name("node-01").unwrap().state(),
         NodeState::Drained
     );
+    assert_eq!(state_of(&st, p), JobState::Running);
+    assert!(holds(&st, "node-02", p));
+    assert_consistent(&st);
+}
+
+/// Draining the only node of a placeholder asks for it all the same; releasing it is the
+/// group's end (the caller ends the job as one whose pods are gone).
+#[test]
+fn releasing_every_node_it_holds_ends_the_placeholder() {
+    let mut st = State::test_cluster(1, 8, 8_000, 2);
+    let p = st
+        .submit(JobSpec::test().gpus_per_node(1).kube().no_requeue(), 0)
+        .unwrap();
+    st.schedule(0);
+    st.drain("node-01", "rollout").unwrap();
+    assert_eq!(st.job(p).unwrap().releasing_nodes(), &[NodeId(0)]);
+    assert_eq!(
+        st.release_placeholder_nodes(p, &[NodeId(0)], 5).unwrap(),
+        Release::EndsJob
+    );
+    // Nothing changed yet: ending it is the caller's.
+    assert!(holds(&st, "node-01", p));
+    assert_consistent(&st);
+}
+
+/// A release the controller did not ask for is refused and changes nothing: the bridge
+/// cannot free a node whose pods the controller never asked to go.
+#[test]
+fn a_release_not_asked_for_is_refused() {
+    let (mut st, p) = placeholder_on_two_nodes();
+    let err = st
+        .release_placeholder_nodes(p, &[NodeId(0)], 10)
+        .unwrap_err();
+    assert!(err.to_string().contains("not asked back"), "{err}");
+    assert!(holds(&st, "node-01", p) && holds(&st, "node-02", p));
+    st.drain("node-01", "maintenance").unwrap();
+    // One asked, one not: all refused.
+    assert!(
+        st.release_placeholder_nodes(p, &[NodeId(0), NodeId(1)], 10)
+            .is_err()
+    );
+    assert!(holds(&st, "node-01", p));
+    let batch = st.submit(JobSpec::test().nodes(1), 0).unwrap();
+    st.schedule(0);
+    assert!(st.release_placeholder_nodes(batch, &[], 10).is_err());
+    assert_consistent(&st);
 }
 
 /// A node holding batch work and a lost one holding a placeholder, lost together (a
