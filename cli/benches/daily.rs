@@ -11,7 +11,7 @@
 //!
 //! Run: `cargo bench -p tandem-cli --bench daily` (`-- --quick` for fewer samples).
 //!
-//! The reference Slurm (`NODES=8 ../shared/slurm-reference/setup.sh`) is used when
+//! The reference Slurm (a Slurm 22.05 cluster set up outside this repository) is used when
 //! `scontrol ping` reports a controller UP; `TANDEM_BENCH_SLURM=0` skips it, `=1` makes its
 //! absence an error. Its commands are found on `PATH` (`/usr/bin/sbatch`); Tandem's are
 //! links named `sbatch`, `squeue`, ... to this build's binary (argv[0] dispatch, as a user

@@ -216,7 +216,7 @@ fn scancel_signal_reaches_the_batch_script() {
 }
 
 // === Differences found by a differential run against Slurm 22.05 (slurm-wlm 22.05.8, the
-// reference cluster in ../shared/slurm-reference); each test quotes what Slurm printed. ===
+// reference cluster, set up outside this repository); each test quotes what Slurm printed. ===
 
 /// `sbatch --wrap='env | grep ...'` on Slurm 22.05 printed, without a task count,
 /// `SLURM_TASKS_PER_NODE=1` and no SLURM_NTASKS, SLURM_NPROCS, SLURM_NTASKS_PER_NODE or

@@ -813,7 +813,7 @@ async fn reconcile_workerset(ws: Arc<WorkerSet>, ctx: Arc<Context>) -> Result<Re
     let sets: Api<WorkerSet> = Api::namespaced(ctx.client.clone(), &ns);
     // Add the finalizer with a merge patch guarded by resourceVersion (a 409 retries):
     // kube's helper adds it with a JSON-patch `test` of the absent list, which the e2e
-    // harness's server rejects (see the report); removal still goes through the helper.
+    // harness's server rejects; removal still goes through the helper.
     if ws.metadata.deletion_timestamp.is_none() && !ws.finalizers().iter().any(|f| f == FINALIZER) {
         let mut finalizers = ws.finalizers().to_vec();
         finalizers.push(FINALIZER.to_owned());

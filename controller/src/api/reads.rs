@@ -96,7 +96,7 @@ fn pool() -> &'static Mutex<mpsc::Sender<Work>> {
                 .spawn(move || {
                     // A listing gets next to nothing of a core the actor or the committer
                     // also wants, and all of an idle one (`benches/squeue_load.rs` measures
-                    // what a squeue crowd still costs; README).
+                    // what a squeue crowd still costs; docs/benchmarks.md).
                     if let Err(e) = crate::idle::lower_this_thread() {
                         warn!(error = %e, "listing thread keeps a higher priority");
                     }

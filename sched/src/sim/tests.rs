@@ -240,7 +240,7 @@ fn reproduces_rlscheduler_lublin_256() {
 }
 
 /// Whole-trace replays of every SWF trace in the shared folder under FCFS,
-/// EASY and Tandem, printed as the README's markdown table. Slow on the large
+/// EASY and Tandem, printed as docs/benchmarks.md's markdown table. Slow on the large
 /// traces: run in release, `cargo test -p tandem-sched --release --lib
 /// whole_trace_table -- --ignored --nocapture`.
 #[test]
