@@ -72,8 +72,8 @@ pub struct Args {
     /// different clusters on one machine need distinct ones.
     #[arg(long)]
     pub cgroup_subtree: Option<String>,
-    /// Certificate chain (PEM) of the step launch service; its SANs must name the address
-    /// the worker advertises (the node name when --step-listen is a wildcard).
+    /// Certificate chain (PEM) of the step launch service; its SANs must name the node name
+    /// (--name), which srun verifies whatever address it dials (checked at start).
     #[arg(long, value_name = "FILE", env = "TANDEM_TLS_CERT")]
     pub tls_cert: Option<PathBuf>,
     /// The certificate's private key (PEM).
@@ -83,7 +83,9 @@ pub struct Args {
     /// of --tls-dir, else the cluster file's ca_file.
     #[arg(long, value_name = "FILE", env = "TANDEM_CA_FILE")]
     pub tls_ca: Option<PathBuf>,
-    /// A directory with tls.crt, tls.key and ca.crt (a mounted kubernetes.io/tls Secret).
+    /// A directory with tls.crt, tls.key and ca.crt (a mounted kubernetes.io/tls Secret):
+    /// the step service's certificate, for the node name (the operator issues one per
+    /// worker pod), and the CA the controller's certificate must chain to.
     #[arg(long, value_name = "DIR", env = "TANDEM_TLS_DIR")]
     pub tls_dir: Option<PathBuf>,
     /// Plain text to the controller and on the step service. Development only: refused
@@ -91,9 +93,10 @@ pub struct Args {
     #[arg(long)]
     pub insecure_plaintext: bool,
     /// The cluster CA (DIR/ca.crt, DIR/ca.key): at start, issue the step service's
-    /// certificate for the address this worker advertises and its node name into the state
-    /// directory, and verify the controller against DIR/ca.crt. For pods, whose address is
-    /// known only once they run.
+    /// certificate for the node name and the address this worker advertises into the state
+    /// directory, and verify the controller against DIR/ca.crt. For machines that hold the
+    /// CA (`tandem up`); the operator's worker pods get their certificate through --tls-dir
+    /// instead and never see the CA key.
     #[arg(
         long,
         value_name = "DIR",
@@ -193,7 +196,9 @@ impl Args {
         };
         let controller = endpoint::normalize_address(&controller)?;
         let transport = Transport {
-            server: tls.server(&[self.step_listen])?,
+            // srun verifies the step service as the node it launches on, at whatever
+            // address: a certificate that does not name the node is refused here, at start.
+            server: tls.server_named(&[self.step_listen], Some(&node_name))?,
             client: tls.client(&controller, file_ca.as_deref())?,
         };
 
@@ -245,8 +250,8 @@ impl Args {
     }
 }
 
-/// The names the step certificate must carry: what srun dials (the advertised address,
-/// see `crate::advertised`) and the node name.
+/// The names an issued step certificate carries: the node name (what srun verifies) and
+/// the advertised address (see `crate::advertised`; what older clients verified).
 pub(crate) fn step_certificate_names(step_listen: SocketAddr, node_name: &str) -> Vec<String> {
     let mut names = Vec::new();
     if !step_listen.ip().is_unspecified() {
@@ -258,7 +263,7 @@ pub(crate) fn step_certificate_names(step_listen: SocketAddr, node_name: &str) -
 
 /// `--tls-issue-from`: a fresh step certificate from the CA in `ca_dir`, written as a
 /// `--tls-dir` under the state directory (`tls/`, key 0600). Issued at every start, so a
-/// new pod IP never meets an old certificate.
+/// new address never meets an old certificate.
 fn issue_step_certificate(
     ca_dir: &std::path::Path,
     state_dir: &std::path::Path,
@@ -387,6 +392,54 @@ mod tests {
         );
         let both = Args::try_parse_from(argv.iter().copied().chain(["--insecure-plaintext"]));
         assert!(both.is_err(), "issuing and plain text exclude each other");
+    }
+
+    /// What the operator's worker pods do: the step certificate, issued for the node name
+    /// alone, comes from a mounted Secret (`--tls-dir`); no CA key in sight. A certificate
+    /// for another node is refused at start.
+    #[test]
+    fn a_worker_takes_a_step_certificate_for_its_node_name_and_refuses_another() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = tandem_proto::tls::ca::ClusterCa::load_or_create(&dir.path().join("ca")).unwrap();
+        let secret = dir.path().join("step-tls");
+        ca.write_server_dir(&secret, &["kn-1".into()]).unwrap();
+        let argv = |name: &'static str| {
+            [
+                "tandem worker",
+                "--controller",
+                "https://10.96.0.10:6817",
+                "--key-file",
+                "/k",
+                "--name",
+                name,
+                "--step-listen",
+                "10.244.1.7:6818",
+                "--state-dir",
+                dir.path().join("state").to_str().unwrap(),
+                "--tls-dir",
+                secret.to_str().unwrap(),
+            ]
+            .map(str::to_owned)
+        };
+        let c = Args::try_parse_from(argv("kn-1"))
+            .unwrap()
+            .into_config()
+            .unwrap();
+        assert!(matches!(
+            c.transport.server,
+            tandem_proto::net::ServerSecurity::Tls(_)
+        ));
+        assert!(c.transport.client.is_tls(), "the controller is verified");
+        let err = Args::try_parse_from(argv("kn-2"))
+            .unwrap()
+            .into_config()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("kn-2"), "{err}");
+        assert!(
+            !dir.path().join("state/tls").exists(),
+            "nothing was issued without --tls-issue-from"
+        );
     }
 
     #[test]

@@ -192,6 +192,61 @@ async fn a_missing_program_is_a_task_failure() {
     h.stop().await;
 }
 
+/// As on Kubernetes: the step service's certificate names the node (`n1`) and not the
+/// address it is dialled at (127.0.0.1, standing for the pod IP). srun's way in
+/// (`connect_to_node`) reaches it as `n1`, and refuses it when it expects another node,
+/// before any request is sent; verifying the address it dials would refuse it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_step_service_is_verified_as_its_node_at_its_address() {
+    use tandem_proto::tls;
+    let h = Harness::start_with(|c| {
+        // The harness's CA (`TestTls::make` under the temporary directory).
+        let root = c.state_dir.parent().unwrap();
+        let ca = tls::ca::ClusterCa::load(&root.join("tls").join("ca")).unwrap();
+        let dir = root.join("step-tls");
+        ca.write_server_dir(&dir, std::slice::from_ref(&c.node_name))
+            .unwrap();
+        c.transport.server = tandem_proto::net::ServerSecurity::Tls(
+            tls::server_config(&dir.join(tls::CERT_FILE), &dir.join(tls::KEY_FILE)).unwrap(),
+        );
+    })
+    .await;
+    let address = &h.register.step_address;
+    assert!(address.starts_with("127.0.0.1:"), "{address}");
+    let node = h.register.node_name.clone();
+    assert_eq!(node, "n1");
+    let auth =
+        || tandem_proto::auth::ClientAuth::new(&h.key, &tester(), tandem_proto::auth::unix_now());
+
+    for other in ["n2", "127.0.0.1"] {
+        let err = endpoint::connect_to_node(address, other, &h.tls.client, auth())
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("a step service certified for n1 passed as {other}"));
+        assert!(
+            matches!(err, endpoint::EndpointError::ConnectNode { .. }),
+            "{other}: {err:?}"
+        );
+        let chain = tandem_proto::auth::error_chain(&err);
+        assert!(chain.contains("certificate"), "{other}: {chain}");
+    }
+    let by_address = endpoint::connect_as(address, &h.tls.client, &h.key, &tester()).await;
+    assert!(
+        by_address.is_err(),
+        "the certificate does not name the address"
+    );
+
+    let ch = endpoint::connect_to_node(address, &node, &h.tls.client, auth())
+        .await
+        .unwrap();
+    let mut c = StepLauncherClient::new(ch);
+    let req = request(&h, 34, 0, &["echo", "verified"], &[0]);
+    let results = collect(launch(&mut c, req).await).await;
+    assert_eq!(results[&0].exit, Some((0, 0)));
+    assert_eq!(results[&0].stdout, "verified\n");
+    h.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn users_cannot_launch_as_someone_else_or_without_a_token() {
     let h = Harness::start().await;
