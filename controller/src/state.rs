@@ -185,6 +185,15 @@ pub enum Command {
         namespace: String,
         reply: Reply<v1::EndPlaceholderResponse>,
     },
+    ReleasePlaceholderNodes {
+        job: JobId,
+        /// Kubernetes node names, as the placeholder events give them.
+        nodes: Vec<String>,
+        end_time: i64,
+        /// The namespace asking: must own the placeholder.
+        namespace: String,
+        reply: Reply<v1::ReleasePlaceholderNodesResponse>,
+    },
     WatchPlaceholders {
         tx: PlaceholderTx,
         reply: Reply<()>,
@@ -542,6 +551,18 @@ impl Actor {
                 namespace,
                 reply,
             } => match self.end_placeholder(job, end_time, &namespace) {
+                Ok(resp) => self.reply_after_commit(reply, resp),
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
+            Command::ReleasePlaceholderNodes {
+                job,
+                nodes,
+                end_time,
+                namespace,
+                reply,
+            } => match self.release_placeholder_nodes(job, &nodes, end_time, &namespace) {
                 Ok(resp) => self.reply_after_commit(reply, resp),
                 Err(e) => {
                     let _ = reply.send(Err(e));

@@ -2,8 +2,8 @@
 //! placeholder job is scheduled like a batch job onto a node that switches to `kube` mode,
 //! is never launched on the worker, is found again by its pod group's UID, ends when the
 //! bridge reports its pods gone, and is ended early (scancel, time limit) only by asking the
-//! bridge, through the watch stream, to evict: by scancel, the time limit, or the loss of one
-//! of its nodes, which frees none of them before the pods are gone. Workers are `FakeWorker`s.
+//! bridge, through the watch stream, to evict: by scancel or the time limit. A node drained or
+//! lost is asked back alone and held until the bridge releases it. Workers are `FakeWorker`s.
 
 mod support;
 
@@ -312,8 +312,28 @@ async fn no_launch(w: &mut FakeWorker, window: Duration) {
 /// not ended (its pods run under the kubelet, not the worker); the bridge is asked to evict
 /// them (ending NODE_FAIL), both nodes stay held in `kube` mode, and only the bridge's report
 /// ends the job NODE_FAIL and frees them. The node cannot be removed meanwhile.
+/// Releases `nodes` of a placeholder for `namespace`.
+async fn release(
+    b: &mut BridgeClient<AuthChannel>,
+    job_id: u64,
+    nodes: &[&str],
+    namespace: &str,
+) -> Result<v1::ReleasePlaceholderNodesResponse, tonic::Status> {
+    b.release_placeholder_nodes(v1::ReleasePlaceholderNodesRequest {
+        job_id,
+        nodes: nodes.iter().map(|n| (*n).to_owned()).collect(),
+        end_time: 0,
+        namespace: namespace.into(),
+    })
+    .await
+    .map(tonic::Response::into_inner)
+}
+
+/// DOWN of one node of a two-node placeholder: the bridge is asked to clear that node
+/// alone; the node stays held (and cannot be removed) until the bridge releases it, then
+/// leaves the job, which serves on from the other node.
 #[tokio::test]
-async fn a_downed_node_asks_the_bridge_to_evict_and_the_placeholder_holds_its_nodes_until_then() {
+async fn a_downed_node_is_asked_back_alone_and_held_until_the_bridge_releases_it() {
     let dir = tempfile::tempdir().unwrap();
     let c = Controller::start(dir.path(), |_| {}).await;
     let _k1 = FakeWorker::attach(&c, register("k1", 8, 8192, 2)).await;
@@ -350,19 +370,17 @@ async fn a_downed_node_asks_the_bridge_to_evict_and_the_placeholder_holds_its_no
         .await
         .unwrap();
     let ev = watch
-        .until("ending", |e| e.job_id == id && e.ending != 0)
+        .until("k1 asked back", |e| {
+            e.job_id == id && !e.releasing.is_empty()
+        })
         .await;
-    assert_eq!(
-        (ev.state, ev.ending),
-        (JobState::Running as i32, JobState::NodeFail as i32)
-    );
+    assert_eq!(ev.releasing, vec!["k1".to_owned()]);
+    assert_eq!((ev.state, ev.ending), (JobState::Running as i32, 0));
     assert_eq!(ev.nodes, vec!["k1".to_owned(), "k2".to_owned()]);
     no_launch(&mut k2, Duration::from_secs(1)).await;
-    let (n1, n2) = (node(&c, "k1").await, node(&c, "k2").await);
+    let n1 = node(&c, "k1").await;
     assert_eq!(n1.state, "DOWN");
     assert_eq!(n1.running_jobs, vec![id]);
-    assert_eq!(n2.running_jobs, vec![id]);
-    assert_eq!(n2.mode, v1::NodeMode::Kube as i32);
     assert_eq!(n1.mode, v1::NodeMode::Kube as i32);
 
     // The node cannot leave the controller while the pods may run there, forced or not.
@@ -377,14 +395,43 @@ async fn a_downed_node_asks_the_bridge_to_evict_and_the_placeholder_holds_its_no
             .unwrap_err();
         assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
     }
+
+    // Refused, changing nothing: another namespace; a node not asked back; an unknown node;
+    // a release without nodes.
+    let e = release(&mut b, id, &["k1"], "mallory").await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    let e = release(&mut b, id, &["k2"], "serving").await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    let e = release(&mut b, id, &["k1", "nope"], "serving")
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    let e = release(&mut b, id, &[], "serving").await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
     assert_eq!(node(&c, "k1").await.running_jobs, vec![id]);
 
-    // The pods are gone: NODE_FAIL, and only now does k2 take the batch job.
-    let ended = end(&mut b, id).await.unwrap();
-    assert_eq!(ended.state, JobState::NodeFail as i32);
-    watch
-        .until("node_fail", |e| is(e, id, JobState::NodeFail))
+    // The pods on k1 are gone: k1 leaves the job, which keeps k2.
+    let r = release(&mut b, id, &["k1"], "serving").await.unwrap();
+    assert_eq!(
+        (r.state, r.nodes.clone()),
+        (JobState::Running as i32, vec!["k2".to_owned()])
+    );
+    let ev = watch
+        .until("the job on k2 alone", |e| {
+            e.job_id == id && e.nodes.len() == 1
+        })
         .await;
+    assert_eq!((ev.nodes, ev.releasing), (vec!["k2".to_owned()], vec![]));
+    assert!(node(&c, "k1").await.running_jobs.is_empty());
+    assert_eq!(node(&c, "k2").await.running_jobs, vec![id]);
+    // A repeat is harmless.
+    let r = release(&mut b, id, &["k1"], "serving").await.unwrap();
+    assert_eq!(r.nodes, vec!["k2".to_owned()]);
+    no_launch(&mut k2, Duration::from_millis(300)).await;
+
+    // The last pods end: COMPLETED on k2, and only now does k2 take the batch job.
+    let ended = end(&mut b, id).await.unwrap();
+    assert_eq!(ended.state, JobState::Completed as i32);
     assert_eq!(k2.expect_launch().await.job_id, batch);
     assert_eq!(node(&c, "k1").await.state, "DOWN");
     let rec = c
@@ -402,9 +449,7 @@ async fn a_downed_node_asks_the_bridge_to_evict_and_the_placeholder_holds_its_no
         .into_inner()
         .jobs;
     assert_eq!(rec.len(), 1, "{rec:?}");
-    assert_eq!(rec[0].state, JobState::NodeFail as i32);
-    assert_eq!(rec[0].reason, "NodeDown");
-    assert_eq!(rec[0].nodelist, "k[1-2]");
+    assert_eq!(rec[0].nodelist, "k2");
     admin
         .remove_node(v1::RemoveNodeRequest {
             nodes: "k1".into(),
@@ -416,9 +461,10 @@ async fn a_downed_node_asks_the_bridge_to_evict_and_the_placeholder_holds_its_no
     c.stop().await;
 }
 
-/// The worker under one node of a placeholder goes silent: the same, by the timeout.
+/// The worker under one node of a placeholder goes silent: the same, by the timeout; and
+/// when the other node is drained too, releasing it (the last) ends the job.
 #[tokio::test]
-async fn a_silent_worker_under_a_placeholder_asks_the_bridge_to_evict() {
+async fn a_silent_worker_under_a_placeholder_asks_the_bridge_for_its_node() {
     let dir = tempfile::tempdir().unwrap();
     let c = Controller::start(dir.path(), |cfg| {
         cfg.node_timeout = Duration::from_millis(600);
@@ -458,18 +504,41 @@ async fn a_silent_worker_under_a_placeholder_asks_the_bridge_to_evict() {
         .into_inner()
         .job_id;
     let ev = watch
-        .until("ending", |e| e.job_id == id && e.ending != 0)
+        .until("k1 asked back", |e| {
+            e.job_id == id && !e.releasing.is_empty()
+        })
         .await;
-    assert_eq!(
-        (ev.state, ev.ending),
-        (JobState::Running as i32, JobState::NodeFail as i32)
-    );
-    no_launch(&mut k2, Duration::from_secs(1)).await;
+    assert_eq!((ev.releasing, ev.ending), (vec!["k1".to_owned()], 0));
     assert_eq!(node(&c, "k1").await.state, "DOWN");
-    assert_eq!(node(&c, "k2").await.running_jobs, vec![id]);
-    let ended = end(&mut b, id).await.unwrap();
-    assert_eq!(ended.state, JobState::NodeFail as i32);
-    assert_eq!(k2.expect_launch().await.job_id, batch);
+    release(&mut b, id, &["k1"], "serving").await.unwrap();
+
+    // A drain of k2, its last node, asks for it too; releasing it ends the job COMPLETED
+    // (its pods are gone), and the drained node then takes no batch job.
+    NodesClient::new(c.channel(&root()).await)
+        .update_node(v1::UpdateNodeRequest {
+            nodes: "k2".into(),
+            state: "DRAIN".into(),
+            reason: "rollout".into(),
+        })
+        .await
+        .unwrap();
+    let ev = watch
+        .until("k2 asked back", |e| {
+            e.job_id == id && e.releasing == vec!["k2".to_owned()]
+        })
+        .await;
+    assert_eq!(ev.ending, 0);
+    let r = release(&mut b, id, &["k2"], "serving").await.unwrap();
+    assert_eq!(r.state, JobState::Completed as i32);
+    assert!(r.nodes.is_empty());
+    watch
+        .until("completed", |e| is(e, id, JobState::Completed))
+        .await;
+    let n2 = node(&c, "k2").await;
+    assert!(n2.running_jobs.is_empty());
+    assert_eq!(n2.state, "DRAINED");
+    no_launch(&mut k2, Duration::from_millis(500)).await;
+    let _ = batch;
     beating.abort();
     c.stop().await;
 }

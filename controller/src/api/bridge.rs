@@ -78,6 +78,51 @@ impl Bridge for BridgeService {
         Ok(Response::new(resp))
     }
 
+    #[instrument(skip_all, fields(job_id = request.get_ref().job_id))]
+    async fn release_placeholder_nodes(
+        &self,
+        request: Request<v1::ReleasePlaceholderNodesRequest>,
+    ) -> Result<Response<v1::ReleasePlaceholderNodesResponse>, Status> {
+        authz::require(&request, authz::Rpc::Placeholders)?;
+        let req = request.into_inner();
+        if req.job_id == 0 {
+            return Err(Status::invalid_argument("job id: 0 is not a job id"));
+        }
+        if req.end_time < 0 {
+            return Err(Status::invalid_argument("end_time: negative"));
+        }
+        if req.namespace.is_empty() {
+            return Err(Status::invalid_argument(
+                "namespace: missing (a placeholder's nodes are released only for the namespace it belongs to)",
+            ));
+        }
+        if req.nodes.is_empty() || req.nodes.len() > MAX_EXCLUDED {
+            return Err(Status::invalid_argument(format!(
+                "nodes: between 1 and {MAX_EXCLUDED} node names"
+            )));
+        }
+        if let Some(n) = req
+            .nodes
+            .iter()
+            .find(|n| n.is_empty() || n.len() > MAX_NODE_NAME)
+        {
+            return Err(Status::invalid_argument(format!(
+                "nodes: {n:?} is not a node name"
+            )));
+        }
+        let resp = self
+            .handle
+            .call(|reply| Command::ReleasePlaceholderNodes {
+                job: JobId(req.job_id),
+                nodes: req.nodes,
+                end_time: req.end_time,
+                namespace: req.namespace,
+                reply,
+            })
+            .await?;
+        Ok(Response::new(resp))
+    }
+
     type WatchPlaceholdersStream = ReceiverStream<Result<v1::PlaceholderEvent, Status>>;
 
     async fn watch_placeholders(

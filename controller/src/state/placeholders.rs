@@ -9,9 +9,12 @@
 //! where it runs. It is found again by its pod group's UID (a restarted bridge submits
 //! again and gets the same job), and it ends only when the bridge reports the pods gone,
 //! so a terminating pod keeps its node. To end one early (scancel, preemption, time limit,
-//! or the loss of one of its nodes: the pods run under the kubelet, so a lost worker or an
-//! operator's DOWN does not mean they stopped) the controller marks it ending; the bridge
-//! evicts the pods, then reports. Every node stays held, in `kube` mode, until then.
+//! or the loss of the last node it keeps: the pods run under the kubelet, so a lost worker
+//! or an operator's DOWN does not mean they stopped) the controller marks it ending; the
+//! bridge evicts the pods, then reports. Every node stays held, in `kube` mode, until then.
+//! A node drained or lost while the group keeps others is asked back alone (the event's
+//! `releasing`): the bridge evicts the group's pods there and releases it
+//! ([`Actor::release_placeholder_nodes`]); the group serves on from the rest.
 //!
 //! Watchers get a snapshot, then every change after the batch holding it commits: the
 //! bridge never binds on an allocation the store does not know. A watcher whose queue
@@ -21,6 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tandem_sched::job::KillReason;
 use tandem_sched::node::NodeMode;
+use tandem_sched::state::Release;
 
 use super::*;
 
@@ -175,6 +179,81 @@ impl Actor {
         Ok(v1::EndPlaceholderResponse {
             state: convert::state_to_proto(state) as i32,
         })
+    }
+
+    /// The group's pods are gone from `nodes`, which the controller asked back (see
+    /// [`tandem_sched::state::Release`]): they leave the job, charged until `end_time`
+    /// (clamped as for an end), and are free. Releasing every node the job still holds
+    /// ends it as [`Self::end_placeholder`] does. Refused, changing nothing, when
+    /// `namespace` is not the job's, a node is unknown, or a node was not asked back.
+    pub(super) fn release_placeholder_nodes(
+        &mut self,
+        id: JobId,
+        nodes: &[String],
+        end_time: i64,
+        namespace: &str,
+    ) -> Result<v1::ReleasePlaceholderNodesResponse, Status> {
+        let now = self.now();
+        let job = self
+            .st
+            .job(id)
+            .ok_or_else(|| Status::not_found(format!("job {id} not found")))?;
+        if !is_placeholder(job) {
+            return Err(Status::failed_precondition(format!(
+                "job {id} is a batch job, not a placeholder"
+            )));
+        }
+        if job.spec.user != namespace {
+            return Err(Status::permission_denied(format!(
+                "placeholder {id} belongs to namespace {:?}, not {namespace:?}",
+                job.spec.user
+            )));
+        }
+        let started = job.start_time.unwrap_or(job.submit_time);
+        let ids = nodes
+            .iter()
+            .map(|n| {
+                self.st
+                    .node_by_name(n)
+                    .map(|x| x.id)
+                    .ok_or_else(|| Status::invalid_argument(format!("unknown node {n:?}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let end = if end_time == 0 {
+            now
+        } else {
+            end_time.min(now)
+        }
+        .max(started);
+        let released = self
+            .st
+            .release_placeholder_nodes(id, &ids, end)
+            .map_err(|e| Status::failed_precondition(e.to_string()))?;
+        let state = match released {
+            Release::EndsJob => self.end_placeholder(id, end, namespace)?.state,
+            Release::Shrunk => {
+                info!(job_id = id.0, nodes = ?nodes, "placeholder handed back nodes; it runs on with the rest");
+                self.pass_wanted = true;
+                convert::state_to_proto(JobState::Running) as i32
+            }
+            Release::Nothing => self
+                .st
+                .job(id)
+                .map_or(0, |j| convert::state_to_proto(j.state) as i32),
+        };
+        let held = self
+            .st
+            .job(id)
+            .filter(|j| j.state == JobState::Running)
+            .map(|j| {
+                self.st
+                    .node_names(j)
+                    .iter()
+                    .map(|n| (*n).to_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(v1::ReleasePlaceholderNodesResponse { state, nodes: held })
     }
 
     pub(super) fn watch_placeholders(&mut self, tx: PlaceholderTx) {
@@ -381,6 +460,14 @@ impl Actor {
             removed: false,
             snapshot_done: false,
             namespace: j.spec.user.clone(),
+            releasing: if running && j.kill.is_none() {
+                j.releasing_nodes()
+                    .iter()
+                    .filter_map(|n| self.st.node(*n).map(|x| x.name.clone()))
+                    .collect()
+            } else {
+                Vec::new()
+            },
         }
     }
 }
