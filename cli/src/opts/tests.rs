@@ -1,5 +1,6 @@
 use super::*;
 use crate::directives;
+use tandem_proto::v1::JobSpec;
 
 /// The command line as `sbatch` parses it, for these tests.
 #[derive(Debug, Parser)]
