@@ -122,7 +122,7 @@ pub async fn run(args: Args) -> Exit {
         );
     } else {
         println!("== tandem down");
-        super::down::stop(&state_dir, Duration::from_secs(10));
+        super::local_cluster::stop(&state_dir, Duration::from_secs(10));
         let _ = std::fs::remove_dir_all(&base);
     }
     result

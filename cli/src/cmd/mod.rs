@@ -7,6 +7,7 @@ pub mod controller;
 pub mod demo;
 pub mod down;
 pub mod links;
+pub mod local_cluster;
 pub mod local_spool;
 pub mod sacct;
 pub mod sacctmgr;

@@ -38,6 +38,7 @@ use tandem_proto::endpoint::ClusterFile;
 use tandem_proto::v1::nodes_client::NodesClient;
 use tandem_proto::v1::{ClusterInfoRequest, ListNodesRequest};
 
+use super::local_cluster::{default_state_dir, home_cluster_file};
 use crate::Exit;
 
 /// Start a local cluster: one controller and N workers as background processes.
@@ -102,17 +103,6 @@ pub struct Args {
     pub insecure_plaintext: bool,
 }
 
-/// The default state dir, `~/.tandem/local`.
-pub fn default_state_dir() -> anyhow::Result<PathBuf> {
-    let home = std::env::var_os("HOME").context("HOME is not set; pass --state-dir")?;
-    Ok(PathBuf::from(home).join(".tandem").join("local"))
-}
-
-/// `~/.tandem/cluster.json`, if HOME is set.
-pub fn home_cluster_file() -> Option<PathBuf> {
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".tandem").join("cluster.json"))
-}
-
 pub fn node_name(i: u32) -> String {
     format!("node-{i}")
 }
@@ -169,7 +159,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Started> {
     };
     std::fs::create_dir_all(dir.join("workers"))
         .with_context(|| format!("cannot create {}", dir.display()))?;
-    if let Some(pid) = super::down::running_controller(&dir) {
+    if let Some(pid) = super::local_cluster::running_controller(&dir) {
         bail!(
             "a cluster is already running in {} (controller pid {pid}); stop it with `tandem down{}`",
             dir.display(),
@@ -193,7 +183,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Started> {
     let mut authd = spawn_daemon(&exe_path()?, &aargs, &dir.join("authd.log"))?;
     write_pid(&dir.join("authd.pid"), authd.id())?;
     if let Err(e) = wait_agent(&socket, &mut authd, &dir.join("authd.log")).await {
-        super::down::stop(&dir, Duration::from_secs(5));
+        super::local_cluster::stop(&dir, Duration::from_secs(5));
         return Err(e);
     }
 
@@ -340,7 +330,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Started> {
     let cluster_name = match ready {
         Ok(name) => name,
         Err(e) => {
-            super::down::stop(&dir, Duration::from_secs(5));
+            super::local_cluster::stop(&dir, Duration::from_secs(5));
             return Err(e);
         }
     };
