@@ -7,9 +7,13 @@
 //!   and knows every `--flag` the chart passes.
 //! - The Dockerfile builds and copies only binaries of the workspace, its links are the
 //!   names `tandem links` makes, and it runs as a non-root user.
+//! - The documentation: every relative link in the repository's Markdown files resolves to a
+//!   file or folder, and every `#anchor` into a Markdown file to one of its headings
+//!   (GitHub's slugs); `README.md` stays under 250 lines.
 //!
-//! Needs the binaries built first: `cargo build --bins -p tandem-cli -p tandem-operator
-//! -p tandem-bridge` (the README's test command builds every binary).
+//! The chart and Dockerfile tests need the binaries built first: `cargo build --bins -p
+//! tandem-cli -p tandem-operator -p tandem-bridge` (the README's test command builds every
+//! binary).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -517,4 +521,363 @@ fn the_operator_chart_grants_exactly_the_verbs_the_operator_uses() {
             }
         }
     }
+}
+
+// === The documentation: every relative link resolves, the README stays short ===
+
+/// The README is a user's page; the rest lives in the documents it links to.
+const README_MAX_LINES: usize = 250;
+
+/// The repository's Markdown files: the tracked ones (`git ls-files`), or, without git (an
+/// exported tree), every `*.md` outside `target/` and hidden folders.
+fn markdown_files() -> Vec<PathBuf> {
+    let root = root();
+    let tracked = Command::new("git")
+        .arg("-C")
+        .arg(&root)
+        .args(["ls-files", "-z", "--", "*.md"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success());
+    if let Some(out) = tracked {
+        return out
+            .stdout
+            .split(|b| *b == 0)
+            .filter(|p| !p.is_empty())
+            .map(|p| root.join(String::from_utf8_lossy(p).as_ref()))
+            // A tracked file being deleted in the working tree is not a document any more.
+            .filter(|p| p.is_file())
+            .collect();
+    }
+    let mut found = Vec::new();
+    let mut dirs = vec![root.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') || (dir == root && name == "target") {
+                continue;
+            }
+            if path.is_dir() {
+                dirs.push(path);
+            } else if name.ends_with(".md") {
+                found.push(path);
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// GitHub's anchor for a heading: the rendered text lowercased, letters, digits, `-` and
+/// `_` kept, spaces turned into `-`, everything else dropped.
+fn github_slug(heading: &str) -> String {
+    // The heading's text as rendered: `[text](url)` is `text`; code and emphasis marks go.
+    let mut text = String::new();
+    let mut rest = heading;
+    while let Some(open) = rest.find('[') {
+        let Some(close) = rest[open..].find("](").map(|i| open + i) else {
+            break;
+        };
+        let Some(end) = rest[close..].find(')').map(|i| close + i) else {
+            break;
+        };
+        text.push_str(&rest[..open]);
+        text.push_str(&rest[open + 1..close]);
+        rest = &rest[end + 1..];
+    }
+    text.push_str(rest);
+    text.chars()
+        .flat_map(char::to_lowercase)
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A Markdown file's anchors (duplicates numbered `-1`, `-2` as GitHub does) and its link
+/// targets with their line numbers; code blocks and code spans hold neither.
+fn markdown_anchors_and_links(text: &str) -> (BTreeSet<String>, Vec<(usize, String)>) {
+    let mut anchors = BTreeSet::new();
+    let mut seen: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut links = Vec::new();
+    // The open fence: its character and length.
+    let mut fence: Option<(char, usize)> = None;
+    for (i, line) in text.lines().enumerate() {
+        let lineno = i + 1;
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        let fence_char = trimmed.chars().next().filter(|c| *c == '`' || *c == '~');
+        if let Some(c) = fence_char.filter(|_| indent <= 3) {
+            let len = trimmed.chars().take_while(|x| *x == c).count();
+            if len >= 3 {
+                match fence {
+                    None => {
+                        fence = Some((c, len));
+                        continue;
+                    }
+                    Some((open, open_len))
+                        if open == c && len >= open_len && trimmed[len..].trim().is_empty() =>
+                    {
+                        fence = None;
+                        continue;
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        if fence.is_some() {
+            continue;
+        }
+        // ATX headings.
+        let hashes = trimmed.chars().take_while(|c| *c == '#').count();
+        if indent <= 3 && (1..=6).contains(&hashes) && trimmed[hashes..].starts_with([' ', '\t']) {
+            let title = trimmed[hashes..].trim().trim_end_matches('#').trim();
+            let slug = github_slug(title);
+            let n = seen.entry(slug.clone()).or_insert(0);
+            anchors.insert(if *n == 0 {
+                slug.clone()
+            } else {
+                format!("{slug}-{n}")
+            });
+            *n += 1;
+        }
+        // Reference definitions: `[name]: target`.
+        if indent <= 3
+            && let Some(after) = trimmed.strip_prefix('[')
+            && let Some(close) = after.find("]:")
+            && !after[..close].starts_with('^')
+        {
+            let target = after[close + 2..].split_whitespace().next().unwrap_or("");
+            links.push((lineno, target.to_owned()));
+            continue;
+        }
+        // Inline links and images, outside code spans.
+        let mut plain = String::new();
+        let mut rest = line;
+        while let Some(tick) = rest.find('`') {
+            plain.push_str(&rest[..tick]);
+            let run = rest[tick..].chars().take_while(|c| *c == '`').count();
+            let ticks = "`".repeat(run);
+            match rest[tick + run..].find(&ticks) {
+                Some(end) => {
+                    plain.push_str(" code ");
+                    rest = &rest[tick + run + end + run..];
+                }
+                None => {
+                    plain.push_str(&rest[tick..tick + run]);
+                    rest = &rest[tick + run..];
+                }
+            }
+        }
+        plain.push_str(rest);
+        let mut rest = plain.as_str();
+        while let Some(at) = rest.find("](") {
+            let target = &rest[at + 2..];
+            // Up to the `)` that closes it (a target may hold balanced parentheses).
+            let mut depth = 0usize;
+            let mut end = target.len();
+            for (j, c) in target.char_indices() {
+                match c {
+                    '(' => depth += 1,
+                    ')' if depth == 0 => {
+                        end = j;
+                        break;
+                    }
+                    ')' => depth -= 1,
+                    _ => {}
+                }
+            }
+            let target = target[..end].trim();
+            let target = match target.strip_prefix('<') {
+                Some(t) => t.split('>').next().unwrap_or(""),
+                None => target.split_whitespace().next().unwrap_or(""),
+            };
+            links.push((lineno, target.to_owned()));
+            rest = &rest[at + 2 + end.min(rest.len() - at - 2)..];
+        }
+    }
+    (anchors, links)
+}
+
+/// `a/./b/../c` -> `a/c`; `None` when it climbs above the first component.
+fn normalize(path: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir => {
+                if !out.pop() {
+                    return None;
+                }
+            }
+            other => out.push(other),
+        }
+    }
+    Some(out)
+}
+
+/// `%20` and the other escapes a link target may carry.
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && let Some(hex) = s.get(i + 1..i + 3)
+            && let Ok(b) = u8::from_str_radix(hex, 16)
+        {
+            out.push(b);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// What is wrong with each relative link of `files` (paths under `root`): a file or folder
+/// that does not exist (or lies outside the repository), or an `#anchor` into a Markdown
+/// file that has no such heading. External links (`https:`, `mailto:` ...) are not followed.
+fn broken_links(root: &Path, files: &[PathBuf]) -> Vec<String> {
+    let root = normalize(root).expect("an absolute root");
+    let mut parsed: std::collections::BTreeMap<PathBuf, BTreeSet<String>> = Default::default();
+    let mut anchors_of = |path: &Path| -> Option<BTreeSet<String>> {
+        if let Some(anchors) = parsed.get(path) {
+            return Some(anchors.clone());
+        }
+        let text = std::fs::read_to_string(path).ok()?;
+        let anchors = markdown_anchors_and_links(&text).0;
+        parsed.insert(path.to_path_buf(), anchors.clone());
+        Some(anchors)
+    };
+    let mut broken = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let (own_anchors, links) = markdown_anchors_and_links(&text);
+        let shown = file
+            .strip_prefix(&root)
+            .unwrap_or(file)
+            .display()
+            .to_string();
+        for (line, target) in links {
+            let is_external = target
+                .split(['/', '#', '?'])
+                .next()
+                .is_some_and(|first| first.contains(':'));
+            if target.is_empty() || is_external {
+                continue;
+            }
+            let (path, anchor) = match target.split_once('#') {
+                Some((p, a)) => (p, Some(a)),
+                None => (target.as_str(), None),
+            };
+            let path = percent_decode(path.split('?').next().unwrap_or(""));
+            let resolved = if path.is_empty() {
+                Some(file.clone())
+            } else if let Some(from_root) = path.strip_prefix('/') {
+                normalize(&root.join(from_root))
+            } else {
+                normalize(&file.parent().unwrap().join(&path))
+            };
+            let Some(resolved) = resolved.filter(|p| p.starts_with(&root)) else {
+                broken.push(format!("{shown}:{line}: {target}: outside the repository"));
+                continue;
+            };
+            if !resolved.exists() {
+                broken.push(format!("{shown}:{line}: {target}: no such file or folder"));
+                continue;
+            }
+            let Some(anchor) = anchor.filter(|a| !a.is_empty()) else {
+                continue;
+            };
+            if resolved.extension().is_none_or(|e| e != "md") {
+                continue;
+            }
+            let anchors = if resolved == *file {
+                Some(own_anchors.clone())
+            } else {
+                anchors_of(&resolved)
+            };
+            let anchor = percent_decode(anchor).to_lowercase();
+            if !anchors.is_some_and(|a| a.contains(&anchor)) {
+                broken.push(format!(
+                    "{shown}:{line}: {target}: no heading #{anchor} there"
+                ));
+            }
+        }
+    }
+    broken
+}
+
+#[test]
+fn every_relative_markdown_link_resolves_and_the_readme_stays_short() {
+    let root = root();
+    let files = markdown_files();
+    for must in [
+        "README.md",
+        "ARCHITECTURE.md",
+        "CONTRIBUTING.md",
+        "SECURITY.md",
+        "CHANGELOG.md",
+    ] {
+        assert!(
+            files.contains(&root.join(must)),
+            "{must} is not among the repository's Markdown files: {files:?}"
+        );
+    }
+    let broken = broken_links(&root, &files);
+    assert!(
+        broken.is_empty(),
+        "broken links in the documentation:\n{}",
+        broken.join("\n")
+    );
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let lines = readme.lines().count();
+    assert!(
+        lines < README_MAX_LINES,
+        "README.md has {lines} lines; keep it under {README_MAX_LINES} (a user's page: move \
+         the rest into docs/ and link it)"
+    );
+}
+
+#[test]
+fn the_link_checker_finds_broken_links_and_anchors() {
+    assert_eq!(
+        github_slug("Kubernetes quick start"),
+        "kubernetes-quick-start"
+    );
+    assert_eq!(
+        github_slug("`tandem up`: a [local](x.md) cluster, 2.0!"),
+        "tandem-up-a-local-cluster-20"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    std::fs::create_dir(root.join("docs")).unwrap();
+    std::fs::write(
+        root.join("docs/guide.md"),
+        "# Guide\n\n## Setup\n\n## Setup\n\n```sh\n# not a heading\n[x](missing-in-code.md)\n```\n",
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("README.md"),
+        "# Top\n\n[ok](docs/guide.md#setup-1) [self](#top) [web](https://example.com/x)\n\
+         `[code](nope.md)` [gone](docs/gone.md) [bad anchor](docs/guide.md#not-a-heading)\n\
+         [fenced](docs/guide.md#not-a-heading-1) [out](../elsewhere.md) [dir](docs/)\n\
+         [ref]: docs/missing.md\n",
+    )
+    .unwrap();
+    let files = [root.join("README.md"), root.join("docs/guide.md")];
+    let broken = broken_links(&root, &files);
+    let want = [
+        "README.md:4: docs/gone.md: no such file or folder",
+        "README.md:4: docs/guide.md#not-a-heading: no heading #not-a-heading there",
+        "README.md:5: docs/guide.md#not-a-heading-1: no heading #not-a-heading-1 there",
+        "README.md:5: ../elsewhere.md: outside the repository",
+        "README.md:6: docs/missing.md: no such file or folder",
+    ];
+    assert_eq!(broken, want, "{broken:#?}");
 }
