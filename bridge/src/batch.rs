@@ -2,8 +2,8 @@
 //! loop can be driven by a fake in tests, and its gRPC implementation.
 //!
 //! The bridge authenticates with the `bridge` role, signed with the cluster key from a
-//! mounted Secret file; that role may make placeholder jobs and nothing else that changes
-//! state.
+//! mounted Secret file; that role may make placeholder jobs, and drain a node whose GPU
+//! holder was refused, and nothing else that changes state.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -91,6 +91,17 @@ pub trait BatchAlloc {
     async fn caps(&self, partition: &str) -> Result<NodeCaps, BatchError>;
     /// Every node of the controller with its mode (`None`: the controller gave none).
     async fn modes(&self) -> Result<HashMap<String, Option<Mode>>, BatchError>;
+    /// Drains `node` with `reason`: something holds its GPUs that should not (a refused
+    /// GPU holder, [`crate::holder`]). The `bridge` role may drain, never resume.
+    async fn drain(&self, node: &str, reason: &str) -> Result<(), BatchError> {
+        let _ = (node, reason);
+        Err(BatchError::Call {
+            call: "UpdateNode",
+            status: Box::new(tonic::Status::unimplemented(
+                "this controller client cannot drain",
+            )),
+        })
+    }
 }
 
 /// [`BatchAlloc`] over gRPC.
@@ -232,5 +243,17 @@ impl BatchAlloc for GrpcBatch {
                 (n.name, mode)
             })
             .collect())
+    }
+
+    async fn drain(&self, node: &str, reason: &str) -> Result<(), BatchError> {
+        NodesClient::new(self.channel.clone())
+            .update_node(v1::UpdateNodeRequest {
+                nodes: node.to_owned(),
+                state: "DRAIN".into(),
+                reason: reason.to_owned(),
+            })
+            .await
+            .map_err(call("UpdateNode"))?;
+        Ok(())
     }
 }

@@ -70,6 +70,8 @@ pub struct Config {
     /// Seconds a pod whose eviction PodDisruptionBudgets keep refusing may hold a job's
     /// end (scancel, preemption, time limit, node loss) before it is deleted.
     pub eviction_timeout_s: i64,
+    /// The GPU holders' image ([`crate::holder`]); `None`: no holders.
+    pub gpu_holder_image: Option<String>,
 }
 
 /// A pod whose eviction a PodDisruptionBudget refused: since when, and when to try again
@@ -138,6 +140,8 @@ struct Loop<B> {
     modes_at: Option<Instant>,
     /// A mode sync runs (one at a time).
     modes_syncing: bool,
+    /// The GPU holders, kept by the mode sync.
+    holders: modes::Holders,
     gone: HashMap<String, i64>,
     policies: Vec<NamespacePolicy>,
     /// Evictions refused by PodDisruptionBudgets, per pod.
@@ -186,6 +190,12 @@ pub async fn run<B: BatchAlloc + 'static>(
         modes_dirty: true,
         modes_at: None,
         modes_syncing: false,
+        holders: modes::Holders::new(modes::HolderConfig {
+            image: cfg.gpu_holder_image.clone(),
+            namespace: cfg.cluster_namespace.clone(),
+            cluster: cfg.cluster_name.clone(),
+            margin_s: cfg.vanish_margin_s,
+        }),
         gone: HashMap::new(),
         policies: Vec::new(),
         told: HashMap::new(),
@@ -490,43 +500,52 @@ impl<B: BatchAlloc> Loop<B> {
         self.modes_dirty = false;
         self.modes_at = Some(Instant::now());
         self.modes_syncing = true;
-        Some(modes::read(self.batch.clone()))
+        Some(self.holders.read(self.batch.clone(), self.client.clone()))
     }
 
     /// Folds a step of the mode sync in; the patches that bring Nodes in step, if any
     /// (nothing is written for a node in step).
-    fn on_mode_step(&mut self, step: modes::Step) -> Option<LocalBoxFuture<'static, modes::Step>> {
+    fn on_mode_step(&mut self, step: modes::Step) -> Option<LocalBoxFuture<'static, modes::Step>>
+    where
+        B: 'static,
+    {
         match step {
-            modes::Step::Read(Err(e)) => {
+            modes::Step::Read(Err(e), _) => {
                 warn!(error = %e, "reading node modes; changing no node");
                 self.modes = None;
                 self.modes_syncing = false;
                 None
             }
-            modes::Step::Read(Ok(m)) => {
+            modes::Step::Read(Ok(m), listed) => {
                 self.modes = Some(m);
-                let mut names: Vec<&String> = self.node_objs.keys().collect();
-                names.sort();
-                let patches: Vec<modes::NodePatch> = names
-                    .into_iter()
-                    .filter_map(|name| {
-                        let n = self.node_objs.get(name)?;
-                        let plan =
-                            nodes::plan(n, self.controller_view(name), &self.cfg.cluster_name)?;
-                        modes::NodePatch::new(name, n, plan)
-                    })
+                let views = (self.node_objs.keys())
+                    .map(|n| (n.clone(), self.controller_view(n)))
                     .collect();
-                if patches.is_empty() {
+                let sync = self
+                    .holders
+                    .sync(&self.node_objs, &views, listed, unix_now());
+                // A GPU holder is going: look again at the next tick.
+                self.modes_dirty |= sync.waiting;
+                if sync.ops.is_empty() {
                     self.modes_syncing = false;
                     return None;
                 }
+                let (client, recorder) = (self.client.clone(), self.recorder.clone());
+                let batch = self.batch.clone();
                 Some(modes::write(
-                    self.client.clone(),
-                    self.recorder.clone(),
-                    patches,
+                    client,
+                    recorder,
+                    batch,
+                    &self.holders,
+                    sync.ops,
                 ))
             }
             modes::Step::Patched(done) => {
+                // Binds that waited for a Node's kube write are tried again now.
+                if !done.is_empty() {
+                    let retry = std::mem::take(&mut self.retry);
+                    self.dirty.extend(retry);
+                }
                 // Plan from what was written until the watch brings it.
                 for (name, node) in done {
                     if self.node_objs.contains_key(&name) {
@@ -795,6 +814,12 @@ impl<B: BatchAlloc> Loop<B> {
                         end_time: now,
                         release,
                     }));
+                }
+                // Only onto a Node written to kube mode, whose GPU holder has stopped.
+                if let Some(why) = (bindings.iter())
+                    .find_map(|(_, n)| self.holders.unbindable(self.node_objs.get(n)?))
+                {
+                    return Err(why);
                 }
                 let pods = pods
                     .into_iter()

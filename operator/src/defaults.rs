@@ -24,7 +24,7 @@ pub const KEY_DIR: &str = "/etc/tandem/key";
 pub const KEY_FILE: &str = "cluster.key";
 /// The controller's certificate Secret's mount (`tls.crt`, `tls.key`, `ca.crt`).
 pub const TLS_DIR: &str = "/etc/tandem/tls";
-/// The cluster CA Secret's mount: `ca.crt` everywhere, `ca.key` only in worker pods.
+/// The cluster CA Secret's mount: `ca.crt` only (no pod mounts `ca.key`).
 pub const CA_DIR: &str = "/etc/tandem/ca";
 pub const CA_CERT_FILE: &str = "ca.crt";
 pub const CA_KEY_FILE: &str = "ca.key";
@@ -36,6 +36,8 @@ pub const CONFIG_DIR: &str = "/etc/tandem/config";
 pub const CONTROLLER_CONFIG_KEY: &str = "controller.toml";
 pub const CLIENT_CONFIG_KEY: &str = "cluster.json";
 pub const BRIDGE_CONFIG_KEY: &str = "bridge.json";
+/// A worker pod's step-service certificate Secret's mount (`tls.crt`, `tls.key`, `ca.crt`).
+pub const STEP_TLS_DIR: &str = "/etc/tandem/step-tls";
 /// Workers' spool directory (an emptyDir).
 pub const WORKER_SPOOL: &str = "/var/spool/tandem";
 /// How long a finished job keeps its partition from being removed (recent jobs: sacct,

@@ -1074,15 +1074,32 @@ async fn sync_workerset(ws: &WorkerSet, ctx: &Context, deleting: bool) -> Result
     };
     let p = plan::plan(&desired, &observed);
 
+    // The cluster CA, read only when a pod is to be made: each new pod's step certificate
+    // is issued from it just before the pod (see `render`'s module documentation).
+    let ca = if p
+        .actions
+        .iter()
+        .any(|a| matches!(a, Action::CreatePod { .. }))
+    {
+        read_ca(ctx, &ns, &ws.spec.cluster_name).await
+    } else {
+        Ok(None)
+    };
+
     // Step: apply, in order; the first failure stops the rest (retried next pass), except
     // what the controller answers "not yet" to (see `plan::on_failure`): that is waited for.
     let mut failure = None;
     let mut not_yet: Vec<String> = Vec::new();
     for a in &p.actions {
         let r: Result<(), String> = match a {
-            Action::CreatePod { node } => match render::worker_pod(ws, node, tc.spec.image.as_deref()) {
-                Ok(pod) => create_ok(pods.create(&PostParams::default(), &pod).await, "create worker Pod").map_err(|e| format!("{e:#}")),
-                Err(e) => Err(e.to_string()),
+            Action::CreatePod { node } => match (&ca, render::worker_pod(ws, node, tc.spec.image.as_deref())) {
+                (Ok(Some(ca)), Ok(pod)) => match put_step_secret(ctx, ws, node, ca).await {
+                    Ok(()) => create_ok(pods.create(&PostParams::default(), &pod).await, "create worker Pod").map_err(|e| format!("{e:#}")),
+                    Err(e) => Err(e),
+                },
+                (Ok(None), _) => Err(format!("the cluster CA Secret {} is not there yet", render::ca_secret_name(&ws.spec.cluster_name))),
+                (Err(e), _) => Err(format!("{e:#}")),
+                (_, Err(e)) => Err(e.to_string()),
             },
             Action::Mark { pod, why, since } => pods
                 .patch(pod, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {DRAIN_SINCE: since.to_string(), DRAIN_FOR: why.as_str()}}})))
@@ -1230,6 +1247,37 @@ async fn sync_workerset(ws: &WorkerSet, ctx: &Context, deleting: bool) -> Result
         asked,
         ctx.refresh,
     )))
+}
+
+/// Issues the step-service certificate of `ws`'s pod on `node` (for the node name) into its
+/// Secret: created, or rewritten if one is left from an earlier pod on that node. Afresh for
+/// every pod, so each starts with a certificate valid for its full term.
+async fn put_step_secret(
+    ctx: &Context,
+    ws: &WorkerSet,
+    node: &str,
+    ca: &ClusterCa,
+) -> Result<(), String> {
+    let secrets: Api<Secret> =
+        Api::namespaced(ctx.client.clone(), &ws.namespace().unwrap_or_default());
+    let name = render::worker_step_tls_secret_name(&ws.name_any(), node);
+    let (cert, key) = ca
+        .issue(&render::step_cert_names(node))
+        .map_err(|e| format!("issuing the step certificate of node {node}: {e}"))?;
+    let secret = render::worker_step_tls_secret(ws, node, &cert, &key, ca.cert_pem())
+        .map_err(|e| e.to_string())?;
+    match secrets.create(&PostParams::default(), &secret).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            secrets
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&secret))
+                .await
+                .map_err(|e| format!("patch step TLS Secret {name}: {e}"))?;
+        }
+        Err(e) => return Err(format!("create step TLS Secret {name}: {e}")),
+    }
+    info!(workerset = %ws.name_any(), node = %node, secret = %name, "step certificate issued");
+    Ok(())
 }
 
 async fn with_batch<'a, F, Fut>(batch: &'a Result<GrpcBatch, String>, f: F) -> Result<(), String>

@@ -11,25 +11,35 @@
 //! | Secret | holds | mounted by |
 //! |---|---|---|
 //! | `<tc>-key` | the cluster key | controller, workers, the login pods' `authd` container |
-//! | `<tc>-ca` | the cluster CA (`ca.crt`, `ca.key`) | workers (whole); login pods (`ca.crt` only) |
+//! | `<tc>-ca` | the cluster CA (`ca.crt`, `ca.key`) | workers and login pods, `ca.crt` only |
 //! | `<tc>-controller-tls` | the controller's certificate (`kubernetes.io/tls`) | controller |
+//! | `<ws>-<node>-step-tls` | a worker's step-service certificate for its node name (`kubernetes.io/tls`), owned by the WorkerSet | that node's worker pod |
 //!
 //! Login pods never see the cluster key or the CA key: a user who can exec into one gets
 //! credentials for their own uid from the identity agent, nothing more.
 //!
-//! Workers still mount the CA key, because the worker reads it: `--tls-issue-from` issues
-//! the step service's certificate at start (`worker/src/config.rs`,
-//! `issue_step_certificate`), for the address srun dials, which is the pod IP (srun verifies
-//! the name it dials, `tandem_proto::net`). The operator cannot issue that certificate
-//! instead: a pod's IP exists only once its sandbox does, after the kubelet mounted its
-//! volumes, so a Secret made for it arrives after the worker started; and the cluster CA is
-//! `pathlen:0`, so no name-constrained intermediate can be handed to a worker either. Taking
-//! the key out needs a worker change: a step certificate for the *node name* (known when the
-//! pod is rendered; the operator would issue it into a per-node Secret), with srun and the
-//! controller verifying the step service by node name while dialling the pod IP. Until then
-//! the CA key adds little to what a worker already holds: the cluster key signs any
-//! credential, root's included; a per-node worker credential in its place is the larger
-//! least-privilege step, and the design's ("a worker speaks only for its node").
+//! No pod mounts the CA key: the operator alone issues certificates. A worker's step
+//! service (what srun connects to) presents a certificate for the worker's *node name*,
+//! which is known when the pod is rendered (the pod is pinned to its Kubernetes node and the
+//! worker registers as `spec.nodeName`). The operator issues it from the cluster CA into
+//! the pod's own Secret ([`worker_step_tls_secret`]) right before it creates the pod,
+//! afresh for every pod it creates, and the worker reads it with `--tls-dir`
+//! ([`STEP_TLS_DIR`]); it refuses to start with a certificate that does not name its node.
+//! srun dials the address the worker advertises, its pod IP, and verifies the certificate
+//! as that node (`tandem_proto::endpoint::connect_to_node`; the name verified is separate
+//! from the address dialled, `tandem_proto::net`), so the pod IP, which exists only once
+//! the pod's sandbox does, need not be in any certificate. A worker presenting another
+//! node's certificate is refused. (The controller dials no worker: workers connect to it.)
+//!
+//! The step Secrets are owned by the WorkerSet, not by their pods: made before the pod,
+//! they are there when the kubelet mounts them, and a pod re-created under the same name
+//! (an update, a restart of the node) does not race the garbage collector for its
+//! predecessor's Secret. A node that leaves the set leaves its Secret behind until the set
+//! is deleted or a pod for that node is made again (which reissues it).
+//!
+//! A worker still holds the cluster key, which signs any credential, root's included; a
+//! per-node worker credential in its place is the larger least-privilege step left, and the
+//! design's ("a worker speaks only for its node").
 //!
 //! # GPUs: worker pods request none, and there is no GPU holder pod (yet)
 //!
@@ -122,6 +132,14 @@ pub fn ca_secret_name(tc: &str) -> String {
 pub fn controller_tls_secret_name(tc: &str) -> String {
     format!("{tc}-controller-tls")
 }
+/// The step-service certificate Secret of worker set `ws`'s pod on node `node`
+/// (`<pod>-step-tls`, within the 253 characters of an object name).
+pub fn worker_step_tls_secret_name(ws: &str, node: &str) -> String {
+    const SUFFIX: &str = "-step-tls";
+    let mut pod = worker_pod_name(ws, node);
+    pod.truncate(253 - SUFFIX.len());
+    format!("{}{SUFFIX}", pod.trim_end_matches(['-', '.']))
+}
 pub fn config_map_name(tc: &str) -> String {
     format!("{tc}-config")
 }
@@ -171,6 +189,14 @@ fn owner(kind: &str, name: &str, uid: &str) -> OwnerReference {
     }
 }
 
+fn worker_set_owner(ws: &WorkerSet) -> OwnerReference {
+    owner(
+        "WorkerSet",
+        &ws.metadata.name.clone().unwrap_or_default(),
+        &ws.metadata.uid.clone().unwrap_or_default(),
+    )
+}
+
 pub fn cluster_owner(tc: &TandemCluster) -> OwnerReference {
     owner(
         "TandemCluster",
@@ -216,7 +242,8 @@ pub fn authd_uid(login_uid: i64) -> i64 {
 
 /// Bumped when pods are rendered differently for the same spec (new volumes, flags), so an
 /// operator upgrade rolls its pods instead of leaving old ones that can no longer connect.
-const RENDER_REVISION: u32 = 2;
+/// 3: workers take their step certificate from a per-node Secret, no longer the CA key.
+const RENDER_REVISION: u32 = 3;
 
 // === the cluster's children ===
 
@@ -380,7 +407,7 @@ fn secret_data<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Value
 }
 
 /// The cluster CA Secret: created once, never rewritten (a new CA would orphan every
-/// certificate in use). Only worker pods mount its key.
+/// certificate in use). No pod mounts its key: the operator alone issues certificates.
 pub fn ca_secret(tc: &TandemCluster, cert_pem: &str, key_pem: &str) -> Result<Secret, RenderError> {
     let name = tc.metadata.name.clone().unwrap_or_default();
     typed(
@@ -449,6 +476,49 @@ pub fn controller_tls_secret(
         "controller TLS Secret",
         json!({
             "metadata": meta,
+            "type": "kubernetes.io/tls",
+            "data": secret_data([
+                (tandem_proto::tls::CERT_FILE, cert_pem),
+                (tandem_proto::tls::KEY_FILE, key_pem),
+                (tandem_proto::tls::CA_FILE, ca_pem),
+            ]),
+        }),
+    )
+}
+
+/// The names a worker's step certificate carries: its node name alone, what srun verifies
+/// (the pod IP it dials is not known when the pod is rendered).
+pub fn step_cert_names(node: &str) -> Vec<String> {
+    vec![node.to_owned()]
+}
+
+/// The step-service certificate Secret of worker set `ws`'s pod on `node`
+/// (`kubernetes.io/tls`: `tls.crt`, `tls.key`, `ca.crt`, the layout `--tls-dir` reads),
+/// annotated with what it was issued for. Owned by the set (see the module's documentation
+/// for why not by the pod).
+pub fn worker_step_tls_secret(
+    ws: &WorkerSet,
+    node: &str,
+    cert_pem: &str,
+    key_pem: &str,
+    ca_pem: &str,
+) -> Result<Secret, RenderError> {
+    let name = ws.metadata.name.clone().unwrap_or_default();
+    let mut secret_labels = labels(&ws.spec.cluster_name, COMPONENT_WORKER, &name);
+    secret_labels.insert(WORKER_SET.to_owned(), name.clone());
+    typed(
+        "worker step TLS Secret",
+        json!({
+            "metadata": {
+                "name": worker_step_tls_secret_name(&name, node),
+                "namespace": ws.metadata.namespace,
+                "labels": secret_labels,
+                "annotations": {
+                    CERT_NAMES: step_cert_names(node).join(","),
+                    CERT_CA: hash_of(&ca_pem),
+                },
+                "ownerReferences": [worker_set_owner(ws)],
+            },
             "type": "kubernetes.io/tls",
             "data": secret_data([
                 (tandem_proto::tls::CERT_FILE, cert_pem),
@@ -619,24 +689,26 @@ pub fn controller_pod(
 
 // === worker and login pods ===
 
-/// A worker's volumes: the cluster key (it signs as its node), the whole CA (it issues its
-/// own step certificate at start: its pod IP is known only then), the cluster file, and
-/// the set's own volumes.
-///
-/// The CA key lets a worker mint a certificate for any name (the controller's included: a
-/// compromised worker could intercept clients it can reach); the cluster key it already
-/// holds lets it sign any credential, root's included, which is the larger power. Why the
-/// key is still mounted and what removing it needs: the module's documentation. Both stay
-/// out of login pods.
-fn worker_volumes(tc: &str, o: &PodOverrides) -> (Vec<Value>, Vec<Value>) {
+/// A worker's volumes: the cluster key (it signs as its node), the CA certificate (`ca.crt`
+/// alone: the controller's certificate chains to it, and so do the other workers' for the
+/// jobs' srun), its step-service certificate for node `node`
+/// ([`worker_step_tls_secret_name`]), the cluster file, and the set's own volumes. No CA
+/// key: see the module's documentation.
+fn worker_volumes(tc: &str, ws: &str, node: &str, o: &PodOverrides) -> (Vec<Value>, Vec<Value>) {
     let mut volumes = vec![
         json!({"name": "tandem-key", "secret": {"secretName": key_secret_name(tc), "defaultMode": 0o400}}),
-        json!({"name": "tandem-ca", "secret": {"secretName": ca_secret_name(tc), "defaultMode": 0o400}}),
+        json!({"name": "tandem-ca", "secret": {
+            "secretName": ca_secret_name(tc),
+            "items": [{"key": CA_CERT_FILE, "path": CA_CERT_FILE}],
+            "defaultMode": 0o444,
+        }}),
+        json!({"name": "step-tls", "secret": {"secretName": worker_step_tls_secret_name(ws, node), "defaultMode": 0o400}}),
         json!({"name": "tandem-config", "configMap": {"name": config_map_name(tc)}}),
     ];
     let mut mounts = vec![
         json!({"name": "tandem-key", "mountPath": KEY_DIR, "readOnly": true}),
         json!({"name": "tandem-ca", "mountPath": CA_DIR, "readOnly": true}),
+        json!({"name": "step-tls", "mountPath": STEP_TLS_DIR, "readOnly": true}),
         json!({"name": "tandem-config", "mountPath": CONFIG_DIR, "readOnly": true}),
     ];
     volumes.extend(o.volumes.iter().map(|v| json!(v)));
@@ -753,8 +825,10 @@ pub fn worker_pod(
         format!("$(POD_IP):{WORKER_STEP_PORT}"),
         "--state-dir".into(),
         WORKER_SPOOL.into(),
-        "--tls-issue-from".into(),
-        CA_DIR.into(),
+        // The step certificate for this node ([`worker_step_tls_secret`]), and `ca.crt`
+        // beside it to verify the controller.
+        "--tls-dir".into(),
+        STEP_TLS_DIR.into(),
     ];
     // Where the host's cgroup tree is shared (no cgroup namespace, or two clusters' workers
     // on one node), a worker's jobs live under a subtree no other cluster's worker of the
@@ -791,7 +865,7 @@ pub fn worker_pod(
         json!({"name": "TANDEM_CONFIG", "value": format!("{CONFIG_DIR}/{CLIENT_CONFIG_KEY}")}),
     ];
     env.extend(o.env.iter().map(|e| json!(e)));
-    let (mut volumes, mut mounts) = worker_volumes(&s.cluster_name, o);
+    let (mut volumes, mut mounts) = worker_volumes(&s.cluster_name, &name, node, o);
     volumes.push(json!({"name": "spool", "emptyDir": {}}));
     mounts.push(json!({"name": "spool", "mountPath": WORKER_SPOOL}));
     let (pod_sc, container_sc) = match o.run_as {
@@ -829,7 +903,7 @@ pub fn worker_pod(
                 "namespace": ws.metadata.namespace,
                 "labels": pod_labels,
                 "annotations": annotations,
-                "ownerReferences": [owner("WorkerSet", &name, &ws.metadata.uid.clone().unwrap_or_default())],
+                "ownerReferences": [worker_set_owner(ws)],
             },
             "spec": {
                 "restartPolicy": "Always",

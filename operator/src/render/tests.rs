@@ -446,26 +446,107 @@ fn the_ca_lives_in_its_own_secret() {
 }
 
 #[test]
-fn a_worker_issues_its_step_certificate_from_the_mounted_ca_and_speaks_tls() {
-    let pod = worker_pod(&ws(), "gpu-07", None).unwrap();
-    let c = &pod.spec.as_ref().unwrap().containers[0];
-    let args = args_of(c);
-    assert!(has_pair(&args, "--tls-issue-from", CA_DIR), "{args:?}");
-    assert!(has_pair(&args, "--step-listen", "$(POD_IP):6818"));
-    assert!(
-        !args.iter().any(|a| a == "--insecure-plaintext"),
-        "{args:?}"
-    );
-    let ca = volume(&pod, "tandem-ca").secret.as_ref().unwrap();
-    assert_eq!(ca.secret_name.as_deref(), Some("research-ca"));
-    assert_eq!(ca.default_mode, Some(0o400));
-    assert!(ca.items.is_none(), "the worker needs ca.key to issue");
-    assert!(
-        c.volume_mounts
+fn a_worker_takes_its_step_certificate_from_its_node_secret_and_never_mounts_the_ca_key() {
+    for w in [ws(), {
+        let mut w = ws();
+        w.spec.template.run_as = Some(crate::crd::template::RunAs {
+            user: 1000,
+            group: 1000,
+        });
+        w
+    }] {
+        let pod = worker_pod(&w, "gpu-07", None).unwrap();
+        let c = &pod.spec.as_ref().unwrap().containers[0];
+        let args = args_of(c);
+        assert!(has_pair(&args, "--tls-dir", STEP_TLS_DIR), "{args:?}");
+        assert!(has_pair(&args, "--name", "$(TANDEM_NODE_NAME)"), "{args:?}");
+        assert!(has_pair(&args, "--step-listen", "$(POD_IP):6818"));
+        for absent in ["--tls-issue-from", "--insecure-plaintext"] {
+            assert!(!args.iter().any(|a| a == absent), "{absent}: {args:?}");
+        }
+        // The node name the worker registers as is the node the pod is pinned to, and the
+        // one its certificate is issued for.
+        let env = c.env.as_ref().unwrap();
+        let node_env = env.iter().find(|e| e.name == "TANDEM_NODE_NAME").unwrap();
+        let field = node_env.value_from.as_ref().unwrap().field_ref.as_ref();
+        assert_eq!(field.unwrap().field_path, "spec.nodeName");
+
+        // The CA Secret: its certificate only, never its key, in any volume or projection.
+        let ca = volume(&pod, "tandem-ca").secret.as_ref().unwrap();
+        assert_eq!(ca.secret_name.as_deref(), Some("research-ca"));
+        let items: Vec<(&str, &str)> = ca
+            .items
             .iter()
             .flatten()
-            .any(|m| m.name == "tandem-ca" && m.mount_path == CA_DIR)
+            .map(|i| (i.key.as_str(), i.path.as_str()))
+            .collect();
+        assert_eq!(items, [("ca.crt", "ca.crt")], "never ca.key");
+        let volumes = serde_json::to_string(&pod.spec.as_ref().unwrap().volumes).unwrap();
+        assert!(!volumes.contains(CA_KEY_FILE), "{volumes}");
+
+        // The step certificate: this node's own Secret.
+        let step = volume(&pod, "step-tls").secret.as_ref().unwrap();
+        assert_eq!(
+            step.secret_name.as_deref(),
+            Some("a100-gpu-07-step-tls"),
+            "named after the pod"
+        );
+        assert_eq!(step.default_mode, Some(0o400));
+        assert!(step.items.is_none(), "tls.crt, tls.key and ca.crt");
+        let mounts: Vec<(&str, &str)> = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| (m.name.as_str(), m.mount_path.as_str()))
+            .collect();
+        assert!(mounts.contains(&("tandem-ca", CA_DIR)), "{mounts:?}");
+        assert!(mounts.contains(&("step-tls", STEP_TLS_DIR)), "{mounts:?}");
+        let secrets = secrets_mounted(&pod, c);
+        assert_eq!(
+            secrets,
+            ["research-key", "research-ca", "a100-gpu-07-step-tls"],
+            "{secrets:?}"
+        );
+    }
+}
+
+#[test]
+fn a_worker_step_secret_is_issued_for_the_node_name_and_owned_by_its_set() {
+    let w = ws();
+    assert_eq!(step_cert_names("gpu-07"), ["gpu-07"]);
+    let s = worker_step_tls_secret(&w, "gpu-07", "CERT", "KEY", "CA1").unwrap();
+    assert_eq!(s.metadata.name.as_deref(), Some("a100-gpu-07-step-tls"));
+    assert_eq!(s.metadata.namespace.as_deref(), Some("hpc"));
+    assert_eq!(s.type_.as_deref(), Some("kubernetes.io/tls"));
+    let data = s.data.as_ref().unwrap();
+    assert_eq!(data["tls.crt"].0, b"CERT");
+    assert_eq!(data["tls.key"].0, b"KEY");
+    assert_eq!(data["ca.crt"].0, b"CA1");
+    assert_eq!(data.len(), 3, "no CA key");
+    let owners = s.metadata.owner_references.as_ref().unwrap();
+    assert_eq!(owners.len(), 1);
+    assert_eq!(
+        (owners[0].kind.as_str(), owners[0].uid.as_str()),
+        ("WorkerSet", "uid-2")
     );
+    let l = s.metadata.labels.as_ref().unwrap();
+    assert_eq!(l[WORKER_SET], "a100");
+    assert_eq!(l[CLUSTER], "research");
+    assert!(!cert_needs_issue(
+        &step_cert_names("gpu-07"),
+        "CA1",
+        Some(&s)
+    ));
+    assert!(cert_needs_issue(
+        &step_cert_names("gpu-08"),
+        "CA1",
+        Some(&s)
+    ));
+
+    // Long names stay a valid object name, and still end in the suffix.
+    let long = "n".repeat(250);
+    let name = worker_step_tls_secret_name("a100", &long);
+    assert!(name.len() <= 253 && name.ends_with("-step-tls"), "{name}");
 }
 
 fn ls() -> LoginSet {
