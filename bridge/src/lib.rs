@@ -16,6 +16,7 @@
 //!                          request      group -> placeholder job request         pure
 //!                          decide       (group, job) -> Submit | Bind | Evict ... pure
 //!                          nodes        (node, controller's mode) -> label/taint pure
+//!                          holder       (node, mode, GPU holder) -> create/delete pure
 //! ```
 //!
 //! The I/O half: [`scheduler`] (watches, the placeholder stream, operations of up to 256
@@ -37,6 +38,7 @@ pub mod cluster;
 pub mod decide;
 pub mod fit;
 pub mod group;
+pub mod holder;
 pub mod labels;
 pub mod leader;
 pub mod nodes;

@@ -62,6 +62,11 @@ struct RunArgs {
         default_value_t = 120
     )]
     eviction_timeout: u32,
+    /// The image of the GPU holder pods (it must have `sleep`): while a pool node with
+    /// GPUs is in batch mode, a pod in --cluster-namespace holds them all, so nothing that
+    /// reaches the node around the bridge gets one. Empty: no holders.
+    #[arg(long, value_name = "IMAGE", default_value = concat!("ghcr.io/tandem-dev/tandem:", env!("CARGO_PKG_VERSION")))]
+    gpu_holder_image: String,
     #[command(flatten)]
     webhook: WebhookArgs,
     #[command(flatten)]
@@ -152,6 +157,7 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
         node_grace_s: i64::from(a.node_grace_seconds),
         vanish_margin_s: i64::from(a.vanish_margin_seconds),
         eviction_timeout_s: i64::from(a.eviction_timeout),
+        gpu_holder_image: Some(a.gpu_holder_image).filter(|i| !i.is_empty()),
     };
     let shutdown = async {
         let mut term =

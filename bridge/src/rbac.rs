@@ -5,16 +5,17 @@
 //!
 //! The calls are found in the bridge's sources by the kube-rs method that makes them (the
 //! Api type of each call site is fixed by the module: pods in `apply.rs`, Nodes in
-//! `scheduler/modes.rs`, owners in `scheduler/work.rs`); the hook Job's `webhook-certs`
-//! (Secrets and webhook configurations) has its own Role in `certjob.yaml`.
+//! `scheduler/modes.rs`, owners in `scheduler/work.rs`, the GPU holders' pods in
+//! `scheduler/modes/holders.rs`); the hook Job's `webhook-certs` (Secrets and webhook
+//! configurations) has its own Role in `certjob.yaml`.
 
 /// (API group, resource, verbs) for the bridge's ClusterRole. The Lease of leader election
 /// is in [`LEASE`], granted by a Role in the release namespace.
 pub const USES: &[(&str, &str, &[&str])] = &[
-    // get: a 409 on a binding reads the pod back; list/watch: the scheduler's pod watch;
-    // patch: the slot finalizer, added before binding and removed once the kubelet reported
-    // the containers stopped; delete: a pod whose evictions a PodDisruptionBudget refused
-    // past --eviction-timeout.
+    // get: a 409 on a binding reads the pod back; list/watch: the scheduler's pod watch
+    // (list: the GPU holders too); patch: the slot finalizer, added before binding and
+    // removed once the kubelet reported the containers stopped; delete: a pod whose
+    // evictions a PodDisruptionBudget refused past --eviction-timeout, and GPU holders.
     ("", "pods", &["get", "list", "watch", "patch", "delete"]),
     ("", "pods/binding", &["create"]),
     ("", "pods/eviction", &["create"]),
@@ -40,6 +41,10 @@ pub const LEASE: (&str, &str, &[&str]) = (
     &["get", "create", "update"],
 );
 
+/// The GPU holders ([`crate::holder`]) are created in the release namespace only: a Role
+/// there grants it (listing and deleting them are the ClusterRole's pods rule).
+pub const HOLDERS: (&str, &str, &[&str]) = ("", "pods", &["create"]);
+
 /// The ClusterRole's rules, one a row.
 pub fn rules() -> Vec<serde_json::Value> {
     USES.iter()
@@ -62,6 +67,7 @@ mod tests {
         ("*", include_str!("scheduler.rs")),
         ("*", include_str!("webhook/state.rs")),
         ("leases", include_str!("leader.rs")),
+        ("holders", include_str!("scheduler/modes/holders.rs")),
     ];
 
     /// (source's resource, code pattern) -> the (group, resource, verb) it needs.
@@ -146,6 +152,19 @@ mod tests {
             ".replace(",
             ("coordination.k8s.io", "leases", "update"),
         ),
+        ("holders", "api.list(", ("", "pods", "list")),
+        ("holders", "api.create(", ("", "pods", "create")),
+        ("holders", "api.delete(", ("", "pods", "delete")),
+        (
+            "holders",
+            "recorder.publish(",
+            ("events.k8s.io", "events", "create"),
+        ),
+        (
+            "holders",
+            "recorder.publish(",
+            ("events.k8s.io", "events", "patch"),
+        ),
     ];
 
     /// The source without whitespace, so calls split over lines still match.
@@ -167,7 +186,7 @@ mod tests {
 
     fn granted(group: &str, resource: &str, verb: &str) -> bool {
         USES.iter()
-            .chain(std::iter::once(&LEASE))
+            .chain([&LEASE, &HOLDERS])
             .any(|(g, r, v)| *g == group && *r == resource && v.contains(&verb))
     }
 
@@ -198,7 +217,7 @@ mod tests {
 
     #[test]
     fn every_granted_verb_is_used_by_the_code() {
-        for (group, resource, verbs) in USES.iter().chain(std::iter::once(&LEASE)) {
+        for (group, resource, verbs) in USES.iter().chain([&LEASE, &HOLDERS]) {
             for verb in *verbs {
                 let used_by = CALLS.iter().any(|(kind, pattern, need)| {
                     *need == (*group, *resource, *verb) && used(kind, pattern)
@@ -228,7 +247,7 @@ mod tests {
             "charts/tandem-bridge/templates/rbac.yaml"
         );
         let lease = chart
-            .split_once("kind: Role\n")
+            .split_once("}}-leader\n")
             .and_then(|(_, rest)| rest.split_once("rules:\n"))
             .map(|(_, rest)| rest.split("\n---").next().unwrap_or_default())
             .unwrap_or_default();
@@ -237,6 +256,18 @@ mod tests {
         let (g, r, v) = LEASE;
         assert_eq!(
             lease,
+            vec![serde_json::json!({"apiGroups": [g], "resources": [r], "verbs": v})]
+        );
+        let holders = chart
+            .split_once("-gpu-holders\n")
+            .and_then(|(_, rest)| rest.split_once("rules:\n"))
+            .map(|(_, rest)| rest.split("\n---").next().unwrap_or_default())
+            .unwrap_or_default();
+        let holders: Vec<serde_json::Value> = serde_yaml::from_str(holders)
+            .unwrap_or_else(|e| panic!("the GPU holders' Role's rules: {e}"));
+        let (g, r, v) = HOLDERS;
+        assert_eq!(
+            holders,
             vec![serde_json::json!({"apiGroups": [g], "resources": [r], "verbs": v})]
         );
     }

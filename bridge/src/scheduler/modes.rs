@@ -1,33 +1,46 @@
-//! Keeping Node mode labels and pool taints in step with the controller, off the loop.
+//! Keeping Node mode labels and pool taints in step with the controller, off the loop, and
+//! the GPU holders ([`crate::holder`]) with them.
 //!
 //! Reading the controller's node list (hundreds of nodes) and patching the Nodes that
 //! differ takes tens of milliseconds; awaited on the loop, it held every pod event that
 //! arrived meanwhile, once a second, and those pods paid it in their latency. Here the read
 //! and the patches are operations like a group's: the loop starts a read, plans the patches
-//! from what it returns (pure, in [`crate::nodes`]) and folds the patched Nodes back in.
-//! At most one sync runs at a time.
+//! from what it returns (pure, in [`crate::nodes`] and [`crate::holder`]) and folds the
+//! patched Nodes back in. At most one sync runs at a time.
+//!
+//! The read also lists the GPU holders. A GPU node's patch to `kube` is held until its
+//! holder is reported stopped (the sync then comes again each tick); a patch to `batch` is
+//! followed by the holder's creation; [`Holders::unbindable`] is what the scheduler asks
+//! before it binds a pod to a node.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::StreamExt;
 use futures::future::LocalBoxFuture;
-use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use tracing::{debug, info, warn};
 
 use crate::batch::{BatchAlloc, BatchError};
-use crate::nodes::{self, Mode, Plan};
+use crate::holder;
+use crate::nodes::{self, Controller, Mode, Plan};
+
+mod holders;
 
 /// How many Node patches of one sync are in flight at once.
 const PATCHES_IN_FLIGHT: usize = 16;
 
 /// One step of a sync, for the loop.
 pub(super) enum Step {
-    /// The controller's nodes and their modes.
-    Read(Result<HashMap<String, Option<Mode>>, BatchError>),
+    /// The controller's nodes and their modes, and the GPU holders as listed (`None`: not
+    /// listed, or holders are off).
+    Read(
+        Result<HashMap<String, Option<Mode>>, BatchError>,
+        Option<Vec<Pod>>,
+    ),
     /// Nodes written, as the API server returned them.
     Patched(Vec<(String, Node)>),
 }
@@ -60,24 +73,274 @@ impl NodePatch {
     }
 }
 
-/// Reads the controller's node modes.
-pub(super) fn read<B: BatchAlloc + 'static>(batch: Arc<B>) -> LocalBoxFuture<'static, Step> {
-    Box::pin(async move { Step::Read(batch.modes().await) })
+/// What the GPU holders need from the configuration.
+#[derive(Debug, Clone)]
+pub(super) struct HolderConfig {
+    /// The holder's image (`--gpu-holder-image`); `None`: no holders (and binds wait only
+    /// for the `kube` write).
+    pub image: Option<String>,
+    /// Where holders live: the cluster namespace.
+    pub namespace: String,
+    pub cluster: String,
+    /// [`crate::decide::vanish_deadline`]'s margin, for a holder gone unreported.
+    pub margin_s: i64,
 }
 
-/// Writes `patches`, a `ModeChanged` Event for each flip.
-pub(super) fn write(
+/// The GPU holders as the mode sync knows them.
+pub(super) struct Holders {
+    cfg: HolderConfig,
+    /// Holders as last listed, by node.
+    listed: HashMap<String, Pod>,
+    /// Nodes looked at since this bridge started.
+    looked: HashSet<String>,
+    memory: HashMap<String, holder::Memory>,
+    /// Whether each node's holder has released its GPUs, as the last sync judged.
+    released: HashMap<String, bool>,
+    /// Holders (by UID) whose refusal drained their node; written by the drain itself.
+    drained: Arc<Mutex<HashSet<String>>>,
+}
+
+/// What one sync writes, and whether another should come soon.
+pub(super) struct Sync {
+    pub ops: Vec<Op>,
+    /// A holder is being deleted or a flip waits for one: read again at the next tick.
+    pub waiting: bool,
+}
+
+/// One write of a sync.
+pub(super) enum Op {
+    /// A Node patch, then (a flip to `batch`) the holder's creation.
+    Patch(NodePatch, Option<Pod>),
+    Create(Pod),
+    Delete(Pod),
+    Drain {
+        node: String,
+        node_ref: ObjectReference,
+        holder_uid: String,
+        reason: String,
+    },
+}
+
+impl Holders {
+    pub(super) fn new(cfg: HolderConfig) -> Self {
+        Self {
+            cfg,
+            listed: HashMap::new(),
+            looked: HashSet::new(),
+            memory: HashMap::new(),
+            released: HashMap::new(),
+            drained: Arc::default(),
+        }
+    }
+
+    /// Reads the controller's node modes, and lists the holders.
+    pub(super) fn read<B: BatchAlloc + 'static>(
+        &self,
+        batch: Arc<B>,
+        client: Client,
+    ) -> LocalBoxFuture<'static, Step> {
+        let (on, ns, cluster) = (
+            self.cfg.image.is_some(),
+            self.cfg.namespace.clone(),
+            self.cfg.cluster.clone(),
+        );
+        Box::pin(async move {
+            let modes = batch.modes().await;
+            let listed = if on && modes.is_ok() {
+                holders::list(client, &ns, &cluster).await
+            } else {
+                None
+            };
+            Step::Read(modes, listed)
+        })
+    }
+
+    /// The writes that bring the Nodes (and their holders) in step with `views`, the
+    /// controller's view of each. `listed`: the holders as just listed.
+    pub(super) fn sync(
+        &mut self,
+        node_objs: &HashMap<String, Node>,
+        views: &HashMap<String, Controller>,
+        listed: Option<Vec<Pod>>,
+        now: i64,
+    ) -> Sync {
+        let cluster = self.cfg.cluster.clone();
+        let mut names: Vec<&String> = node_objs.keys().collect();
+        names.sort();
+        let mut ops = Vec::new();
+        let mut waiting = false;
+        let Some(image) = self.cfg.image.clone() else {
+            for name in names {
+                let (Some(n), Some(v)) = (node_objs.get(name), views.get(name)) else {
+                    continue;
+                };
+                if let Some(p) =
+                    nodes::plan(n, *v, &cluster).and_then(|p| NodePatch::new(name, n, p))
+                {
+                    ops.push(Op::Patch(p, None));
+                }
+            }
+            return Sync { ops, waiting };
+        };
+        let spec = holder::Spec {
+            cluster: &cluster,
+            namespace: &self.cfg.namespace,
+            image: &image,
+        };
+        let ok = listed.is_some();
+        let mut now_listed: HashMap<String, Pod> = HashMap::new();
+        for p in listed.into_iter().flatten() {
+            if let Some(node) = holder::node_of(&p) {
+                now_listed.insert(node.to_owned(), p);
+            }
+        }
+        if ok {
+            for name in &names {
+                let first = self.looked.insert((*name).clone());
+                let m = self.memory.get(*name).cloned().unwrap_or_default();
+                let m = holder::remember(
+                    &m,
+                    first,
+                    self.listed.get(*name),
+                    now_listed.get(*name),
+                    self.cfg.margin_s,
+                    now,
+                );
+                self.memory.insert((*name).clone(), m);
+            }
+            // Holders of Nodes that are gone: nothing to hold.
+            for (node, p) in &now_listed {
+                if !node_objs.contains_key(node) && p.metadata.deletion_timestamp.is_none() {
+                    ops.push(Op::Delete(p.clone()));
+                }
+            }
+            self.listed = now_listed;
+        }
+        let drained = self
+            .drained
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        for name in names {
+            let (Some(n), Some(view)) = (node_objs.get(name), views.get(name).copied()) else {
+                continue;
+            };
+            let node_plan = nodes::plan(n, view, &cluster);
+            if !ok {
+                // Holders unknown: no GPU node turns kube, nothing else changes.
+                let gpus = holder::node_gpus(n) > 0;
+                self.released.insert(name.clone(), !gpus);
+                let to_kube = view == Controller::Pool(Mode::Kube);
+                if let Some(p) = node_plan
+                    && !(gpus && to_kube)
+                    && let Some(p) = NodePatch::new(name, n, p)
+                {
+                    ops.push(Op::Patch(p, None));
+                }
+                waiting |= gpus && to_kube;
+                continue;
+            }
+            let h = self.listed.get(name);
+            let uid_drained = h
+                .and_then(|h| h.metadata.uid.as_ref())
+                .is_some_and(|u| drained.contains(u));
+            let m = self.memory.get(name).cloned().unwrap_or_default();
+            let hp = holder::plan(n, view, h, &m, uid_drained, &cluster, now);
+            self.released.insert(name.clone(), hp.released);
+            waiting |= hp.waiting;
+            if hp.delete
+                && let Some(h) = h
+            {
+                ops.push(Op::Delete(h.clone()));
+            }
+            if let Some(gpus) = hp.create {
+                ops.push(Op::Create(holder::pod(&spec, name, gpus)));
+            }
+            if let (Some(st), Some(h)) = (&hp.drain, h) {
+                use kube::Resource as _;
+                ops.push(Op::Drain {
+                    node: name.clone(),
+                    node_ref: n.object_ref(&()),
+                    holder_uid: h.metadata.uid.clone().unwrap_or_default(),
+                    reason: holder::drain_reason(st),
+                });
+            }
+            let Some(p) = node_plan else { continue };
+            if view == Controller::Pool(Mode::Kube) && !hp.released {
+                debug!(node = %name, "kube mode waits for the GPU holder to stop");
+                continue;
+            }
+            let gpus = holder::node_gpus(n);
+            let create = (view == Controller::Pool(Mode::Batch) && gpus > 0 && h.is_none())
+                .then(|| holder::pod(&spec, name, gpus));
+            if let Some(p) = NodePatch::new(name, n, p) {
+                ops.push(Op::Patch(p, create));
+            }
+        }
+        Sync { ops, waiting }
+    }
+
+    /// Why a pod may not be bound to `node` yet ([`holder::unbindable`]).
+    pub(super) fn unbindable(&self, node: &Node) -> Option<String> {
+        let released = if self.cfg.image.is_none() {
+            Some(true)
+        } else {
+            node.metadata
+                .name
+                .as_ref()
+                .and_then(|n| self.released.get(n).copied())
+        };
+        holder::unbindable(node, released)
+    }
+}
+
+/// Runs `ops`: Node patches (each with a `ModeChanged` Event for a flip, then its holder's
+/// creation), holder creations and deletions, drains.
+pub(super) fn write<B: BatchAlloc + 'static>(
     client: Client,
     recorder: Recorder,
-    patches: Vec<NodePatch>,
+    batch: Arc<B>,
+    holders: &Holders,
+    ops: Vec<Op>,
 ) -> LocalBoxFuture<'static, Step> {
+    let drained = holders.drained.clone();
     Box::pin(async move {
-        let api: Api<Node> = Api::all(client);
-        let done = futures::stream::iter(patches)
-            .map(|p| {
-                let api = api.clone();
-                let recorder = recorder.clone();
-                async move { write_one(&api, &recorder, p).await }
+        let api: Api<Node> = Api::all(client.clone());
+        let done = futures::stream::iter(ops)
+            .map(|op| {
+                let (api, client, recorder) = (api.clone(), client.clone(), recorder.clone());
+                let (batch, drained) = (batch.clone(), drained.clone());
+                async move {
+                    match op {
+                        Op::Patch(p, create) => {
+                            let patched = write_one(&api, &recorder, p).await;
+                            if let (Some(_), Some(pod)) = (&patched, create) {
+                                holders::create(client, pod).await;
+                            }
+                            patched
+                        }
+                        Op::Create(pod) => {
+                            holders::create(client, pod).await;
+                            None
+                        }
+                        Op::Delete(pod) => {
+                            holders::delete(client, pod).await;
+                            None
+                        }
+                        Op::Drain {
+                            node,
+                            node_ref,
+                            holder_uid,
+                            reason,
+                        } => {
+                            holders::drain(
+                                batch, recorder, drained, node, node_ref, holder_uid, reason,
+                            )
+                            .await;
+                            None
+                        }
+                    }
+                }
             })
             .buffer_unordered(PATCHES_IN_FLIGHT)
             .filter_map(futures::future::ready)

@@ -47,6 +47,10 @@
 //!   configuration (the bridge's service account, and kube-scheduler, whose binds are of
 //!   pods that tolerate the `NoSchedule` taint and so passed the rule above) is refused.
 //!
+//! The bridge's GPU holder pods ([`crate::holder`]: `nodeName` a pool node, tolerating the
+//! pool taint) pass when created by a holder identity of the configuration (the bridge's
+//! service account) and carrying the holder's labels.
+//!
 //! Tandem's own operator pods (workers, which tolerate the pool taint, and the controller
 //! and login pods) pass when *created by* an operator identity of the configuration and
 //! carrying what the operator sets: the recommended labels (`managed-by: tandem-operator`,
@@ -96,6 +100,9 @@ pub struct Guard<'a> {
     pub operators: &'a [String],
     /// Usernames that may bind pods onto pool nodes (`pods/binding`).
     pub binders: &'a [String],
+    /// Usernames whose GPU holder pods ([`crate::holder`]) may reach pool nodes: the
+    /// bridge's own service account.
+    pub holders: &'a [String],
 }
 
 /// Who sent the request, as the API server authenticated them.
@@ -329,7 +336,7 @@ fn guard(op: Op, pod: &Pod, old: Option<&Pod>, who: Requester<'_>, g: Guard<'_>)
         .and_then(|s| s.node_name.as_deref())
         .filter(|n| !n.is_empty());
     // Evaluated only where a rule would refuse: most pods never need it.
-    let ours = || operator_pod(pod, who, g.operators);
+    let ours = || operator_pod(pod, who, g.operators) || holder_pod(pod, who, g.holders);
     if op == Op::Create
         && let Some(node) = node
     {
@@ -455,6 +462,20 @@ fn pinned_nodes(pod: &Pod) -> Option<Vec<&str>> {
     Some(names)
 }
 
+/// Whether `pod` is a GPU holder ([`crate::holder`]) created by the bridge's identity: the
+/// holder's labels and the cluster's, from a requester named in `holders`. As for operator
+/// pods, the identity is what counts; the labels only say which kind of pod it is.
+fn holder_pod(pod: &Pod, who: Requester<'_>, holders: &[String]) -> bool {
+    if who.username.is_empty() || !holders.iter().any(|h| h == who.username) {
+        return false;
+    }
+    let labels = pod.metadata.labels.as_ref();
+    let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
+    crate::holder::is_holder(pod)
+        && label(operator::CLUSTER).is_some_and(|c| !c.is_empty())
+        && label(MANAGED_LABEL) == Some("false")
+}
+
 /// Whether `pod` is one of the operator's own (worker, controller or login), created by an
 /// operator identity. See the module's documentation for why the identity is what counts.
 fn operator_pod(pod: &Pod, who: Requester<'_>, operators: &[String]) -> bool {
@@ -496,6 +517,7 @@ mod tests {
             pool_nodes: Ok(&NONE),
             operators: &[],
             binders: &[],
+            holders: &[],
         }
     }
 
@@ -809,6 +831,7 @@ mod tests {
                 pool_nodes: Ok(&self.nodes),
                 operators: &self.operators,
                 binders: &self.binders,
+                holders: std::slice::from_ref(&self.binders[0]),
             }
         }
 
@@ -1005,6 +1028,41 @@ mod tests {
         // Opted out and minding its own business: still allowed, unchanged.
         assert_eq!(
             pool.create(Mode::Mutate, "serving", &pod(out), "alice"),
+            Verdict::Allow
+        );
+    }
+
+    #[test]
+    fn gpu_holders_pass_only_when_the_bridge_creates_them() {
+        let pool = Pool::new();
+        let spec = crate::holder::Spec {
+            cluster: "pool",
+            namespace: "tandem",
+            image: "img",
+        };
+        let h = crate::holder::pod(&spec, "b1", 2);
+        // The bridge's own: pinned to a batch-mode pool node, tolerating NoExecute.
+        assert_eq!(
+            pool.create(Mode::Guard, "tandem", &h, BRIDGE),
+            Verdict::Allow
+        );
+        // The same labels from anyone else (or the operator) prove nothing.
+        for who in ["alice", OPERATOR, "system:kube-scheduler", ""] {
+            let m = denied(pool.create(Mode::Guard, "tandem", &h, who));
+            assert!(
+                m.contains("spec.nodeName") && m.contains("spec.tolerations"),
+                "{m}"
+            );
+        }
+        // The bridge's identity admits no other pod onto the pool.
+        let mut other = h.clone();
+        if let Some(l) = other.metadata.labels.as_mut() {
+            l.insert("app.kubernetes.io/component".into(), "worker".into());
+        }
+        assert!(denied(pool.create(Mode::Guard, "tandem", &other, BRIDGE)).contains("pool node"));
+        // Through the mutating endpoint of a mapped namespace too (it opts out).
+        assert_eq!(
+            pool.create(Mode::Mutate, "serving", &h, BRIDGE),
             Verdict::Allow
         );
     }

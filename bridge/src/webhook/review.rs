@@ -170,6 +170,7 @@ mod tests {
                 pool_nodes: Ok(&pool),
                 operators: &[],
                 binders: &binders,
+                holders: &[],
             },
         };
         respond(mode, body, view)

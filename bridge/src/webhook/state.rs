@@ -30,6 +30,8 @@ pub struct Trust {
     pub operators: Vec<String>,
     /// Who may bind pods onto pool nodes.
     pub binders: Vec<String>,
+    /// Whose GPU holder pods may reach pool nodes (the bridge itself).
+    pub holders: Vec<String>,
 }
 
 impl Trust {
@@ -39,6 +41,9 @@ impl Trust {
     /// Comma-separated usernames that may bind pods onto pool nodes (the chart sets the
     /// bridge's service account and `system:kube-scheduler`).
     pub const BINDERS_ENV: &'static str = "TANDEM_BRIDGE_GUARD_BINDERS";
+    /// Comma-separated usernames whose GPU holder pods may reach pool nodes (the chart sets
+    /// the bridge's service account).
+    pub const HOLDERS_ENV: &'static str = "TANDEM_BRIDGE_GUARD_HOLDERS";
 
     /// From the environment. Unset: no operator, and kube-scheduler alone binds (its binds
     /// are of pods that passed the toleration rule at creation).
@@ -50,6 +55,7 @@ impl Trust {
         Self {
             operators: list(Self::OPERATORS_ENV, &[]),
             binders: list(Self::BINDERS_ENV, &["system:kube-scheduler"]),
+            holders: list(Self::HOLDERS_ENV, &[]),
         }
     }
 }
@@ -125,6 +131,7 @@ impl Policies {
                 pool_nodes: pool.as_ref().ok_or(NODES_NOT_READ),
                 operators: &self.trust.operators,
                 binders: &self.trust.binders,
+                holders: &self.trust.holders,
             },
         })
     }
@@ -299,6 +306,7 @@ mod tests {
         let trust = Trust {
             operators: vec!["op".into()],
             binders: vec!["b".into()],
+            holders: vec!["h".into()],
         };
         let p = Policies::trusting("ns", "pool", trust);
         // Before the list: changes are left to it, and the guard cannot judge nodes.
@@ -307,6 +315,7 @@ mod tests {
             assert_eq!(v.guard.pool_nodes, Err(NODES_NOT_READ));
             assert_eq!(v.guard.operators, ["op"]);
             assert_eq!(v.guard.binders, ["b"]);
+            assert_eq!(v.guard.holders, ["h"]);
         });
         p.observe_pool(["b1".to_owned()].into());
         p.observe_node(&node("k1", Some("kube")));

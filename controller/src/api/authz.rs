@@ -56,8 +56,10 @@ pub fn allowed(rpc: Rpc, role: Role) -> bool {
         ListJobs | ListNodes | ListPartitions | ListJobRecords | ListAssociations | ListQos
         | ListShares | ListPriorities => matches!(role, User | Admin | Bridge | Operator),
         ClusterInfo => true,
-        // Drain/resume: admins and the operator (scale-in drains before deleting pods).
-        UpdateNode | RemoveNode => matches!(role, Admin | Operator),
+        // Drain/resume: admins and the operator (scale-in drains before deleting pods); the
+        // bridge drains a node whose GPU holder was refused ([`may_drain_node`]).
+        UpdateNode => matches!(role, Admin | Operator | Bridge),
+        RemoveNode => matches!(role, Admin | Operator),
         WorkerAttach => matches!(role, Worker | Admin),
         // The operator reconciles the accounts, users and QOS its TandemCluster declares.
         AccountingChange => matches!(role, Admin | Operator),
@@ -166,6 +168,12 @@ pub fn may_update_node(who: &Identity) -> bool {
     who.is_admin() || who.role == Role::Operator
 }
 
+/// Drain only: also the bridge, which drains a batch node where something other than its
+/// GPU holder holds GPUs. Resuming stays an operator's decision.
+pub fn may_drain_node(who: &Identity) -> bool {
+    may_update_node(who) || who.role == Role::Bridge
+}
+
 /// Accounts, users and QOS (sacctmgr add/modify/delete): operators only, as Slurm's
 /// AdminLevel=Operator. Reading them (show, sshare, sprio) is open to every user.
 pub fn may_change_accounting(who: &Identity) -> bool {
@@ -215,7 +223,7 @@ mod tests {
             (ListNodes, &[User, Admin, Bridge, Operator]),
             (ListJobRecords, &[User, Admin, Bridge, Operator]),
             (ClusterInfo, &[User, Worker, Admin, Bridge, Operator]),
-            (UpdateNode, &[Admin, Operator]),
+            (UpdateNode, &[Admin, Operator, Bridge]),
             (WorkerAttach, &[Worker, Admin]),
             (AccountingChange, &[Admin, Operator]),
             (RemoveNode, &[Admin, Operator]),
@@ -311,6 +319,10 @@ mod tests {
         assert!(!may_update_node(&alice()) && may_update_node(&root()));
         let op = Identity::service(Role::Operator, "tandem-operator", 0, 0);
         assert!(may_update_node(&op) && !may_control_job(&op, 0));
+        // The bridge drains (a refused GPU holder) and does nothing else to nodes.
+        let bridge = Identity::service(Role::Bridge, "tandem-bridge", 0, 0);
+        assert!(may_drain_node(&bridge) && !may_update_node(&bridge));
+        assert!(!may_drain_node(&alice()) && may_drain_node(&op) && may_drain_node(&root()));
         assert!(!may_change_accounting(&alice()) && may_change_accounting(&root()));
         assert!(!may_change_accounting(&worker()) && may_change_accounting(&op));
         assert!(!may_set_priority(&alice()) && may_set_priority(&root()));

@@ -9,7 +9,13 @@ impl Actor {
         who: &Identity,
         req: &v1::UpdateNodeRequest,
     ) -> Result<v1::UpdateNodeResponse, Status> {
-        if !authz::may_update_node(who) {
+        let drain_only = req.state.eq_ignore_ascii_case("DRAIN");
+        let may = if drain_only {
+            authz::may_drain_node(who)
+        } else {
+            authz::may_update_node(who)
+        };
+        if !may {
             return Err(Status::permission_denied(
                 "only an operator (root or admin) may change nodes",
             ));
