@@ -176,7 +176,9 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args, alloc: Allocati
         // Each node is connected to and launched on in its own task: the step starts on all
         // of them after one connection time, not one per node in turn.
         launches.push(tokio::spawn(async move {
-            let channel = tandem_proto::endpoint::connect_with(&address, &security, auth)
+            // Dialled at the address the worker advertises (a pod IP on Kubernetes), verified
+            // as the node: a worker holding another node's certificate is refused.
+            let channel = tandem_proto::endpoint::connect_to_node(&address, &node, &security, auth)
                 .await
                 .with_context(|| format!("cannot reach node {node}"))?;
             let mut launcher = StepLauncherClient::new(channel);
