@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use backon::{ExponentialBuilder, Retryable as _};
 use clap::Parser;
 use tandem_proto::v1::{JobRef, JobState, SubmitRequest, WatchJobRequest};
 
@@ -209,6 +210,14 @@ fn capitalized(s: &str) -> String {
         .unwrap_or_default()
 }
 
+/// Pauses between submit attempts: 50 ms, doubling up to 1 s, for as long as
+/// [`submit_with_retry`]'s deadline allows.
+const SUBMIT_BACKOFF: ExponentialBuilder = ExponentialBuilder::new()
+    .with_min_delay(Duration::from_millis(50))
+    .with_max_delay(Duration::from_secs(1))
+    .with_factor(2.0)
+    .without_max_times();
+
 /// Retries only transport failures, for a short while, with the same idempotency key: the
 /// controller may have committed the first attempt before the connection broke.
 async fn submit_with_retry(
@@ -216,23 +225,22 @@ async fn submit_with_retry(
     spec: tandem_proto::v1::JobSpec,
 ) -> anyhow::Result<tandem_proto::v1::SubmitResponse> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let mut delay = Duration::from_millis(50);
-    loop {
+    let jobs = &client.jobs;
+    let submit = || {
+        let mut jobs = jobs.clone();
         let req = SubmitRequest {
             spec: Some(spec.clone()),
         };
-        match client.jobs.submit(req).await {
-            Ok(r) => return Ok(r.into_inner()),
-            Err(s)
-                if s.code() == tonic::Code::Unavailable
-                    && tokio::time::Instant::now() + delay < deadline =>
-            {
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(1));
-            }
-            Err(s) => return Err(status_error(s)),
-        }
-    }
+        async move { jobs.submit(req).await }
+    };
+    submit
+        .retry(SUBMIT_BACKOFF)
+        .when(|s: &tonic::Status| s.code() == tonic::Code::Unavailable)
+        // A pause that would end past the deadline is not taken: the last error stands.
+        .adjust(|_, pause| pause.filter(|p| tokio::time::Instant::now() + *p < deadline))
+        .await
+        .map(tonic::Response::into_inner)
+        .map_err(status_error)
 }
 
 /// `--wait`: follow the job until it ends and exit with its exit code (1 if it ended
@@ -276,6 +284,25 @@ fn idempotency_key() -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The pauses the hand-written doubling took before backon: 50 ms, 100, ... up to 1 s,
+    /// never running out (the deadline ends the retries).
+    #[test]
+    fn submit_pauses_double_from_50_ms_to_1_s() {
+        use backon::BackoffBuilder as _;
+        // backon multiplies in f32: 20 ms doubled is 39.999999 ms, not 40 (the timer
+        // rounds to whole milliseconds anyway).
+        let got: Vec<std::time::Duration> = SUBMIT_BACKOFF.build().take(8).collect();
+        let want = [50, 100, 200, 400, 800, 1000, 1000, 1000].map(std::time::Duration::from_millis);
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(want) {
+            assert!(
+                g.abs_diff(w) < std::time::Duration::from_micros(1),
+                "{got:?}"
+            );
+        }
+        assert_eq!(SUBMIT_BACKOFF.build().take(1000).count(), 1000);
+    }
 
     #[test]
     fn a_script_is_found_as_slurm_finds_it() {

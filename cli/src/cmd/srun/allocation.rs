@@ -3,6 +3,7 @@
 //! Slurm's srun leaves such a job in sacct.
 
 use anyhow::bail;
+use backon::{BackoffBuilder as _, ExponentialBuilder};
 use tandem_proto::v1::{CancelRequest, JobRef, JobState, ListJobsRequest, SubmitRequest};
 
 use super::layout::resolve_layout;
@@ -24,6 +25,14 @@ while :; do sleep 3600 & wait $!; done\n";
 
 /// How long srun keeps signalling the holder before it cancels the job outright.
 const RELEASE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Pauses between signals to the holder: 10 ms, doubling up to 200 ms, until
+/// [`RELEASE_DEADLINE`].
+const RELEASE_BACKOFF: ExponentialBuilder = ExponentialBuilder::new()
+    .with_min_delay(std::time::Duration::from_millis(10))
+    .with_max_delay(std::time::Duration::from_millis(200))
+    .with_factor(2.0)
+    .without_max_times();
 
 /// Outside an allocation: a job whose batch script holds the allocation while the step
 /// runs, ended through a signal when the step is over.
@@ -81,8 +90,10 @@ async fn release_allocation(client: &mut Client, job_id: u64, success: bool) {
         nix::sys::signal::Signal::SIGWINCH
     };
     let deadline = tokio::time::Instant::now() + RELEASE_DEADLINE;
-    let mut pause = std::time::Duration::from_millis(10);
-    while tokio::time::Instant::now() < deadline {
+    for pause in RELEASE_BACKOFF.build() {
+        if tokio::time::Instant::now() >= deadline {
+            break;
+        }
         let _ = client
             .jobs
             .cancel(CancelRequest {
@@ -93,7 +104,6 @@ async fn release_allocation(client: &mut Client, job_id: u64, success: bool) {
             })
             .await;
         tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(std::time::Duration::from_millis(200));
         let done = client
             .jobs
             .list_jobs(ListJobsRequest {
@@ -161,6 +171,24 @@ async fn wait_running(client: &mut Client, job_id: u64) -> anyhow::Result<bool> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The pauses the hand-written doubling took before backon: 10 ms, 20, ... up to 200
+    /// ms, never running out (the deadline ends the loop).
+    #[test]
+    fn release_pauses_double_from_10_to_200_ms() {
+        // backon multiplies in f32: 20 ms doubled is 39.999999 ms, not 40 (the timer
+        // rounds to whole milliseconds anyway).
+        let got: Vec<std::time::Duration> = RELEASE_BACKOFF.build().take(7).collect();
+        let want = [10, 20, 40, 80, 160, 200, 200].map(std::time::Duration::from_millis);
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(want) {
+            assert!(
+                g.abs_diff(w) < std::time::Duration::from_micros(1),
+                "{got:?}"
+            );
+        }
+        assert_eq!(RELEASE_BACKOFF.build().take(1000).count(), 1000);
+    }
 
     /// Starts the holder script and signals it at once, before the shell can have read its
     /// traps, then again every few milliseconds as `release_allocation` does: the script
