@@ -690,6 +690,37 @@ async fn a_cluster_with_three_workers_runs_a_two_node_job_submitted_from_a_login
         last.split_whitespace().any(|w| w == "2"),
         "two nodes: {last}"
     );
+
+    // srun from the login pod reaches two workers' step services at their pod IPs and
+    // verifies each as its node: the certificates the operator issued into each pod's
+    // Secret name the node alone, and no worker pod holds the CA key.
+    let out = h
+        .login(&["srun", "-N", "2", "-l", "sh", "-c", "echo stepped"])
+        .await;
+    assert_eq!(out.matches("stepped").count(), 2, "{out}");
+    let secrets: Api<Secret> = h.api();
+    for pod in h.worker_pods("cpu").await {
+        let spec = pod.spec.unwrap_or_default();
+        let node = spec.node_name.clone().unwrap_or_default();
+        let volumes = serde_json::to_string(&spec.volumes).unwrap();
+        assert!(!volumes.contains("ca.key"), "{volumes}");
+        let secret = secrets.get(&format!("cpu-{node}-step-tls")).await.unwrap();
+        assert_eq!(secret.type_.as_deref(), Some("kubernetes.io/tls"));
+        let cert = &secret.data.unwrap()["tls.crt"].0;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tls.crt");
+        std::fs::write(&path, cert).unwrap();
+        tandem_proto::tls::check_certificate_name(&path, &node).unwrap();
+        let pod_ip = pod.status.and_then(|s| s.pod_ip).unwrap_or_default();
+        assert!(
+            pod_ip.parse::<std::net::IpAddr>().is_ok(),
+            "{node}: {pod_ip:?}"
+        );
+        assert!(
+            tandem_proto::tls::check_certificate_name(&path, &pod_ip).is_err(),
+            "the certificate of {node} names its pod IP {pod_ip}"
+        );
+    }
     h.stop().await;
 }
 
