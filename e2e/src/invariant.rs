@@ -132,11 +132,13 @@ pub fn node_mark(harness: &str, node: &str) -> (&'static str, String) {
 }
 
 /// Whether a pod with this [`POD_OWNER_VAR`] value is one of Tandem's own (controller,
-/// worker, login), whose processes are the batch side itself.
+/// worker, login), whose processes are the batch side itself, or the bridge's GPU holder
+/// (`sleep`, holding a batch node's GPUs: no user code).
 pub fn tandem_owned(owner: &str) -> bool {
-    owner
-        .split_once('/')
-        .is_some_and(|(by, comp)| by == TANDEM_MANAGER && TANDEM_COMPONENTS.contains(&comp))
+    owner.split_once('/').is_some_and(|(by, comp)| {
+        (by == TANDEM_MANAGER && TANDEM_COMPONENTS.contains(&comp))
+            || (by == "tandem-bridge" && comp == "gpu-holder")
+    })
 }
 
 // === the record of one checker ===

@@ -340,6 +340,8 @@ fn stat_and_environ_parse() {
     assert_eq!(cmdline_of(b"sh\0-c\0sleep 1\0"), "sh -c sleep 1");
     assert!(tandem_owned("tandem-operator/worker"));
     assert!(!tandem_owned("tandem-operator/bridge"));
+    assert!(tandem_owned("tandem-bridge/gpu-holder"));
+    assert!(!tandem_owned("tandem-bridge/worker"));
     assert!(!tandem_owned("helm/worker"));
     assert!(!tandem_owned("/"));
 }
