@@ -41,14 +41,14 @@
 //! per-node worker credential in its place is the larger least-privilege step left, and the
 //! design's ("a worker speaks only for its node").
 //!
-//! # GPUs: worker pods request none, and there is no GPU holder pod (yet)
+//! # GPUs: worker pods request none; the bridge's GPU holder pod holds them in batch mode
 //!
-//! The design wants batch-mode pool nodes' GPUs held, so that a pod that reaches the node
-//! around the bridge is not granted `nvidia.com/gpu` by the kubelet while batch jobs use
-//! them. Admission already refuses the ways around the bridge (`nodeName` onto pool nodes,
-//! pool tolerations, foreign bindings; `tandem_bridge::webhook::admit`), and the
-//! `NoExecute` taint evicts what gets there anyway, so what is left are the guard's exempt
-//! namespaces and whoever can bypass admission. Two ways to also hold the GPUs were weighed:
+//! Batch-mode pool nodes' GPUs are held, so that a pod that reaches the node around the
+//! bridge is not granted `nvidia.com/gpu` by the kubelet while batch jobs use them.
+//! Admission already refuses the ways around the bridge (`nodeName` onto pool nodes, pool
+//! tolerations, foreign bindings; `tandem_bridge::webhook::admit`), and the `NoExecute`
+//! taint evicts what gets there anyway, so what is left are the guard's exempt namespaces
+//! and whoever can bypass admission. Two ways to also hold the GPUs were weighed:
 //!
 //! - *Worker pods request the node's GPUs* (`nvidia.com/gpu: N`). Pod resources are
 //!   immutable (in-place resize excludes extended resources), so the worker would hold them
@@ -60,22 +60,26 @@
 //!   never serve bridged pods may still request GPUs through `template.resources` (passed
 //!   through as written); on pool nodes that breaks `kube` mode as above.
 //! - *A per-node holder pod while in `batch` mode*, requesting the node's GPUs and deleted
-//!   when the node turns `kube`. Safe only if the flip to `kube` waits until the kubelet
-//!   reports the holder's containers stopped (the devices released) before a GPU pod is
-//!   bound there. The flip and the bind are the bridge's (`bridge/src/nodes.rs`, its
-//!   scheduler); the operator sees the `tandem.dev/mode` label change when the bridge is
-//!   already binding, so a holder the operator deletes on that change races the bind, and a
-//!   lost race is a bridged pod rejected for good. Not done in the operator.
+//!   when the node turns `kube`: done, by the bridge, not the operator. It is safe only if
+//!   the flip to `kube` waits until the kubelet reports the holder's containers stopped
+//!   before a GPU pod is bound there, and the flip and the bind are the bridge's; the
+//!   operator sees the `tandem.dev/mode` label change when the bridge is already binding,
+//!   so a holder it deleted on that change would race the bind.
 //!
-//! What the holder needs, for whoever takes it on: the bridge's mode sync owns it. Before
-//! clearing `NoExecute` for `kube` it deletes the holder and waits for the kubelet's report
-//! that its containers stopped; after writing `NoExecute` for `batch` it creates it. The
-//! holder is `<cluster>-gpu-hold-<node>`, pinned to its node, `nvidia.com/gpu` = the node's
-//! allocatable, `sleep infinity`, the pool toleration, labelled so the admission guard
-//! admits it (an operator-like identity) and so the node's kube-side occupancy skips it;
-//! one rejected at admission (`OutOfnvidia.com/gpu`) means something else holds GPUs on a
-//! batch node: drain it with that reason. Dynamic Resource Allocation (a ResourceClaim per
-//! mode) is the lasting form of the same idea.
+//! The holder lives in `tandem_bridge::holder` (`bridge/src/holder.rs`; its API calls in
+//! `bridge/src/scheduler/modes/holders.rs`), owned by the bridge's mode sync: while a pool
+//! node with allocatable GPUs is in `batch` mode, `<cluster>-gpu-hold-<node>` runs in the
+//! bridge's (the cluster's) namespace, pinned by `spec.nodeName`, requesting all of them,
+//! `sleep infinity` from the Tandem image, tolerating the pool taint. Before writing `kube`
+//! the bridge deletes it and waits for the kubelet's report that its container stopped,
+//! and binds no pod to a node not yet written `kube`; after writing `batch` it creates it.
+//! The admission guard admits it only from the bridge's service account
+//! (`TANDEM_BRIDGE_GUARD_HOLDERS`); it names no scheduler, so it is no bridged pod and no
+//! kube-side occupancy. One refused at admission (`OutOfnvidia.com/gpu`) means something
+//! else holds GPUs on a batch node: the bridge drains that node in the controller with
+//! that reason (the `bridge` role may drain, never resume) and publishes a Warning Event.
+//! Dynamic Resource Allocation (a ResourceClaim per mode) is the lasting form of the same
+//! idea.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
