@@ -24,6 +24,11 @@
 //!   running pids and undelivered ends on disk, replayed after a worker restart.
 //! - `launch/`: `env`, `output`, `limits` are pure; `process` spawns the script.
 //! - `step/`: the `StepLauncher` service, its authorization and task processes.
+//! - `cgroup/`: each job's and step's cgroup and limits (memory, CPU, GPU devices) on v1
+//!   and v2. GPUs not given to a job are hidden on both: `devices.deny` on v1, an eBPF
+//!   device program on v2 (`BPF_PROG_TYPE_CGROUP_DEVICE`, assembled by `devfilter`,
+//!   attached by `bpf`); where the kernel refuses the program, a job with GPUs to hide
+//!   fails to launch rather than run unfiltered.
 //!
 //! # Invariants
 //!
@@ -40,9 +45,9 @@
 //!
 //! # Not done (yet)
 //!
-//! Step tasks on nodes without the job's batch script get a job cgroup without limits (the
-//! step request carries no memory size). Device filtering on cgroup v2 (an eBPF program) is
-//! not done; see `cgroup::v2`.
+//! Step tasks on nodes without the job's batch script get a job cgroup without memory or
+//! CPU limits (the step request carries no memory size; `cgroup::Isolation::job_for_step`),
+//! and every GPU device file of such a node is hidden from them.
 
 pub mod cgroup;
 pub mod config;
