@@ -2,9 +2,9 @@
 //! serving Deployment that scales up and down share a pool of four harness nodes while the
 //! test, at moments drawn from a seeded generator, SIGKILLs a bridge replica (two run, with
 //! leader election; a new one is started at once), SIGKILLs the controller and a worker (and
-//! starts them again), force-deletes a bridged pod, sets a node DOWN (and later RESUMEs it),
-//! rolls out a new pod template, adds a PodDisruptionBudget with `maxUnavailable: 0` (and
-//! later removes it), and creates pods that try to bypass the bridge (a pool node preset in
+//! starts them again), force-deletes a bridged pod, sets a node DOWN or drains it (and later
+//! RESUMEs it), rolls out a new pod template, adds a PodDisruptionBudget with
+//! `maxUnavailable: 0` (and later removes it), and creates pods that try to bypass the bridge (a pool node preset in
 //! `spec.nodeName`, or the pool taint tolerated, from a namespace the bridge does not map;
 //! the cluster-wide guard webhook is installed, so each must be refused).
 //!
@@ -499,13 +499,17 @@ enum Act {
     KillWorker,
     ForceDelete,
     NodeDown,
+    NodeDrain,
     Pdb,
     Bypass,
 }
 
 impl Act {
     fn needs_controller(self) -> bool {
-        matches!(self, Act::Submit | Act::NodeDown | Act::KillController)
+        matches!(
+            self,
+            Act::Submit | Act::NodeDown | Act::NodeDrain | Act::KillController
+        )
     }
 }
 
@@ -744,6 +748,30 @@ impl Chaos<'_> {
                     .push((Instant::now() + after, Undo::Resume(n.clone())));
                 self.ch.note(format!(
                     "scontrol update NodeName={n} State=DOWN Reason=chaos: {r:?} (RESUME in {after:?})"
+                ));
+            }
+            Act::NodeDrain => {
+                if !self.down.is_empty() {
+                    self.ch.note(format!(
+                        "node drain skipped: {:?} is down or drained already",
+                        self.down
+                    ));
+                    return;
+                }
+                let n = (*self.rng.pick(&NODES)).to_owned();
+                let r = self.env.try_cli(&[
+                    "scontrol",
+                    "update",
+                    &format!("NodeName={n}"),
+                    "State=DRAIN",
+                    "Reason=chaos",
+                ]);
+                self.down.insert(n.clone());
+                let after = self.rng.ms(2000, 6000);
+                self.undo
+                    .push((Instant::now() + after, Undo::Resume(n.clone())));
+                self.ch.note(format!(
+                    "scontrol update NodeName={n} State=DRAIN Reason=chaos: {r:?} (RESUME in {after:?})"
                 ));
             }
             Act::Pdb => {
@@ -1002,6 +1030,8 @@ async fn the_partition_holds_and_nothing_is_lost_under_seeded_chaos() {
         ForceDelete,
         NodeDown,
         NodeDown,
+        NodeDrain,
+        NodeDrain,
         Rollout,
         Rollout,
         Pdb,
