@@ -83,6 +83,15 @@ pub trait BatchAlloc {
     /// The group's pods are gone since `end_time`.
     /// Reports the pods of `namespace`'s placeholder `job_id` gone at `end_time`.
     async fn end(&self, job_id: u64, end_time: i64, namespace: &str) -> Result<(), BatchError>;
+    /// Reports the group's pods gone at `end_time` from `nodes` of `namespace`'s placeholder
+    /// `job_id` (nodes the controller asked back). Returns the nodes it still holds.
+    async fn release_nodes(
+        &self,
+        job_id: u64,
+        nodes: &[String],
+        end_time: i64,
+        namespace: &str,
+    ) -> Result<Vec<String>, BatchError>;
     /// The snapshot of every placeholder, then its changes (see the proto).
     async fn watch(
         &self,
@@ -204,6 +213,25 @@ impl BatchAlloc for GrpcBatch {
             .await
             .map_err(call("EndPlaceholder"))?;
         Ok(())
+    }
+
+    async fn release_nodes(
+        &self,
+        job_id: u64,
+        nodes: &[String],
+        end_time: i64,
+        namespace: &str,
+    ) -> Result<Vec<String>, BatchError> {
+        let r = BridgeClient::new(self.channel.clone())
+            .release_placeholder_nodes(v1::ReleasePlaceholderNodesRequest {
+                job_id,
+                nodes: nodes.to_vec(),
+                end_time,
+                namespace: namespace.to_owned(),
+            })
+            .await
+            .map_err(call("ReleasePlaceholderNodes"))?;
+        Ok(r.into_inner().nodes)
     }
 
     async fn watch(

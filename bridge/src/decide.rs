@@ -48,6 +48,9 @@ pub enum JobView {
         /// The Kubernetes nodes behind the allocated batch nodes, in allocation order.
         nodes: Vec<String>,
         pods_per_node: u32,
+        /// Nodes the controller asks back (drained or lost) while the job runs on: the
+        /// group's pods there are evicted, then the nodes released.
+        releasing: Vec<String>,
     },
     /// Still holding its nodes, but the controller wants the pods gone (scancel,
     /// preemption, time limit): evict them, then report them gone.
@@ -65,6 +68,8 @@ pub enum EndReason {
     Preempted,
     TimedOut,
     NodeFailed,
+    /// Not the job's end: one of its nodes was drained or lost and is asked back.
+    NodeReleased,
 }
 
 /// What the bridge must do next for a group. At most one binding or eviction set.
@@ -89,6 +94,13 @@ pub enum Decision {
     },
     /// Report the job's pods gone; usage is charged until `end_time`.
     EndJob { job_id: u64, end_time: i64 },
+    /// Report the group's pods gone from `nodes` (asked back by the controller); their
+    /// usage is charged until `end_time`.
+    ReleaseNodes {
+        job_id: u64,
+        nodes: Vec<String>,
+        end_time: i64,
+    },
 }
 
 /// Decides for one group. `expected` is the number of members the group waits for (see
@@ -160,15 +172,21 @@ pub fn decide_gang(
             job_id,
             nodes,
             pods_per_node,
-        } => allocated(
-            *job_id,
-            nodes,
-            *pods_per_node,
-            members,
-            &live_unbound,
-            &holding,
-            now,
-        ),
+            releasing,
+        } => {
+            if let Some(d) = hand_back(*job_id, releasing, members, &holding, now) {
+                return d;
+            }
+            allocated(
+                *job_id,
+                nodes,
+                *pods_per_node,
+                members,
+                &live_unbound,
+                &holding,
+                now,
+            )
+        }
         JobView::Ending { job_id, why } => {
             if let Some(d) = clear_out(*job_id, why, &holding) {
                 return d;
@@ -246,6 +264,54 @@ fn allocated(
         bindings.push((m.name.clone(), slot.0.clone()));
     }
     Decision::Bind { job_id, bindings }
+}
+
+/// For nodes the controller asks back while the job runs on: evict the group's pods on
+/// them, wait while evicted ones stop (a pod counts as gone only as [`MemberState`] says:
+/// from the kubelet's report, or its vanish deadline), then release the nodes. `None`
+/// when no node is asked back. Nothing is bound meanwhile: the allocation is changing.
+fn hand_back(
+    job_id: u64,
+    releasing: &[String],
+    members: &[Member],
+    holding: &[&Member],
+    now: i64,
+) -> Option<Decision> {
+    if releasing.is_empty() {
+        return None;
+    }
+    let on = |m: &Member| m.node.as_ref().is_some_and(|n| releasing.contains(n));
+    let there: Vec<&Member> = holding.iter().copied().filter(|m| on(m)).collect();
+    let evict: Vec<String> = there
+        .iter()
+        .filter(|m| m.state == MemberState::Live)
+        .map(|m| m.name.clone())
+        .collect();
+    if !evict.is_empty() {
+        return Some(Decision::Evict {
+            job_id,
+            pods: evict,
+            why: EndReason::NodeReleased,
+        });
+    }
+    if !there.is_empty() {
+        return Some(wait("evicted pods on a node asked back are still stopping"));
+    }
+    let end_time = members
+        .iter()
+        .filter(|m| on(m))
+        .filter_map(|m| match m.state {
+            MemberState::Finished { at } => Some(at),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(now)
+        .min(now);
+    Some(Decision::ReleaseNodes {
+        job_id,
+        nodes: releasing.to_vec(),
+        end_time,
+    })
 }
 
 /// For a job that is over or ending: evict the pods still running on its nodes, or wait
@@ -416,7 +482,79 @@ mod tests {
             job_id: 7,
             nodes: nodes.iter().map(|n| (*n).into()).collect(),
             pods_per_node: ppn,
+            releasing: Vec::new(),
         }
+    }
+
+    fn asking_back(nodes: &[&str], back: &[&str]) -> JobView {
+        JobView::Allocated {
+            job_id: 7,
+            nodes: nodes.iter().map(|n| (*n).into()).collect(),
+            pods_per_node: 1,
+            releasing: back.iter().map(|n| (*n).into()).collect(),
+        }
+    }
+
+    /// A node asked back: only the group's pods there are evicted; the node is released
+    /// once the kubelet reports them stopped (never while one terminates), with the time
+    /// the last one stopped; the pods elsewhere keep running and nothing binds meanwhile.
+    #[test]
+    fn a_node_asked_back_is_cleared_of_the_groups_pods_then_released_alone() {
+        let view = asking_back(&["k1", "k2"], &["k1"]);
+        let live = vec![
+            m("a", Some("k1"), MemberState::Live),
+            m("b", Some("k2"), MemberState::Live),
+        ];
+        assert_eq!(
+            decide(&live, Some(2), &view, 100),
+            Decision::Evict {
+                job_id: 7,
+                pods: vec!["a".into()],
+                why: EndReason::NodeReleased,
+            }
+        );
+        // Evicted, still terminating: wait, even with a replacement pod waiting to bind.
+        let stopping = vec![
+            m("a", Some("k1"), MemberState::Terminating),
+            m("b", Some("k2"), MemberState::Live),
+            m("c", None, MemberState::Live),
+        ];
+        assert!(matches!(
+            decide(&stopping, Some(2), &view, 101),
+            Decision::Wait { .. }
+        ));
+        let stopped = vec![
+            m("a", Some("k1"), MemberState::Finished { at: 104 }),
+            m("b", Some("k2"), MemberState::Live),
+            m("c", None, MemberState::Live),
+        ];
+        assert_eq!(
+            decide(&stopped, Some(2), &view, 110),
+            Decision::ReleaseNodes {
+                job_id: 7,
+                nodes: vec!["k1".into()],
+                end_time: 104,
+            }
+        );
+        // A node asked back where the group had nothing (any more): released at once.
+        let elsewhere = vec![m("b", Some("k2"), MemberState::Live)];
+        assert_eq!(
+            decide(&elsewhere, Some(2), &view, 120),
+            Decision::ReleaseNodes {
+                job_id: 7,
+                nodes: vec!["k1".into()],
+                end_time: 120,
+            }
+        );
+        // Released: the job runs on k2 alone; the replacement does not fit and waits.
+        let after = vec![
+            m("b", Some("k2"), MemberState::Live),
+            m("c", None, MemberState::Live),
+        ];
+        assert!(matches!(
+            decide(&after, Some(2), &allocated(&["k2"], 1), 121),
+            Decision::Wait { .. }
+        ));
     }
 
     #[test]

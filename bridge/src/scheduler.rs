@@ -632,6 +632,13 @@ impl<B: BatchAlloc> Loop<B> {
         if let Some(job_id) = out.ended {
             self.ended_here(&out.target, job_id);
         }
+        if let Some((job_id, nodes)) = out.released {
+            if let Some(id) = self.placeholder_of(&out.target) {
+                self.book.released_here(&id, job_id, &nodes);
+            }
+            // Decided again with the smaller allocation (a replacement may wait to bind).
+            self.dirty.insert(out.target.clone());
+        }
         let now = unix_now();
         for key in out.refused {
             let r = self.refusals.entry(key).or_insert(Refusal {
@@ -666,14 +673,17 @@ impl<B: BatchAlloc> Loop<B> {
 
     /// This bridge's end report for `job_id` was taken ([`Book::ended_here`]).
     fn ended_here(&mut self, t: &Target, job_id: u64) {
-        let id = match t {
-            Target::Group(k) => match self.book.id(k) {
-                Some(id) => id,
-                None => return,
-            },
-            Target::Orphan(id) => id.clone(),
-        };
-        self.book.ended_here(&id, job_id);
+        if let Some(id) = self.placeholder_of(t) {
+            self.book.ended_here(&id, job_id);
+        }
+    }
+
+    /// The placeholder a target is about, once known.
+    fn placeholder_of(&self, t: &Target) -> Option<PlaceholderId> {
+        match t {
+            Target::Group(k) => self.book.id(k),
+            Target::Orphan(id) => Some(id.clone()),
+        }
     }
 
     /// Decides one target; the operation that applies the decision, if any. `Err` = try
@@ -867,6 +877,19 @@ impl<B: BatchAlloc> Loop<B> {
                 return Ok(Some(Work::End {
                     ns,
                     job_id,
+                    end_time,
+                    release,
+                }));
+            }
+            Decision::ReleaseNodes {
+                job_id,
+                nodes,
+                end_time,
+            } => {
+                return Ok(Some(Work::ReleaseNodes {
+                    ns,
+                    job_id,
+                    nodes,
                     end_time,
                     release,
                 }));

@@ -374,3 +374,157 @@ async fn a_pod_copying_another_namespaces_group_labels_is_a_group_of_its_own() {
     let state = env.cli(&["squeue", "-h", "-j", &victim_job, "-o", "%T"]);
     assert_eq!(state.trim(), "RUNNING", "the victim's job still runs");
 }
+
+/// Pod `index` of LeaderWorkerSet group `serve2` (size 2), two GPUs: one pod fills a node.
+fn wide_lws_pod(index: u32) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": format!("infer-{index}"),
+            "labels": {"app": "infer",
+                       "leaderworkerset.sigs.k8s.io/group-key": "serve2",
+                       "leaderworkerset.sigs.k8s.io/name": "infer",
+                       "leaderworkerset.sigs.k8s.io/worker-index": index.to_string()},
+            "annotations": {"leaderworkerset.sigs.k8s.io/size": "2"},
+        },
+        "spec": {
+            "schedulerName": "tandem",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "serve", "image": "busybox",
+                "command": ["sh", "-c", "sleep 300"],
+                "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                              "limits": {"nvidia.com/gpu": "2"}}}],
+        },
+    }))
+    .unwrap()
+}
+
+/// A drain (a worker-set rollout, an administrator's maintenance) of one node of a serving
+/// group spread over two: only that node's pod is evicted (its PodDisruptionBudget honoured
+/// until the eviction timeout), the placeholder hands back that node alone and serves on
+/// from the other, whose pod is never touched; resumed, the node takes batch work beside
+/// the group. The old controller ended the whole group at the drain's deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_node_of_a_serving_group_is_handed_back_alone() {
+    let test = "a_drained_node_of_a_serving_group_is_handed_back_alone";
+    let cluster = TestCluster::start().await.unwrap();
+    if !cluster.needs_process_kubelet(test) {
+        return;
+    }
+    let mut env = BridgeEnv::start(
+        &cluster,
+        Setup::new(tandem_operator::crd::all())
+            .node("s1", 8, 16, 2)
+            .node("s2", 8, 16, 2)
+            .namespace("serving", "root", json!({})),
+    )
+    .await;
+    let watch = env.watch_partition(&cluster.server().unwrap().url());
+    let _bridge = env.spawn_bridge(&["--eviction-timeout", "3"]);
+    let ns = env.ns("serving").to_owned();
+    let client = cluster.client();
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
+    pdbs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "infer"},
+            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "infer"}}},
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    for i in 0..2 {
+        pods.create(&PostParams::default(), &wide_lws_pod(i))
+            .await
+            .unwrap();
+    }
+    let infer = ListParams::default().labels("app=infer");
+    let up = env
+        .wait_pods(&pods, &infer, "both pods of the group running", |ps| {
+            ps.len() == 2 && ps.iter().all(running)
+        })
+        .await;
+    let job = job_id(&up[0]).unwrap().to_owned();
+    assert_eq!(job_id(&up[1]), Some(job.as_str()), "one placeholder");
+    let (gone, kept) = (&up[0], &up[1]);
+    let drained = node_of(gone).unwrap().to_owned();
+    let serving = node_of(kept).unwrap().to_owned();
+    assert_ne!(drained, serving);
+    let kept_uid = kept.metadata.uid.clone().unwrap();
+    let gone_name = gone.metadata.name.clone().unwrap();
+
+    env.cli(&[
+        "scontrol",
+        "update",
+        &format!("NodeName={drained}"),
+        "State=DRAIN",
+        "Reason=rollout",
+    ]);
+    // The budget refuses the eviction: the pod runs on for now ...
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let still = pods.get(&gone_name).await.unwrap();
+    assert!(
+        still.metadata.deletion_timestamp.is_none(),
+        "deleted before the eviction timeout"
+    );
+    // ... until the timeout; then only the drained node's pod is deleted.
+    let events: Api<KubeEvent> = Api::namespaced(client.clone(), &ns);
+    env.wait_event(&events, "an EvictionDeadlineExceeded Event", |e| {
+        e.reason.as_deref() == Some("EvictionDeadlineExceeded")
+            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(gone_name.as_str())
+    })
+    .await;
+    env.wait_pods(&pods, &infer, "the drained node's pod gone", |ps| {
+        ps.iter()
+            .all(|p| p.metadata.name.as_deref() != Some(gone_name.as_str()))
+    })
+    .await;
+    env.wait_cli(
+        &["squeue", "-h", "-j", &job, "-o", "%T|%N"],
+        "the placeholder on the serving node alone",
+        |o| o.trim() == format!("RUNNING|{serving}"),
+    )
+    .await;
+    env.wait_cli(
+        &["sinfo", "-h", "-n", &drained, "-o", "%T"],
+        "the drained node idle and drained",
+        |o| o.trim() == "drained",
+    )
+    .await;
+    let kept_now = pods
+        .get(kept.metadata.name.as_deref().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(kept_now.metadata.uid.as_deref(), Some(kept_uid.as_str()));
+    assert!(running(&kept_now), "{:?}", kept_now.status);
+
+    // Resumed, the node takes a batch job while the group serves on from the other.
+    env.cli(&[
+        "scontrol",
+        "update",
+        &format!("NodeName={drained}"),
+        "State=RESUME",
+    ]);
+    let release = env.dir().join("release-batch");
+    let batch = env.sbatch(
+        &["-w", &drained, "--gpus-per-node=2"],
+        &tandem_e2e::bridgekit::held(&release),
+    );
+    env.wait_cli(
+        &["squeue", "-h", "-j", batch.trim(), "-o", "%T"],
+        "the batch job running on the handed-back node",
+        |o| o.trim() == "RUNNING",
+    )
+    .await;
+    let kept_now = pods
+        .get(kept.metadata.name.as_deref().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(kept_now.metadata.uid.as_deref(), Some(kept_uid.as_str()));
+    assert!(running(&kept_now));
+    std::fs::write(&release, "").unwrap();
+    watch.finish().assert_no_overlap();
+}

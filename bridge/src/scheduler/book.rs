@@ -135,6 +135,27 @@ impl Book {
             mark_ended(ev);
         }
     }
+
+    /// The controller took this bridge's release of `nodes` from `job_id`: until its
+    /// stream says so too, the job is shown without them (and, when they were all it had,
+    /// as ended), so they are neither released again nor bound to.
+    pub fn released_here(&mut self, id: &PlaceholderId, job_id: u64, nodes: &[String]) {
+        if let Some(ev) = self.jobs.get_mut(id)
+            && ev.job_id == job_id
+        {
+            mark_released(ev, nodes);
+            if ev.nodes.is_empty() {
+                mark_ended(ev);
+            }
+        }
+    }
+}
+
+/// A running placeholder as the controller shows it once a release of `released` was
+/// taken: those nodes gone from it, no longer asked back.
+fn mark_released(ev: &mut v1::PlaceholderEvent, released: &[String]) {
+    ev.nodes.retain(|n| !released.contains(n));
+    ev.releasing.retain(|n| !released.contains(n));
 }
 
 /// A running placeholder as the controller shows it once an end report was taken:
@@ -176,6 +197,7 @@ fn job_view(ev: &v1::PlaceholderEvent) -> JobView {
             job_id: ev.job_id,
             nodes: ev.nodes.clone(),
             pods_per_node: ev.pods_per_node,
+            releasing: ev.releasing.clone(),
         },
         S::Unspecified | S::Suspended | S::Completing => JobView::Unknown,
         s => JobView::Ended {
@@ -251,6 +273,47 @@ mod tests {
         assert!(b.orphans().is_empty());
         b.unlink(&web());
         assert_eq!(b.orphans(), vec![PlaceholderId::new("serving", "g")]);
+    }
+
+    #[test]
+    fn a_release_taken_here_shows_the_job_without_the_nodes_before_the_stream_does() {
+        let mut b = Book::default();
+        b.link(&web(), "g".into());
+        let id = b.id(&web()).unwrap();
+        let mut two = ev(7, "serving", v1::JobState::Running);
+        two.nodes = vec!["k1".into(), "k2".into()];
+        two.releasing = vec!["k1".into()];
+        b.apply(two);
+        assert_eq!(
+            b.view(Some(&id)),
+            JobView::Allocated {
+                job_id: 7,
+                nodes: vec!["k1".into(), "k2".into()],
+                pods_per_node: 1,
+                releasing: vec!["k1".into()],
+            }
+        );
+        // Another job's release changes nothing.
+        b.released_here(&id, 6, &["k1".into()]);
+        assert!(
+            matches!(b.view(Some(&id)), JobView::Allocated { ref releasing, .. } if releasing.len() == 1)
+        );
+        b.released_here(&id, 7, &["k1".into()]);
+        assert_eq!(
+            b.view(Some(&id)),
+            JobView::Allocated {
+                job_id: 7,
+                nodes: vec!["k2".into()],
+                pods_per_node: 1,
+                releasing: vec![],
+            }
+        );
+        // Its last node released: ended here, as an end report.
+        b.released_here(&id, 7, &["k2".into()]);
+        assert!(matches!(
+            b.view(Some(&id)),
+            JobView::Ended { job_id: 7, .. }
+        ));
     }
 
     #[test]

@@ -90,6 +90,15 @@ pub(super) enum Work {
         end_time: i64,
         release: Vec<Pod>,
     },
+    /// Report the group's pods gone from `nodes` (asked back), then release the
+    /// finalizers of the pods that stopped.
+    ReleaseNodes {
+        ns: String,
+        job_id: u64,
+        nodes: Vec<String>,
+        end_time: i64,
+        release: Vec<Pod>,
+    },
     /// Remove the slot finalizer of pods that stopped (their slots are free).
     Release(Vec<Pod>),
 }
@@ -121,6 +130,8 @@ pub(super) struct Outcome {
     pub refused: Vec<PodKey>,
     /// The placeholder this operation ended (the controller took the end report).
     pub ended: Option<u64>,
+    /// Nodes the controller took back from a placeholder: (job id, nodes).
+    pub released: Option<(u64, Vec<String>)>,
     /// Why the target must be decided again later (a failed call).
     pub retry: Option<String>,
 }
@@ -135,6 +146,7 @@ impl Outcome {
             bound: Vec::new(),
             refused: Vec::new(),
             ended: None,
+            released: None,
             retry: None,
         }
     }
@@ -185,8 +197,13 @@ pub(super) async fn perform<B: BatchAlloc>(ctx: Ctx<B>, target: Target, work: Wo
             }
             for p in &overdue {
                 let name = p.metadata.name.as_deref().unwrap_or_default();
+                let what = if why == EndReason::NodeReleased {
+                    "asks back this pod's node (drained or lost)".to_owned()
+                } else {
+                    format!("is over ({why:?})")
+                };
                 let note = format!(
-                    "Placeholder job {job_id} is over ({why:?}) and a PodDisruptionBudget refused this pod's eviction for {timeout_s} s (--eviction-timeout): deleting it"
+                    "Placeholder job {job_id} {what} and a PodDisruptionBudget refused this pod's eviction for {timeout_s} s (--eviction-timeout): deleting it"
                 );
                 match apply::delete_overdue(&ctx.client, &ctx.recorder, p, note).await {
                     Ok(()) => {
@@ -208,6 +225,20 @@ pub(super) async fn perform<B: BatchAlloc>(ctx: Ctx<B>, target: Target, work: Wo
             Ok(()) => {
                 info!(job_id, end_time, "placeholder ended: its pods are gone");
                 out.ended = Some(job_id);
+                release(&ctx, &mut out, &stopped).await;
+            }
+            Err(e) => out.retry = Some(e.to_string()),
+        },
+        Work::ReleaseNodes {
+            ns,
+            job_id,
+            nodes,
+            end_time,
+            release: stopped,
+        } => match ctx.batch.release_nodes(job_id, &nodes, end_time, &ns).await {
+            Ok(held) => {
+                info!(job_id, released = ?nodes, still_held = ?held, "nodes asked back are released: the group's pods there are gone");
+                out.released = Some((job_id, nodes));
                 release(&ctx, &mut out, &stopped).await;
             }
             Err(e) => out.retry = Some(e.to_string()),
