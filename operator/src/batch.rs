@@ -1,10 +1,12 @@
 //! The controller as the operator sees it: a small trait ([`BatchControl`]) so reconcile
-//! tests can use a fake, and its gRPC implementation over `tandem-proto` clients.
+//! tests can use a fake ([`fake`]), and its gRPC implementation over `tandem-proto` clients.
 //!
 //! The operator authenticates as an admin identity signed with the cluster key it keeps in
 //! the cluster's Secret (read from the API, never from a file or an environment variable).
 
 use std::collections::BTreeSet;
+
+use futures::future::BoxFuture;
 
 use tandem_proto::auth::{ClusterKey, Identity, Role};
 use tandem_proto::endpoint::{self, AuthChannel};
@@ -16,6 +18,9 @@ use tandem_proto::v1::nodes_client::NodesClient;
 
 use crate::accounting::{Change, Current};
 use crate::plan::{BatchNode, NodeState};
+
+#[cfg(test)]
+pub mod fake;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BatchError {
@@ -55,18 +60,30 @@ fn call(call: &'static str) -> impl Fn(tonic::Status) -> BatchError {
     }
 }
 
+/// A controller call's future (boxed, so that [`BatchControl`] can be a trait object).
+pub type BatchFuture<'a, T> = BoxFuture<'a, Result<T, BatchError>>;
+
 /// What the reconcilers ask of the controller.
-#[allow(async_fn_in_trait)]
-pub trait BatchControl {
+pub trait BatchControl: Send + Sync {
     /// Nodes by name (all when `names` is empty).
-    async fn nodes(&self, names: &[String]) -> Result<Vec<BatchNode>, BatchError>;
+    fn nodes<'a>(&'a self, names: &'a [String]) -> BatchFuture<'a, Vec<BatchNode>>;
     /// Drain (`reason` must carry the operator's prefix), resume or set DOWN.
-    async fn update_node(&self, node: &str, state: &str, reason: &str) -> Result<(), BatchError>;
-    async fn remove_node(&self, node: &str, force: bool, reason: &str) -> Result<(), BatchError>;
+    fn update_node<'a>(
+        &'a self,
+        node: &'a str,
+        state: &'a str,
+        reason: &'a str,
+    ) -> BatchFuture<'a, ()>;
+    fn remove_node<'a>(
+        &'a self,
+        node: &'a str,
+        force: bool,
+        reason: &'a str,
+    ) -> BatchFuture<'a, ()>;
     /// Partitions named by jobs the controller still holds (pending, running, recent).
-    async fn referenced_partitions(&self) -> Result<BTreeSet<String>, BatchError>;
-    async fn accounting(&self) -> Result<Current, BatchError>;
-    async fn apply(&self, change: &Change) -> Result<(), BatchError>;
+    fn referenced_partitions(&self) -> BatchFuture<'_, BTreeSet<String>>;
+    fn accounting(&self) -> BatchFuture<'_, Current>;
+    fn apply<'a>(&'a self, change: &'a Change) -> BatchFuture<'a, ()>;
 }
 
 /// [`BatchControl`] over gRPC.
@@ -112,97 +129,123 @@ pub fn batch_node(n: &v1::NodeInfo) -> BatchNode {
 }
 
 impl BatchControl for GrpcBatch {
-    async fn nodes(&self, names: &[String]) -> Result<Vec<BatchNode>, BatchError> {
-        let r = self
-            .nodes_client()
-            .list_nodes(v1::ListNodesRequest {
-                nodes: if names.is_empty() {
-                    String::new()
-                } else {
-                    tandem_sched::hostlist::compress(names)
-                },
-                partition: String::new(),
-            })
-            .await
-            .map_err(call("ListNodes"))?;
-        Ok(r.into_inner().nodes.iter().map(batch_node).collect())
-    }
-
-    async fn update_node(&self, node: &str, state: &str, reason: &str) -> Result<(), BatchError> {
-        self.nodes_client()
-            .update_node(v1::UpdateNodeRequest {
-                nodes: node.to_owned(),
-                state: state.to_owned(),
-                reason: reason.to_owned(),
-            })
-            .await
-            .map_err(call("UpdateNode"))?;
-        Ok(())
-    }
-
-    async fn remove_node(&self, node: &str, force: bool, reason: &str) -> Result<(), BatchError> {
-        self.nodes_client()
-            .remove_node(v1::RemoveNodeRequest {
-                nodes: node.to_owned(),
-                force,
-                reason: reason.to_owned(),
-            })
-            .await
-            .map_err(call("RemoveNode"))?;
-        Ok(())
-    }
-
-    async fn referenced_partitions(&self) -> Result<BTreeSet<String>, BatchError> {
-        let r = JobsClient::new(self.channel.clone())
-            .max_decoding_message_size(endpoint::MAX_RESPONSE_BYTES)
-            .list_jobs(v1::ListJobsRequest {
-                include_finished: true,
-                fold_arrays: true,
-                fields: vec!["partition".into()],
-                ..Default::default()
-            })
-            .await
-            .map_err(call("ListJobs"))?;
-        Ok(r.into_inner()
-            .jobs
-            .into_iter()
-            .map(|j| j.partition)
-            .collect())
-    }
-
-    async fn accounting(&self) -> Result<Current, BatchError> {
-        let mut c = AccountingClient::new(self.channel.clone())
-            .max_decoding_message_size(endpoint::MAX_RESPONSE_BYTES);
-        let a = c
-            .list_associations(v1::ListAssociationsRequest {})
-            .await
-            .map_err(call("ListAssociations"))?
-            .into_inner();
-        let q = c
-            .list_qos(v1::ListQosRequest {})
-            .await
-            .map_err(call("ListQos"))?
-            .into_inner();
-        Ok(Current {
-            accounts: a.accounts,
-            users: a.users,
-            qos: q.qos,
+    fn nodes<'a>(&'a self, names: &'a [String]) -> BatchFuture<'a, Vec<BatchNode>> {
+        Box::pin(async move {
+            let r = self
+                .nodes_client()
+                .list_nodes(v1::ListNodesRequest {
+                    nodes: if names.is_empty() {
+                        String::new()
+                    } else {
+                        tandem_sched::hostlist::compress(names)
+                    },
+                    partition: String::new(),
+                })
+                .await
+                .map_err(call("ListNodes"))?;
+            Ok(r.into_inner().nodes.iter().map(batch_node).collect())
         })
     }
 
-    async fn apply(&self, change: &Change) -> Result<(), BatchError> {
-        let mut c = AccountingClient::new(self.channel.clone());
-        let r = match change.clone() {
-            Change::AddQos(r) => c.add_qos(r).await.map_err(call("AddQos")),
-            Change::ModifyQos(r) => c.modify_qos(r).await.map_err(call("ModifyQos")),
-            Change::AddAccount(r) => c.add_account(r).await.map_err(call("AddAccount")),
-            Change::ModifyAccount(r) => c.modify_account(r).await.map_err(call("ModifyAccount")),
-            Change::AddUser(r) => c.add_user(r).await.map_err(call("AddUser")),
-            Change::ModifyUser(r) => c.modify_user(r).await.map_err(call("ModifyUser")),
-            Change::DeleteUser(r) => c.delete_user(r).await.map_err(call("DeleteUser")),
-            Change::DeleteAccount(r) => c.delete_account(r).await.map_err(call("DeleteAccount")),
-            Change::DeleteQos(r) => c.delete_qos(r).await.map_err(call("DeleteQos")),
-        };
-        r.map(|_| ())
+    fn update_node<'a>(
+        &'a self,
+        node: &'a str,
+        state: &'a str,
+        reason: &'a str,
+    ) -> BatchFuture<'a, ()> {
+        Box::pin(async move {
+            self.nodes_client()
+                .update_node(v1::UpdateNodeRequest {
+                    nodes: node.to_owned(),
+                    state: state.to_owned(),
+                    reason: reason.to_owned(),
+                })
+                .await
+                .map_err(call("UpdateNode"))?;
+            Ok(())
+        })
+    }
+
+    fn remove_node<'a>(
+        &'a self,
+        node: &'a str,
+        force: bool,
+        reason: &'a str,
+    ) -> BatchFuture<'a, ()> {
+        Box::pin(async move {
+            self.nodes_client()
+                .remove_node(v1::RemoveNodeRequest {
+                    nodes: node.to_owned(),
+                    force,
+                    reason: reason.to_owned(),
+                })
+                .await
+                .map_err(call("RemoveNode"))?;
+            Ok(())
+        })
+    }
+
+    fn referenced_partitions(&self) -> BatchFuture<'_, BTreeSet<String>> {
+        Box::pin(async move {
+            let r = JobsClient::new(self.channel.clone())
+                .max_decoding_message_size(endpoint::MAX_RESPONSE_BYTES)
+                .list_jobs(v1::ListJobsRequest {
+                    include_finished: true,
+                    fold_arrays: true,
+                    fields: vec!["partition".into()],
+                    ..Default::default()
+                })
+                .await
+                .map_err(call("ListJobs"))?;
+            Ok(r.into_inner()
+                .jobs
+                .into_iter()
+                .map(|j| j.partition)
+                .collect())
+        })
+    }
+
+    fn accounting(&self) -> BatchFuture<'_, Current> {
+        Box::pin(async move {
+            let mut c = AccountingClient::new(self.channel.clone())
+                .max_decoding_message_size(endpoint::MAX_RESPONSE_BYTES);
+            let a = c
+                .list_associations(v1::ListAssociationsRequest {})
+                .await
+                .map_err(call("ListAssociations"))?
+                .into_inner();
+            let q = c
+                .list_qos(v1::ListQosRequest {})
+                .await
+                .map_err(call("ListQos"))?
+                .into_inner();
+            Ok(Current {
+                accounts: a.accounts,
+                users: a.users,
+                qos: q.qos,
+            })
+        })
+    }
+
+    fn apply<'a>(&'a self, change: &'a Change) -> BatchFuture<'a, ()> {
+        Box::pin(async move {
+            let mut c = AccountingClient::new(self.channel.clone());
+            let r = match change.clone() {
+                Change::AddQos(r) => c.add_qos(r).await.map_err(call("AddQos")),
+                Change::ModifyQos(r) => c.modify_qos(r).await.map_err(call("ModifyQos")),
+                Change::AddAccount(r) => c.add_account(r).await.map_err(call("AddAccount")),
+                Change::ModifyAccount(r) => {
+                    c.modify_account(r).await.map_err(call("ModifyAccount"))
+                }
+                Change::AddUser(r) => c.add_user(r).await.map_err(call("AddUser")),
+                Change::ModifyUser(r) => c.modify_user(r).await.map_err(call("ModifyUser")),
+                Change::DeleteUser(r) => c.delete_user(r).await.map_err(call("DeleteUser")),
+                Change::DeleteAccount(r) => {
+                    c.delete_account(r).await.map_err(call("DeleteAccount"))
+                }
+                Change::DeleteQos(r) => c.delete_qos(r).await.map_err(call("DeleteQos")),
+            };
+            r.map(|_| ())
+        })
     }
 }

@@ -19,7 +19,10 @@
 //! - [`plan`]: worker-set decisions: scale out, victims, drain, deadline, replacement,
 //!   rollout, deletion. [`accounting`]: spec -> Accounting RPCs, only for managed entities.
 //!   [`partitions`]: which partitions to keep while jobs reference them.
-//! - [`batch`]: the controller as the operator sees it ([`batch::BatchControl`]).
+//! - [`batch`]: the controller as the operator sees it ([`batch::BatchControl`]);
+//!   [`connections`]: one connection per cluster, made through [`connections::Connect`].
+//! - [`reconcile`]: the three reconcilers, each a list of named steps; [`daemon`]: the
+//!   watches and controllers that run them; [`events`], [`secrets`]: what they share.
 //! - [`rbac`]: every API call the operator makes, and the RBAC rules derived from it.
 //!
 //! # Invariants
@@ -33,8 +36,11 @@
 
 pub mod accounting;
 pub mod batch;
+pub mod connections;
 pub mod crd;
+pub mod daemon;
 pub mod defaults;
+pub mod events;
 pub mod kubeclient;
 pub mod labels;
 pub mod partitions;
@@ -42,5 +48,6 @@ pub mod plan;
 pub mod rbac;
 pub mod reconcile;
 pub mod render;
+pub mod secrets;
 pub mod status;
 pub mod validate;
