@@ -14,8 +14,11 @@
 //!   (pod annotation, so the deadline survives operator restarts), drained in the controller
 //!   with a reason starting `tandem-operator:`, and its pod deleted only when the controller
 //!   reports the node drained with no job, or when the drain deadline passed (the node is
-//!   then set DOWN first: batch jobs are requeued or end NODE_FAIL per `--requeue`, bridged
-//!   pods are evicted and hold the node until they are gone).
+//!   then set DOWN first: batch jobs are requeued or end NODE_FAIL per `--requeue`). Bridged
+//!   pods do not wait for the deadline: the drain itself asks the node back from their
+//!   placeholder, the bridge evicts them there (their PodDisruptionBudgets honoured up to
+//!   its eviction timeout), and the node is free once the kubelet reports them gone; the
+//!   group keeps its other nodes.
 //! - **Fail closed** (slurm-operator PR #79): when the controller lookup fails, no pod whose
 //!   worker may hold jobs is deleted; only pods that never started are.
 //! - **Own drains only**: a drain is cleared only if its reason starts with the operator's
