@@ -110,12 +110,12 @@ pub(super) struct Sync {
 /// One write of a sync.
 pub(super) enum Op {
     /// A Node patch, then (a flip to `batch`) the holder's creation.
-    Patch(NodePatch, Option<Pod>),
-    Create(Pod),
-    Delete(Pod),
+    Patch(Box<NodePatch>, Option<Box<Pod>>),
+    Create(Box<Pod>),
+    Delete(Box<Pod>),
     Drain {
         node: String,
-        node_ref: ObjectReference,
+        node_ref: Box<ObjectReference>,
         holder_uid: String,
         reason: String,
     },
@@ -177,7 +177,7 @@ impl Holders {
                 if let Some(p) =
                     nodes::plan(n, *v, &cluster).and_then(|p| NodePatch::new(name, n, p))
                 {
-                    ops.push(Op::Patch(p, None));
+                    ops.push(Op::Patch(Box::new(p), None));
                 }
             }
             return Sync { ops, waiting };
@@ -211,7 +211,7 @@ impl Holders {
             // Holders of Nodes that are gone: nothing to hold.
             for (node, p) in &now_listed {
                 if !node_objs.contains_key(node) && p.metadata.deletion_timestamp.is_none() {
-                    ops.push(Op::Delete(p.clone()));
+                    ops.push(Op::Delete(Box::new(p.clone())));
                 }
             }
             self.listed = now_listed;
@@ -235,7 +235,7 @@ impl Holders {
                     && !(gpus && to_kube)
                     && let Some(p) = NodePatch::new(name, n, p)
                 {
-                    ops.push(Op::Patch(p, None));
+                    ops.push(Op::Patch(Box::new(p), None));
                 }
                 waiting |= gpus && to_kube;
                 continue;
@@ -251,16 +251,16 @@ impl Holders {
             if hp.delete
                 && let Some(h) = h
             {
-                ops.push(Op::Delete(h.clone()));
+                ops.push(Op::Delete(Box::new(h.clone())));
             }
             if let Some(gpus) = hp.create {
-                ops.push(Op::Create(holder::pod(&spec, name, gpus)));
+                ops.push(Op::Create(Box::new(holder::pod(&spec, name, gpus))));
             }
             if let (Some(st), Some(h)) = (&hp.drain, h) {
                 use kube::Resource as _;
                 ops.push(Op::Drain {
                     node: name.clone(),
-                    node_ref: n.object_ref(&()),
+                    node_ref: Box::new(n.object_ref(&())),
                     holder_uid: h.metadata.uid.clone().unwrap_or_default(),
                     reason: holder::drain_reason(st),
                 });
@@ -272,9 +272,9 @@ impl Holders {
             }
             let gpus = holder::node_gpus(n);
             let create = (view == Controller::Pool(Mode::Batch) && gpus > 0 && h.is_none())
-                .then(|| holder::pod(&spec, name, gpus));
+                .then(|| Box::new(holder::pod(&spec, name, gpus)));
             if let Some(p) = NodePatch::new(name, n, p) {
-                ops.push(Op::Patch(p, create));
+                ops.push(Op::Patch(Box::new(p), create));
             }
         }
         Sync { ops, waiting }
@@ -313,18 +313,18 @@ pub(super) fn write<B: BatchAlloc + 'static>(
                 async move {
                     match op {
                         Op::Patch(p, create) => {
-                            let patched = write_one(&api, &recorder, p).await;
+                            let patched = write_one(&api, &recorder, *p).await;
                             if let (Some(_), Some(pod)) = (&patched, create) {
-                                holders::create(client, pod).await;
+                                holders::create(client, *pod).await;
                             }
                             patched
                         }
                         Op::Create(pod) => {
-                            holders::create(client, pod).await;
+                            holders::create(client, *pod).await;
                             None
                         }
                         Op::Delete(pod) => {
-                            holders::delete(client, pod).await;
+                            holders::delete(client, *pod).await;
                             None
                         }
                         Op::Drain {
@@ -334,7 +334,7 @@ pub(super) fn write<B: BatchAlloc + 'static>(
                             reason,
                         } => {
                             holders::drain(
-                                batch, recorder, drained, node, node_ref, holder_uid, reason,
+                                batch, recorder, drained, node, *node_ref, holder_uid, reason,
                             )
                             .await;
                             None
