@@ -1,6 +1,9 @@
 //! Scenario tests of the model and the pass, through `State`'s public methods.
 //!
-//! - `lifecycle`: submit, cancel, hold, outcomes, node loss, recovery
+//! - `lifecycle`: submit, start, outcomes, cancel, hold, update, requeue, purge
+//! - `eligibility`: begin times, dependencies, singletons, will-run, priority before a pass
+//! - `recovery`: lost, drained and removed nodes; restore after a restart
+//! - `limits`: partition, QOS and association limits; usage charging
 //! - `placement`: backfill reservations, gangs, node modes, preemption, limits
 //! - `arrays`: task splitting, throttle, array dependencies
 //! - `completing`: ended jobs hold each node until its processes are reported gone
@@ -11,10 +14,13 @@
 mod admin;
 mod arrays;
 mod completing;
+mod eligibility;
 mod invariants;
 mod lifecycle;
+mod limits;
 mod placeholders;
 mod placement;
+mod recovery;
 
 use crate::effect::Effect;
 use crate::job::{JobOutcome, JobState};
