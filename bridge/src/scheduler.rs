@@ -34,6 +34,7 @@ use kube::api::{Api, DynamicObject};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
+use tandem_proto::auth::unix_now;
 use tandem_proto::v1;
 use tracing::{debug, info, warn};
 
@@ -1176,10 +1177,4 @@ fn direct_uid(info: &GroupInfo, p: &Pod) -> Option<String> {
             None
         }
     }
-}
-
-fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }

@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use tandem_proto::auth::unix_now;
 use util::{Cluster, assert_one_line_error};
 
 const T: Duration = Duration::from_secs(30);
@@ -45,13 +46,6 @@ fn held(name: &str) -> String {
 
 fn release(c: &Cluster, name: &str) {
     std::fs::write(c.work.join(format!("release-{name}")), "").unwrap();
-}
-
-fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64
 }
 
 // === fair share ===

@@ -78,7 +78,7 @@ pub async fn run(
         None => None,
     };
     // The scaler answers from the first moment, before the actor's first pass.
-    metrics.publish(&recovered.state, state::unix_now());
+    metrics.publish(&recovered.state, tandem_proto::auth::unix_now());
     let scaler_task = match config.scaler_listen {
         Some(addr) => Some(serve_scaler(addr, metrics.snapshots(), config.tls.clone()).await?),
         None => None,

@@ -38,7 +38,7 @@ use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
 
 use prost::Message;
-use tandem_proto::auth::{ClusterKey, Identity, Role};
+use tandem_proto::auth::{ClusterKey, Identity, Role, unix_now};
 use tandem_proto::v1::{self, controller_message, worker_message};
 use tandem_sched::cycle::{PassObserver, Phase};
 use tandem_sched::effect::{Effect as CoreEffect, RunRecord};
@@ -317,13 +317,6 @@ pub fn spawn(
         .name("tandem-state".into())
         .spawn(move || actor.run(rx))?;
     Ok((handle, join))
-}
-
-pub fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }
 
 struct Actor {

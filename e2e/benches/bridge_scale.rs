@@ -67,7 +67,7 @@ use kube::runtime::watcher;
 use serde_json::json;
 use tandem_e2e::bridgekit::{Proc, free_port, spawn};
 use tandem_e2e::testkit::{Options, TestCluster, tandem_bin};
-use tandem_proto::auth::{ClusterKey, Identity};
+use tandem_proto::auth::{ClusterKey, Identity, unix_now};
 use tandem_proto::endpoint;
 use tandem_proto::v1::jobs_client::JobsClient;
 use tandem_proto::v1::nodes_client::NodesClient;
@@ -198,12 +198,6 @@ impl Pool {
             .map(|m| m.values().map(Vec::len).sum())
             .unwrap_or(0)
     }
-}
-
-fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(0))
 }
 
 /// Registers `name` over `channel` and serves its link until the bench ends.

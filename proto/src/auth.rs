@@ -98,7 +98,10 @@ pub enum TokenError {
     WrongKind,
 }
 
-/// Unix seconds now.
+/// Unix seconds now: the wall clock of credentials (`iat`, `exp`) and of every time the
+/// daemons put on the wire or in records (start, end, heartbeat, boot). The workspace's one
+/// such helper; the scheduling core (`tandem-sched`) reads no clock, its callers pass this.
+/// 0 before 1970, `i64::MAX` past what `i64` holds.
 pub fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
+use tandem_proto::auth::unix_now;
 use tandem_proto::v1::{JobEnded, JobStarted, LaunchJob, SignalJob};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -38,7 +39,6 @@ use crate::launch::limits::{
 };
 use crate::launch::process::{self, BatchSpec, Confinement, RunAs, confined};
 use crate::step::registry::StepRegistry;
-use crate::unix_now;
 
 /// What the job table tells the controller session.
 #[derive(Debug, Clone, PartialEq)]

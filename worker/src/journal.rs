@@ -35,10 +35,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use prost::Message;
+use tandem_proto::auth::unix_now;
 use tandem_proto::v1::JobEnded;
 use tracing::{info, warn};
-
-use crate::unix_now;
 
 /// The log is rewritten with its live records once it grows past this.
 const COMPACT_AT: u64 = 1 << 20;

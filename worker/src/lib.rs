@@ -67,7 +67,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tandem_proto::auth::{ClusterKey, Identity, ServerAuth};
+use tandem_proto::auth::{ClusterKey, Identity, ServerAuth, unix_now};
 use tandem_proto::v1::Register;
 use tandem_proto::v1::Tres;
 use tandem_proto::v1::step_launcher_server::StepLauncherServer;
@@ -87,13 +87,6 @@ use step::registry::StepRegistry;
 
 /// How long a stopping worker waits for its killed jobs to be reaped.
 const STOP_REAP_WAIT: Duration = Duration::from_secs(5);
-
-pub(crate) fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
 
 /// Runs the worker until `shutdown` completes; then kills its jobs, reports their ends if
 /// the controller is reachable, and returns.

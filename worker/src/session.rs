@@ -16,7 +16,7 @@
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
-use tandem_proto::auth::{ClusterKey, Identity};
+use tandem_proto::auth::{ClusterKey, Identity, unix_now};
 use tandem_proto::endpoint;
 use tandem_proto::v1::worker_link_client::WorkerLinkClient;
 use tandem_proto::v1::{
@@ -31,7 +31,6 @@ use tracing::{debug, info, warn};
 use crate::jobs::{JobEvent, Jobs};
 use crate::journal::Journal;
 use crate::outbox::Outbox;
-use crate::unix_now;
 
 /// First retry delay after a broken stream.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
