@@ -4,14 +4,26 @@
 //! Rows hold opaque blobs produced by the state actor (serialized core records, prost-encoded
 //! accounting records), plus the few columns queries filter on. The store does not know the
 //! scheduling core's types, so a change there never needs a schema migration.
+//!
+//! - [`batch`]: [`Batch`], what one group of changes writes, and its write inside a
+//!   transaction.
+//! - [`records`]: the finished runs `sacct` reads ([`JobRecordRow`]) and their query.
+//! - here: the schema, opening connections (writer, reader, checkpointer), the start-up load
+//!   and payload reads.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rusqlite::wal::CheckpointMode;
-use rusqlite::{Connection, OpenFlags, OptionalExtension, Transaction, params, params_from_iter};
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use tracing::{debug, warn};
+
+mod batch;
+mod records;
+
+pub use batch::Batch;
+pub use records::{JobRecordRow, RecordFilter};
 
 /// Bumped when the schema changes incompatibly; a store with another version is refused
 /// rather than misread.
@@ -117,76 +129,6 @@ pub enum StoreError {
 fn sql(operation: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
     move |source| StoreError::Sql { operation, source }
 }
-
-/// A finished run of a job, with the columns `sacct` filters on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JobRecordRow {
-    pub id: u64,
-    pub run: u32,
-    pub array_job_id: Option<u64>,
-    pub array_task_id: Option<u32>,
-    pub user: String,
-    pub account: String,
-    pub partition: String,
-    pub name: String,
-    pub state: String,
-    pub submit_time: i64,
-    pub start_time: Option<i64>,
-    pub end_time: i64,
-    /// prost-encoded `tandem.v1.JobInfo` with its steps.
-    pub record: Vec<u8>,
-}
-
-/// Everything one group of state changes writes. Applied in field order inside one
-/// transaction; several batches in one transaction are applied one after another, so a
-/// later batch's removal wins over an earlier batch's upsert.
-#[derive(Debug, Default)]
-pub struct Batch {
-    pub meta: Vec<(String, String)>,
-    pub jobs: Vec<(u64, Vec<u8>)>,
-    pub payloads: Vec<(u64, Vec<u8>)>,
-    pub nodes: Vec<(String, u32, Vec<u8>)>,
-    pub steps: Vec<(u64, u32, Vec<u8>)>,
-    pub records: Vec<JobRecordRow>,
-    pub idempotency: Vec<(String, u64, i64)>,
-    pub removed_jobs: Vec<u64>,
-    pub removed_payloads: Vec<u64>,
-    /// All steps of these jobs.
-    pub removed_steps: Vec<u64>,
-    /// Idempotency keys created before this time are forgotten.
-    pub expire_idempotency_before: Option<i64>,
-}
-
-impl Batch {
-    pub fn is_empty(&self) -> bool {
-        self.meta.is_empty()
-            && self.jobs.is_empty()
-            && self.payloads.is_empty()
-            && self.nodes.is_empty()
-            && self.steps.is_empty()
-            && self.records.is_empty()
-            && self.idempotency.is_empty()
-            && self.removed_jobs.is_empty()
-            && self.removed_payloads.is_empty()
-            && self.removed_steps.is_empty()
-            && self.expire_idempotency_before.is_none()
-    }
-
-    /// Rows written, for logs.
-    pub fn rows(&self) -> usize {
-        self.meta.len()
-            + self.jobs.len()
-            + self.payloads.len()
-            + self.nodes.len()
-            + self.steps.len()
-            + self.records.len()
-            + self.idempotency.len()
-            + self.removed_jobs.len()
-            + self.removed_payloads.len()
-            + self.removed_steps.len()
-    }
-}
-
 /// What the store holds for the active part of the cluster, read once at start.
 #[derive(Debug, Default)]
 pub struct Loaded {
@@ -197,27 +139,6 @@ pub struct Loaded {
     pub steps: Vec<(u64, u32, Vec<u8>)>,
     pub idempotency: Vec<(String, u64, i64)>,
 }
-
-/// `sacct` filters over finished runs. Empty lists match everything.
-#[derive(Debug, Default, Clone)]
-pub struct RecordFilter {
-    /// Matches a job id or an array's job id (`sacct -j 12` shows all tasks of array 12).
-    pub ids: Vec<u64>,
-    /// Array tasks by array job id and indices (`sacct -j 12_3` shows task 3 of array 12
-    /// only). A run matches when it matches `ids` or `tasks`.
-    pub tasks: Vec<(u64, tandem_sched::array::IndexSet)>,
-    pub users: Vec<String>,
-    pub accounts: Vec<String>,
-    pub partitions: Vec<String>,
-    pub states: Vec<String>,
-    pub names: Vec<String>,
-    /// Runs that ended at or after this time.
-    pub ended_after: Option<i64>,
-    /// Runs that started (or were submitted) at or before this time.
-    pub started_before: Option<i64>,
-    pub limit: Option<u32>,
-}
-
 /// One connection to the store file.
 #[derive(Debug)]
 pub struct Store {
@@ -440,7 +361,7 @@ impl Store {
     pub fn commit(&mut self, batches: &[&Batch]) -> Result<(), StoreError> {
         let tx = self.conn.transaction().map_err(sql("begin"))?;
         for b in batches {
-            apply(&tx, b)?;
+            batch::apply(&tx, b)?;
         }
         tx.commit().map_err(sql("commit"))
     }
@@ -504,222 +425,6 @@ impl Store {
             .optional()
             .map_err(sql("load payload"))
     }
-
-    /// Finished runs matching `filter`, oldest end first.
-    pub fn query_records(&self, f: &RecordFilter) -> Result<Vec<JobRecordRow>, StoreError> {
-        let mut where_: Vec<String> = Vec::new();
-        let mut args: Vec<rusqlite::types::Value> = Vec::new();
-        // Job ids and array tasks name runs together: a run named by either matches.
-        let mut named: Vec<String> = Vec::new();
-        if !f.ids.is_empty() {
-            let marks = vec!["?"; f.ids.len()].join(",");
-            named.push(format!("id IN ({marks}) OR array_job_id IN ({marks})"));
-            for _ in 0..2 {
-                args.extend(
-                    f.ids
-                        .iter()
-                        .map(|i| rusqlite::types::Value::Integer(*i as i64)),
-                );
-            }
-        }
-        // One arithmetic run of indices per term, so `12_[0-99999]` is one term, not
-        // 100,000. The numbers are integers written by us, not text from the caller, so
-        // they go in literally: a long index list cannot exceed SQLite's bound on
-        // parameters.
-        for (job, set) in &f.tasks {
-            let job = *job as i64;
-            for r in set.runs() {
-                named.push(format!(
-                    "(array_job_id = {job} AND array_task_id BETWEEN {} AND {} \
-                     AND (array_task_id - {}) % {} = 0)",
-                    r.start,
-                    r.end,
-                    r.start,
-                    r.step.max(1)
-                ));
-            }
-        }
-        if !named.is_empty() {
-            where_.push(format!("({})", named.join(" OR ")));
-        }
-        for (col, values) in [
-            ("user", &f.users),
-            ("account", &f.accounts),
-            ("partition", &f.partitions),
-            ("state", &f.states),
-            ("name", &f.names),
-        ] {
-            if values.is_empty() {
-                continue;
-            }
-            let marks = vec!["?"; values.len()].join(",");
-            where_.push(format!("{col} IN ({marks})"));
-            args.extend(
-                values
-                    .iter()
-                    .map(|v| rusqlite::types::Value::Text(v.clone())),
-            );
-        }
-        if let Some(t) = f.ended_after {
-            where_.push("end_time >= ?".into());
-            args.push(t.into());
-        }
-        if let Some(t) = f.started_before {
-            where_.push("COALESCE(start_time, submit_time) <= ?".into());
-            args.push(t.into());
-        }
-        let mut q = String::from(
-            "SELECT id, run, array_job_id, array_task_id, user, account, partition, name, \
-             state, submit_time, start_time, end_time, record FROM job_records",
-        );
-        if !where_.is_empty() {
-            q.push_str(" WHERE ");
-            q.push_str(&where_.join(" AND "));
-        }
-        q.push_str(" ORDER BY end_time, seq");
-        if let Some(l) = f.limit {
-            q.push_str(&format!(" LIMIT {l}"));
-        }
-        let mut st = self.conn.prepare(&q).map_err(sql("query job records"))?;
-        let rows = st
-            .query_map(params_from_iter(args), |r| {
-                Ok(JobRecordRow {
-                    id: r.get(0)?,
-                    run: r.get(1)?,
-                    array_job_id: r.get(2)?,
-                    array_task_id: r.get(3)?,
-                    user: r.get(4)?,
-                    account: r.get(5)?,
-                    partition: r.get(6)?,
-                    name: r.get(7)?,
-                    state: r.get(8)?,
-                    submit_time: r.get(9)?,
-                    start_time: r.get(10)?,
-                    end_time: r.get(11)?,
-                    record: r.get(12)?,
-                })
-            })
-            .map_err(sql("query job records"))?;
-        rows.collect::<Result<_, _>>()
-            .map_err(sql("query job records"))
-    }
-}
-
-fn apply(tx: &Transaction<'_>, b: &Batch) -> Result<(), StoreError> {
-    if !b.meta.is_empty() {
-        let mut st = tx
-            .prepare_cached("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)")
-            .map_err(sql("write meta"))?;
-        for (k, v) in &b.meta {
-            st.execute(params![k, v]).map_err(sql("write meta"))?;
-        }
-    }
-    if !b.jobs.is_empty() {
-        let mut st = tx
-            .prepare_cached("INSERT OR REPLACE INTO jobs (id, record) VALUES (?1, ?2)")
-            .map_err(sql("write job"))?;
-        for (id, rec) in &b.jobs {
-            st.execute(params![id, rec]).map_err(sql("write job"))?;
-        }
-    }
-    if !b.payloads.is_empty() {
-        let mut st = tx
-            .prepare_cached("INSERT OR REPLACE INTO job_payloads (id, payload) VALUES (?1, ?2)")
-            .map_err(sql("write payload"))?;
-        for (id, p) in &b.payloads {
-            st.execute(params![id, p]).map_err(sql("write payload"))?;
-        }
-    }
-    if !b.nodes.is_empty() {
-        let mut st = tx
-            .prepare_cached("INSERT OR REPLACE INTO nodes (name, idx, record) VALUES (?1, ?2, ?3)")
-            .map_err(sql("write node"))?;
-        for (name, idx, rec) in &b.nodes {
-            st.execute(params![name, idx, rec])
-                .map_err(sql("write node"))?;
-        }
-    }
-    if !b.steps.is_empty() {
-        let mut st = tx
-            .prepare_cached(
-                "INSERT OR REPLACE INTO steps (job_id, step_id, record) VALUES (?1, ?2, ?3)",
-            )
-            .map_err(sql("write step"))?;
-        for (job, step, rec) in &b.steps {
-            st.execute(params![job, step, rec])
-                .map_err(sql("write step"))?;
-        }
-    }
-    if !b.records.is_empty() {
-        let mut st = tx
-            .prepare_cached(
-                "INSERT OR REPLACE INTO job_records (id, run, array_job_id, array_task_id, user, \
-                 account, partition, name, state, submit_time, start_time, end_time, record) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
-            )
-            .map_err(sql("write job record"))?;
-        for r in &b.records {
-            st.execute(params![
-                r.id,
-                r.run,
-                r.array_job_id,
-                r.array_task_id,
-                r.user,
-                r.account,
-                r.partition,
-                r.name,
-                r.state,
-                r.submit_time,
-                r.start_time,
-                r.end_time,
-                r.record
-            ])
-            .map_err(sql("write job record"))?;
-        }
-    }
-    if !b.idempotency.is_empty() {
-        let mut st = tx
-            .prepare_cached(
-                "INSERT OR REPLACE INTO idempotency (key, job_id, created) VALUES (?1, ?2, ?3)",
-            )
-            .map_err(sql("write idempotency key"))?;
-        for (k, id, t) in &b.idempotency {
-            st.execute(params![k, id, t])
-                .map_err(sql("write idempotency key"))?;
-        }
-    }
-    let delete = |q: &str, ids: &[u64], op: &'static str| -> Result<(), StoreError> {
-        if ids.is_empty() {
-            return Ok(());
-        }
-        let mut st = tx.prepare_cached(q).map_err(sql(op))?;
-        for id in ids {
-            st.execute([id]).map_err(sql(op))?;
-        }
-        Ok(())
-    };
-    delete(
-        "DELETE FROM jobs WHERE id = ?1",
-        &b.removed_jobs,
-        "delete job",
-    )?;
-    delete(
-        "DELETE FROM job_payloads WHERE id = ?1",
-        &b.removed_payloads,
-        "delete payload",
-    )?;
-    delete(
-        "DELETE FROM steps WHERE job_id = ?1",
-        &b.removed_steps,
-        "delete steps",
-    )?;
-    if let Some(t) = b.expire_idempotency_before {
-        tx.prepare_cached("DELETE FROM idempotency WHERE created < ?1")
-            .map_err(sql("expire idempotency keys"))?
-            .execute([t])
-            .map_err(sql("expire idempotency keys"))?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
