@@ -219,7 +219,7 @@ mod tests {
             "create" => {
                 has(&format!("{var}.create("))
                     || has(&format!(
-                        "{var}.patch(&render::config_map_name(&name),&PatchParams::apply("
+                        "{var}.patch(&render::config_map_name(name),&PatchParams::apply("
                     ))
             }
             "patch" if status => has(&format!("{var}.patch_status(")),

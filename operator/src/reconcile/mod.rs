@@ -3,26 +3,33 @@
 //! function what to do, applies it in named steps, records Events, and patches status only
 //! when it changed.
 //!
-//! This module holds what the three reconcilers share: the [`Context`], the [`Error`] and
-//! its retry policy, and the condition and status-patch helpers. Each resource's reconciler
+//! Each reconciler is a list of named [`Step`]s over its pass's state (like Slinky's sync
+//! steps): [`run_steps`] runs them in order and stops at the first that fails, recording a
+//! Warning Event on the object that names it (`step <name> failed: <error>`), and the
+//! error policy retries the pass. A step may also end the pass early ([`Flow::Done`]).
+//!
+//! This module holds what the three reconcilers share: the [`Context`], the step runner,
+//! the [`Error`] and its retry policy, and the condition and status-patch helpers. Each resource's reconciler
 //! is in its own module ([`cluster`], [`workerset`], [`loginset`]); the daemon that runs
 //! them is [`crate::daemon`].
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::Client;
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::events::Recorder;
 use kube::runtime::finalizer;
 use kube::runtime::reflector::Store;
+use kube::{Client, Resource};
 use serde_json::json;
 use tracing::warn;
 
 use crate::connections::{Batch, Connections, GrpcConnect};
 use crate::crd::TandemCluster;
+use crate::events::{publish, warning};
 use crate::render;
 
 pub mod cluster;
@@ -65,6 +72,84 @@ pub enum Error {
 
 pub(crate) fn kube(step: &'static str) -> impl Fn(kube::Error) -> Error {
     move |source| Error::Kube { step, source }
+}
+
+impl Error {
+    /// Whether the error is a fault worth a Warning Event: a deletion still waiting for its
+    /// cleanup is not (the pass is retried, quietly, until it is done).
+    pub fn is_fault(&self) -> bool {
+        !matches!(self, Error::CleanupPending(_))
+    }
+}
+
+/// The Event reason of a failed step (and of a worker set's failed action).
+pub const STEP_FAILED: &str = "StepFailed";
+
+/// What a step tells the runner.
+pub(crate) enum Flow {
+    /// Go on with the next step.
+    Next,
+    /// The pass is over: look again as this says.
+    Done(Requeue),
+}
+
+pub(crate) type StepResult = Result<Flow, Error>;
+
+/// A named step of a reconciler, over its pass's state `P`.
+pub(crate) struct Step<P> {
+    pub name: &'static str,
+    pub run: for<'a> fn(&'a mut P) -> BoxFuture<'a, StepResult>,
+}
+
+/// `step!(Pass, "name", async_fn)`: a [`Step`] running `async_fn(&mut Pass)`.
+macro_rules! step {
+    ($pass:ty, $name:literal, $f:path) => {{
+        fn run(p: &mut $pass) -> futures::future::BoxFuture<'_, $crate::reconcile::StepResult> {
+            Box::pin($f(p))
+        }
+        $crate::reconcile::Step::<$pass> { name: $name, run }
+    }};
+}
+pub(crate) use step;
+
+/// `e` and its sources, joined by ": ".
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// Runs `steps` in order over `pass`, until one ends the pass or fails. A failure (a fault,
+/// see [`Error::is_fault`]) is recorded as a Warning Event on `obj` naming the step, and
+/// returned for the error policy. A list that runs out looks again after the refresh period.
+pub(crate) async fn run_steps<P, K>(
+    steps: &[Step<P>],
+    pass: &mut P,
+    ctx: &Context,
+    obj: &K,
+) -> Result<Requeue, Error>
+where
+    K: Resource<DynamicType = ()>,
+{
+    for s in steps {
+        match (s.run)(pass).await {
+            Ok(Flow::Next) => {}
+            Ok(Flow::Done(requeue)) => return Ok(requeue),
+            Err(e) => {
+                if e.is_fault() {
+                    let note = format!("step {} failed: {}", s.name, chain(&e));
+                    publish(&ctx.recorder, obj, &warning(STEP_FAILED, note)).await;
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(Requeue::requeue(ctx.refresh))
 }
 
 /// Shared by the reconcilers.

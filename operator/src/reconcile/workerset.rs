@@ -1,7 +1,8 @@
 //! The WorkerSet reconciler: the finalizer, then one pass that observes the set's pods, the
 //! Kubernetes nodes and the controller's nodes, asks [`plan::plan`] what to do, applies its
 //! actions in order (step certificates, pods, drain marks, controller calls) and patches
-//! the set's status. Deleting runs the same pass until every node is drained and removed.
+//! the set's status, as the named steps of [`STEPS`]. Deleting runs the same pass until
+//! every node is drained and removed.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use tandem_proto::tls::ca::ClusterCa;
 use tracing::{info, warn};
 
 use super::*;
-use crate::connections::with_batch;
+use crate::connections::{Batch, with_batch};
 use crate::crd::{TandemCluster, WorkerSet, WorkerSetStatus};
 use crate::events::{publish, warning};
 use crate::labels::*;
@@ -25,35 +26,152 @@ use crate::plan::{self, Action, DrainFor, Lookup, PodPhase, WorkerPod};
 use crate::secrets::read_ca;
 use crate::{defaults, render, validate};
 
+/// The step of a pass that finds the set without the operator's finalizer.
+const FINALIZER_STEPS: &[Step<WorkerSetPass>] = &[step!(WorkerSetPass, "finalizer", add_finalizer)];
+
+/// The steps of a WorkerSet pass (applying or cleaning up), in order.
+const STEPS: &[Step<WorkerSetPass>] = &[
+    step!(WorkerSetPass, "cluster", cluster),
+    step!(WorkerSetPass, "validate", validate),
+    step!(WorkerSetPass, "observe", observe),
+    step!(WorkerSetPass, "pool-toleration", pool_toleration),
+    step!(WorkerSetPass, "plan", plan_pass),
+    step!(WorkerSetPass, "apply", apply),
+    step!(WorkerSetPass, "status", status),
+];
+
+/// The state of one WorkerSet pass: what the steps found and what the next ones need.
+pub(crate) struct WorkerSetPass {
+    ctx: Arc<Context>,
+    ws: Arc<WorkerSet>,
+    ns: String,
+    name: String,
+    sets: Api<WorkerSet>,
+    pods: Api<Pod>,
+    gen_: Option<i64>,
+    old: WorkerSetStatus,
+    status: WorkerSetStatus,
+    /// The set is being deleted: every worker leaves.
+    deleting: bool,
+    /// Its cluster (`cluster`).
+    tc: Option<TandemCluster>,
+    /// Its pods (`observe`).
+    mine: Vec<Arc<Pod>>,
+    /// Eligible Kubernetes nodes with no worker on them (`observe`).
+    free_nodes: Vec<String>,
+    views: Vec<WorkerPod>,
+    members: Vec<String>,
+    batch: Result<Batch, String>,
+    lookup: Lookup,
+    template_hash: String,
+    plan: plan::Plan,
+    /// Read only when a pod is to be made (`plan`).
+    ca: Result<Option<ClusterCa>, Error>,
+    /// The action that failed (`apply`).
+    failure: Option<String>,
+    /// What the controller answered "not yet" to (`apply`).
+    not_yet: Vec<String>,
+}
+
+impl WorkerSetPass {
+    fn new(ws: Arc<WorkerSet>, ctx: Arc<Context>, deleting: bool) -> Self {
+        let ns = ws.namespace().unwrap_or_default();
+        let name = ws.name_any();
+        let gen_ = ws.metadata.generation;
+        let old = ws.status.clone().unwrap_or_default();
+        let mut status = old.clone();
+        status.observed_generation = gen_;
+        status.selector = Some(render::worker_selector(&name));
+        WorkerSetPass {
+            sets: Api::namespaced(ctx.client.clone(), &ns),
+            pods: Api::namespaced(ctx.client.clone(), &ns),
+            ctx,
+            ws,
+            ns,
+            name,
+            gen_,
+            old,
+            status,
+            deleting,
+            tc: None,
+            mine: Vec::new(),
+            free_nodes: Vec::new(),
+            views: Vec::new(),
+            members: Vec::new(),
+            batch: Err("not connected yet".into()),
+            lookup: Lookup::Failed("not looked up yet".into()),
+            template_hash: String::new(),
+            plan: plan::Plan::default(),
+            ca: Ok(None),
+            failure: None,
+            not_yet: Vec::new(),
+        }
+    }
+
+    fn tc(&self) -> Result<&TandemCluster, Error> {
+        cluster_of(&self.tc, &self.ws)
+    }
+}
+
+/// The cluster the `cluster` step read (which ends the pass when there is none).
+fn cluster_of<'a>(
+    tc: &'a Option<TandemCluster>,
+    ws: &WorkerSet,
+) -> Result<&'a TandemCluster, Error> {
+    tc.as_ref().ok_or_else(|| {
+        Error::CleanupPending(format!(
+            "TandemCluster {} not read yet",
+            ws.spec.cluster_name
+        ))
+    })
+}
+
 pub(crate) async fn reconcile_workerset(
     ws: Arc<WorkerSet>,
     ctx: Arc<Context>,
 ) -> Result<Requeue, Error> {
-    let ns = ws.namespace().unwrap_or_default();
-    let sets: Api<WorkerSet> = Api::namespaced(ctx.client.clone(), &ns);
-    // Add the finalizer with a merge patch guarded by resourceVersion (a 409 retries):
-    // kube's helper adds it with a JSON-patch `test` of the absent list, which the e2e
-    // harness's server rejects; removal still goes through the helper.
     if ws.metadata.deletion_timestamp.is_none() && !ws.finalizers().iter().any(|f| f == FINALIZER) {
-        let mut finalizers = ws.finalizers().to_vec();
-        finalizers.push(FINALIZER.to_owned());
-        sets.patch(
+        let mut pass = WorkerSetPass::new(ws.clone(), ctx.clone(), false);
+        return run_steps(FINALIZER_STEPS, &mut pass, &ctx, &*ws).await;
+    }
+    let sets: Api<WorkerSet> =
+        Api::namespaced(ctx.client.clone(), &ws.namespace().unwrap_or_default());
+    finalizer::finalizer(&sets, FINALIZER, ws, |event| async {
+        match event {
+            finalizer::Event::Apply(ws) => sync_workerset(ws, ctx.clone(), false).await,
+            finalizer::Event::Cleanup(ws) => sync_workerset(ws, ctx.clone(), true).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+/// One pass over the set's workers: [`STEPS`].
+async fn sync_workerset(
+    ws: Arc<WorkerSet>,
+    ctx: Arc<Context>,
+    deleting: bool,
+) -> Result<Requeue, Error> {
+    let mut pass = WorkerSetPass::new(ws.clone(), ctx.clone(), deleting);
+    run_steps(STEPS, &mut pass, &ctx, &*ws).await
+}
+
+/// Adds the finalizer with a merge patch guarded by resourceVersion (a 409 retries):
+/// kube's helper adds it with a JSON-patch `test` of the absent list, which the e2e
+/// harness's server rejects; removal still goes through the helper.
+async fn add_finalizer(p: &mut WorkerSetPass) -> StepResult {
+    let ws = &p.ws;
+    let mut finalizers = ws.finalizers().to_vec();
+    finalizers.push(FINALIZER.to_owned());
+    p.sets
+        .patch(
             &ws.name_any(),
             &PatchParams::default(),
             &Patch::Merge(json!({"metadata": {"finalizers": finalizers, "resourceVersion": ws.resource_version()}})),
         )
         .await
         .map_err(kube("add WorkerSet finalizer"))?;
-        return Ok(Requeue::requeue(Duration::from_millis(100)));
-    }
-    finalizer::finalizer(&sets, FINALIZER, ws, |event| async {
-        match event {
-            finalizer::Event::Apply(ws) => sync_workerset(&ws, &ctx, false).await,
-            finalizer::Event::Cleanup(ws) => sync_workerset(&ws, &ctx, true).await,
-        }
-    })
-    .await
-    .map_err(|e| Error::Finalizer(Box::new(e)))
+    Ok(Flow::Done(Requeue::requeue(Duration::from_millis(100))))
 }
 
 pub(crate) fn worker_pod_view(p: &Pod) -> WorkerPod {
@@ -152,130 +270,150 @@ pub fn eligible_worker_nodes(
     eligible_nodes(nodes, &o.node_selector, &render::worker_tolerations(o))
 }
 
-pub(crate) async fn sync_workerset(
-    ws: &WorkerSet,
-    ctx: &Context,
-    deleting: bool,
-) -> Result<Requeue, Error> {
-    let ns = ws.namespace().unwrap_or_default();
-    let name = ws.name_any();
-    let sets: Api<WorkerSet> = Api::namespaced(ctx.client.clone(), &ns);
-    let clusters: Api<TandemCluster> = Api::namespaced(ctx.client.clone(), &ns);
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let gen_ = ws.metadata.generation;
-    let old = ws.status.clone().unwrap_or_default();
-    let mut status = old.clone();
-    status.observed_generation = gen_;
-    status.selector = Some(render::worker_selector(&name));
-
-    // Step: the cluster and the spec against it.
-    let tc = clusters
-        .get_opt(&ws.spec.cluster_name)
+/// The set's cluster. Without one the set is Degraded; deleting, its pods just go: the
+/// cluster (and its controller) is gone, so there is nothing to drain or remove.
+async fn cluster(p: &mut WorkerSetPass) -> StepResult {
+    let clusters: Api<TandemCluster> = Api::namespaced(p.ctx.client.clone(), &p.ns);
+    p.tc = clusters
+        .get_opt(&p.ws.spec.cluster_name)
         .await
         .map_err(kube("read TandemCluster"))?;
-    let Some(tc) = tc else {
-        if deleting {
-            // The cluster (and its controller) is gone: nothing to drain or remove.
-            for p in own_pods(ctx, &ns, &name) {
-                if p.metadata.deletion_timestamp.is_none() {
-                    pods.delete(&p.name_any(), &DeleteParams::default())
-                        .await
-                        .map_err(kube("delete worker Pod"))?;
-                }
-            }
-            return Ok(Requeue::await_change());
-        }
-        let msg = format!("TandemCluster {} not found", ws.spec.cluster_name);
-        status.conditions = degraded(&old.conditions, gen_, "ClusterNotFound", msg);
-        patch_set_status(&sets, &name, &old, &status).await?;
-        return Ok(Requeue::requeue(Duration::from_secs(10)));
-    };
-    if !deleting {
-        let problems = validate::worker_set(&ws.spec, &tc.spec);
-        if !problems.is_empty() {
-            let msg = problems
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("; ");
-            let msg = format!("{msg} (running workers are left as they are)");
-            // Told once per problem: the pass repeats every refresh period.
-            if !degraded_by(&old.conditions, &msg) {
-                publish(&ctx.recorder, ws, &warning("InvalidSpec", msg.clone())).await;
-            }
-            // The running workers' node counts still follow the controller.
-            if let Ok(b) = batch_for(ctx, &ns, &tc).await
-                && let Ok(batch_nodes) = b.nodes(&[]).await
-            {
-                let views: Vec<WorkerPod> = own_pods(ctx, &ns, &name)
-                    .iter()
-                    .map(|p| worker_pod_view(p))
-                    .filter(|v| !v.terminating && v.phase != PodPhase::Ended)
-                    .collect();
-                let by_name = batch_nodes
-                    .into_iter()
-                    .map(|n| (n.name.clone(), n))
-                    .collect();
-                crate::status::set_counts(views.iter().map(|v| v.node.as_str()), &by_name)
-                    .write(&mut status);
-            }
-            status.conditions = degraded(&old.conditions, gen_, "InvalidSpec", msg);
-            patch_set_status(&sets, &name, &old, &status).await?;
-            return Ok(Requeue::requeue(ctx.refresh));
-        }
+    if p.tc.is_some() {
+        return Ok(Flow::Next);
     }
+    if p.deleting {
+        for pod in own_pods(&p.ctx, &p.ns, &p.name) {
+            if pod.metadata.deletion_timestamp.is_none() {
+                p.pods
+                    .delete(&pod.name_any(), &DeleteParams::default())
+                    .await
+                    .map_err(kube("delete worker Pod"))?;
+            }
+        }
+        return Ok(Flow::Done(Requeue::await_change()));
+    }
+    let msg = format!("TandemCluster {} not found", p.ws.spec.cluster_name);
+    p.status.conditions = degraded(&p.old.conditions, p.gen_, "ClusterNotFound", msg);
+    patch_set_status(&p.sets, &p.name, &p.old, &p.status).await?;
+    Ok(Flow::Done(Requeue::requeue(Duration::from_secs(10))))
+}
 
-    // Step: observe pods, Kubernetes nodes and batch nodes.
+/// The spec against the cluster's (not when deleting). A bad spec changes nothing that
+/// runs: the pass ends here with the set Degraded.
+async fn validate(p: &mut WorkerSetPass) -> StepResult {
+    if p.deleting {
+        return Ok(Flow::Next);
+    }
+    let tc = p.tc()?;
+    let problems = validate::worker_set(&p.ws.spec, &tc.spec);
+    if problems.is_empty() {
+        return Ok(Flow::Next);
+    }
+    let (ctx, ns, name, old, gen_) = (&p.ctx, &p.ns, &p.name, &p.old, p.gen_);
+    let msg = problems
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ");
+    let msg = format!("{msg} (running workers are left as they are)");
+    // Told once per problem: the pass repeats every refresh period.
+    if !degraded_by(&old.conditions, &msg) {
+        publish(&ctx.recorder, &*p.ws, &warning("InvalidSpec", msg.clone())).await;
+    }
+    // The running workers' node counts still follow the controller.
+    if let Ok(b) = batch_for(ctx, ns, tc).await
+        && let Ok(batch_nodes) = b.nodes(&[]).await
+    {
+        let views: Vec<WorkerPod> = own_pods(ctx, ns, name)
+            .iter()
+            .map(|p| worker_pod_view(p))
+            .filter(|v| !v.terminating && v.phase != PodPhase::Ended)
+            .collect();
+        let by_name = batch_nodes
+            .into_iter()
+            .map(|n| (n.name.clone(), n))
+            .collect();
+        crate::status::set_counts(views.iter().map(|v| v.node.as_str()), &by_name)
+            .write(&mut p.status);
+    }
+    p.status.conditions = degraded(&old.conditions, gen_, "InvalidSpec", msg);
+    patch_set_status(&p.sets, name, old, &p.status).await?;
+    Ok(Flow::Done(Requeue::requeue(ctx.refresh)))
+}
+
+/// The set's pods, and the eligible Kubernetes nodes no worker is on.
+async fn observe(p: &mut WorkerSetPass) -> StepResult {
+    let ctx = &p.ctx;
     let all_pods = ctx.pod_store.state();
-    let mine: Vec<Arc<Pod>> = own_pods(ctx, &ns, &name);
+    p.mine = own_pods(ctx, &p.ns, &p.name);
     let occupied: std::collections::BTreeSet<String> = all_pods
         .iter()
         .filter(|p| p.labels().get(APP_COMPONENT).map(String::as_str) == Some(COMPONENT_WORKER))
         .filter_map(|p| Some(worker_pod_view(p).node).filter(|n| !n.is_empty()))
         .collect();
-    let o = &ws.spec.template;
-    let free_nodes: Vec<String> = eligible_worker_nodes(&ctx.node_store.state(), o)
+    p.free_nodes = eligible_worker_nodes(&ctx.node_store.state(), &p.ws.spec.template)
         .into_iter()
         .filter(|n| !occupied.contains(n))
         .collect();
+    Ok(Flow::Next)
+}
 
-    // Step: worker pods made before they carried the pool toleration get it in place
-    // (tolerations are the one list a running pod may grow): otherwise the batch-mode
-    // `NoExecute` taint evicts them, and their nodes' running jobs with them. Best effort:
-    // a refusal is logged and the rest of the pass goes on.
-    for p in &mine {
-        if p.metadata.deletion_timestamp.is_none() && !render::has_pool_toleration(p) {
-            let patch = render::pool_toleration_patch(p);
-            match pods
-                .patch(&p.name_any(), &PatchParams::default(), &Patch::Merge(patch))
+/// Worker pods made before they carried the pool toleration get it in place (tolerations
+/// are the one list a running pod may grow): otherwise the batch-mode `NoExecute` taint
+/// evicts them, and their nodes' running jobs with them. Best effort: a refusal is logged
+/// and the rest of the pass goes on.
+async fn pool_toleration(p: &mut WorkerSetPass) -> StepResult {
+    let name = &p.name;
+    for pod in &p.mine {
+        if pod.metadata.deletion_timestamp.is_none() && !render::has_pool_toleration(pod) {
+            let patch = render::pool_toleration_patch(pod);
+            match p
+                .pods
+                .patch(
+                    &pod.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(patch),
+                )
                 .await
             {
-                Ok(_) => info!(workerset = %name, pod = %p.name_any(), "added the pool toleration"),
+                Ok(_) => {
+                    info!(workerset = %name, pod = %pod.name_any(), "added the pool toleration")
+                }
                 Err(e) => {
-                    warn!(workerset = %name, pod = %p.name_any(), error = %e, "could not add the pool toleration")
+                    warn!(workerset = %name, pod = %pod.name_any(), error = %e, "could not add the pool toleration")
                 }
             }
         }
     }
-    let views: Vec<WorkerPod> = mine.iter().map(|p| worker_pod_view(p)).collect();
-    let mut members: Vec<String> = old.members.clone();
-    for v in &views {
-        if !v.node.is_empty() && !members.contains(&v.node) {
-            members.push(v.node.clone());
+    Ok(Flow::Next)
+}
+
+/// The controller's view of the set's nodes, and [`plan::plan`]'s answer. The cluster CA is
+/// read only when a pod is to be made: each new pod's step certificate is issued from it
+/// just before the pod (see `render`'s module documentation).
+async fn plan_pass(p: &mut WorkerSetPass) -> StepResult {
+    let (ctx, ns, name, ws) = (&p.ctx, &p.ns, &p.name, &p.ws);
+    let tc = cluster_of(&p.tc, ws)?;
+    p.views = p.mine.iter().map(|p| worker_pod_view(p)).collect();
+    p.members = p.old.members.clone();
+    for v in &p.views {
+        if !v.node.is_empty() && !p.members.contains(&v.node) {
+            p.members.push(v.node.clone());
         }
     }
-    let batch = batch_for(ctx, &ns, &tc).await;
-    let lookup = match &batch {
+    let batch = batch_for(ctx, ns, tc).await;
+    p.lookup = match &batch {
         Ok(b) => match b.nodes(&[]).await {
             Ok(batch_nodes) => Lookup::from_nodes(
                 batch_nodes
                     .into_iter()
-                    .filter(|n| members.contains(&n.name)),
+                    .filter(|n| p.members.contains(&n.name)),
             ),
             Err(e) => Lookup::Failed(e.to_string()),
         },
         Err(e) => Lookup::Failed(e.clone()),
     };
+    let o = &ws.spec.template;
     let image = o
         .image
         .clone()
@@ -286,37 +424,42 @@ pub(crate) async fn sync_workerset(
         template_hash: render::worker_template_hash(ws, &image),
         drain_deadline_s: i64::from(ws.spec.scale_in.drain_deadline_seconds),
         max_unavailable: ws.spec.update_strategy.max_unavailable,
-        deleting,
+        deleting: p.deleting,
         set: format!("{ns}/{name}"),
     };
     let observed = plan::Observed {
-        pods: views.clone(),
-        nodes: lookup.clone(),
-        members: members.clone(),
-        free_nodes,
+        pods: p.views.clone(),
+        nodes: p.lookup.clone(),
+        members: p.members.clone(),
+        free_nodes: std::mem::take(&mut p.free_nodes),
         now: now(),
     };
-    let p = plan::plan(&desired, &observed);
-
-    // The cluster CA, read only when a pod is to be made: each new pod's step certificate
-    // is issued from it just before the pod (see `render`'s module documentation).
-    let ca = if p
+    p.plan = plan::plan(&desired, &observed);
+    p.template_hash = desired.template_hash;
+    p.batch = batch;
+    p.ca = if p
+        .plan
         .actions
         .iter()
         .any(|a| matches!(a, Action::CreatePod { .. }))
     {
-        read_ca(&ctx.client, &ns, &ws.spec.cluster_name).await
+        read_ca(&ctx.client, ns, &ws.spec.cluster_name).await
     } else {
         Ok(None)
     };
+    Ok(Flow::Next)
+}
 
-    // Step: apply, in order; the first failure stops the rest (retried next pass), except
-    // what the controller answers "not yet" to (see `plan::on_failure`): that is waited for.
-    let mut failure = None;
-    let mut not_yet: Vec<String> = Vec::new();
-    for a in &p.actions {
+/// The plan's actions, in order; the first failure stops the rest (retried next pass, and
+/// told as a `StepFailed` Event naming the action), except what the controller answers
+/// "not yet" to (see `plan::on_failure`): that is waited for. The plan's Events follow.
+async fn apply(p: &mut WorkerSetPass) -> StepResult {
+    let tc = p.tc()?.clone();
+    let (ctx, ws, name, pods, batch, ca) = (&p.ctx, &*p.ws, &p.name, &p.pods, &p.batch, &p.ca);
+    let members = &mut p.members;
+    for a in &p.plan.actions {
         let r: Result<(), String> = match a {
-            Action::CreatePod { node } => match (&ca, render::worker_pod(ws, node, tc.spec.image.as_deref())) {
+            Action::CreatePod { node } => match (ca, render::worker_pod(ws, node, tc.spec.image.as_deref())) {
                 (Ok(Some(ca)), Ok(pod)) => match put_step_secret(ctx, ws, node, ca).await {
                     Ok(()) => create_ok(pods.create(&PostParams::default(), &pod).await, "create worker Pod").map_err(|e| format!("{e:#}")),
                     Err(e) => Err(e),
@@ -340,10 +483,10 @@ pub(crate) async fn sync_workerset(
                 Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
                 Err(e) => Err(e.to_string()),
             },
-            Action::Drain { node, reason } => with_batch(&batch, |b| async move { b.update_node(node, "DRAIN", reason).await.map_err(|e| e.to_string()) }).await,
-            Action::Resume { node } => with_batch(&batch, |b| async move { b.update_node(node, "RESUME", "").await.map_err(|e| e.to_string()) }).await,
-            Action::Down { node, reason } => with_batch(&batch, |b| async move { b.update_node(node, "DOWN", reason).await.map_err(|e| e.to_string()) }).await,
-            Action::RemoveNode { node } => match &batch {
+            Action::Drain { node, reason } => with_batch(batch, |b| async move { b.update_node(node, "DRAIN", reason).await.map_err(|e| e.to_string()) }).await,
+            Action::Resume { node } => with_batch(batch, |b| async move { b.update_node(node, "RESUME", "").await.map_err(|e| e.to_string()) }).await,
+            Action::Down { node, reason } => with_batch(batch, |b| async move { b.update_node(node, "DOWN", reason).await.map_err(|e| e.to_string()) }).await,
+            Action::RemoveNode { node } => match batch {
                 Ok(b) => match b.remove_node(node, false, "tandem-operator: worker pod gone").await {
                     Ok(()) => {
                         members.retain(|m| m != node);
@@ -352,7 +495,7 @@ pub(crate) async fn sync_workerset(
                     Err(e) => match plan::on_failure(a, e.refused(), &e.detail()) {
                         plan::OnFailure::Wait(w) => {
                             info!(workerset = %name, node = %node, why = %e.detail(), "node removal refused for now; waiting");
-                            not_yet.push(w);
+                            p.not_yet.push(w);
                             continue;
                         }
                         plan::OnFailure::Stop => Err(e.to_string()),
@@ -366,7 +509,7 @@ pub(crate) async fn sync_workerset(
             }
         };
         if let Err(e) = r {
-            failure = Some(format!("{a:?}: {e}"));
+            p.failure = Some(format!("{a:?}: {e}"));
             break;
         }
         if let Action::CreatePod { node } = a
@@ -375,44 +518,51 @@ pub(crate) async fn sync_workerset(
             members.push(node.clone());
         }
     }
-    for ev in &p.events {
+    for ev in &p.plan.events {
         publish(&ctx.recorder, ws, ev).await;
     }
-    if let Some(f) = &failure {
-        publish(&ctx.recorder, ws, &warning("StepFailed", f.clone())).await;
+    if let Some(f) = &p.failure {
+        publish(&ctx.recorder, ws, &warning(STEP_FAILED, f.clone())).await;
     }
+    Ok(Flow::Next)
+}
 
-    // Step: status.
-    let live: Vec<&WorkerPod> = views
+/// The counts and conditions, and the status patched if it changed (not when deleting).
+/// Deleting finishes only once every action went through (a removal refused or failed
+/// leaves its node in the controller); until then the pass ends in
+/// [`Error::CleanupPending`], which keeps the finalizer.
+async fn status(p: &mut WorkerSetPass) -> StepResult {
+    let (ws, name, old, gen_, plan) = (&p.ws, &p.name, &p.old, p.gen_, &p.plan);
+    let status = &mut p.status;
+    let live: Vec<&WorkerPod> = p
+        .views
         .iter()
         .filter(|v| !v.terminating && v.phase != PodPhase::Ended)
         .collect();
     status.replicas = i32::try_from(live.len()).unwrap_or(i32::MAX);
     status.ready_replicas =
-        i32::try_from(live.iter().filter(|v| plan::ready(v, &lookup)).count()).unwrap_or(0);
+        i32::try_from(live.iter().filter(|v| plan::ready(v, &p.lookup)).count()).unwrap_or(0);
     status.updated_replicas = i32::try_from(
         live.iter()
-            .filter(|v| v.template_hash == desired.template_hash)
+            .filter(|v| v.template_hash == p.template_hash)
             .count(),
     )
     .unwrap_or(0);
     // Kept as they were when the controller does not answer.
-    if let Lookup::Nodes(batch_nodes) = &lookup {
-        crate::status::set_counts(live.iter().map(|v| v.node.as_str()), batch_nodes)
-            .write(&mut status);
+    if let Lookup::Nodes(batch_nodes) = &p.lookup {
+        crate::status::set_counts(live.iter().map(|v| v.node.as_str()), batch_nodes).write(status);
     }
-    status.members = members;
-    // Deleting finishes only once every action went through: a removal refused or failed
-    // leaves its node in the controller.
-    let finished = p.finished && failure.is_none() && not_yet.is_empty();
-    let mut problems = p.problems.clone();
+    status.members = std::mem::take(&mut p.members);
+    let failure = p.failure.clone();
+    let finished = plan.finished && failure.is_none() && p.not_yet.is_empty();
+    let mut problems = plan.problems.clone();
     problems.extend(failure);
-    let mut waiting = p.waiting.clone();
-    waiting.extend(not_yet.iter().cloned());
+    let mut waiting = plan.waiting.clone();
+    waiting.extend(p.not_yet.iter().cloned());
     let ready = problems.is_empty()
         && waiting.is_empty()
         && status.ready_replicas == ws.spec.replicas
-        && p.actions.is_empty();
+        && plan.actions.is_empty();
     status.conditions = vec![
         condition(
             "Ready",
@@ -427,7 +577,7 @@ pub(crate) async fn sync_workerset(
         ),
         condition(
             "Progressing",
-            !p.actions.is_empty() || !waiting.is_empty(),
+            !plan.actions.is_empty() || !waiting.is_empty(),
             "Reconciling",
             waiting.join("; "),
             gen_,
@@ -446,31 +596,31 @@ pub(crate) async fn sync_workerset(
             &old.conditions,
         ),
     ];
-    if !deleting {
-        patch_set_status(&sets, &name, &old, &status).await?;
+    if !p.deleting {
+        patch_set_status(&p.sets, name, old, status).await?;
     }
-    if deleting && finished {
+    if p.deleting && finished {
         info!(workerset = %name, "worker set cleaned up");
-        return Ok(Requeue::await_change());
+        return Ok(Flow::Done(Requeue::await_change()));
     }
-    if deleting && !finished {
+    if p.deleting && !finished {
         return Err(Error::CleanupPending(format!(
             "worker set {name} still has {} pod(s) or node(s) to clean up",
-            views.len() + status.members.len()
+            p.views.len() + status.members.len()
         )));
     }
-    let asked = if not_yet.is_empty() {
-        p.requeue_after_s
+    let asked = if p.not_yet.is_empty() {
+        plan.requeue_after_s
     } else {
         Some(
-            p.requeue_after_s
+            plan.requeue_after_s
                 .map_or(plan::DRAIN_POLL_S, |s| s.min(plan::DRAIN_POLL_S)),
         )
     };
-    Ok(Requeue::requeue(crate::status::next_look(
+    Ok(Flow::Done(Requeue::requeue(crate::status::next_look(
         asked,
-        ctx.refresh,
-    )))
+        p.ctx.refresh,
+    ))))
 }
 
 /// Issues the step-service certificate of `ws`'s pod on `node` (for the node name) into its
