@@ -110,41 +110,43 @@ pub fn format_mem_mb(mb: u64) -> String {
 #[error("invalid memory size {input:?}: {problem}")]
 pub struct MemError {
     pub input: String,
-    pub problem: &'static str,
+    pub problem: String,
 }
 
-/// Parses a Slurm memory size (`--mem`, `--mem-per-cpu`): a number with an optional unit
-/// `K`, `M` (default), `G`, `T` (binary multiples, case-insensitive, optional trailing `B`).
-/// Returns MiB, rounding kilobytes up.
+/// Parses a memory size in Slurm's units, as `--mem`, `--mem-per-cpu` and a node's memory
+/// (`tandem worker --mem`, `RealMemory`) take it: a whole number with an optional unit `K`,
+/// `M` (the default), `G` or `T`, binary multiples, case-insensitive, with an optional
+/// trailing `B` (`16GB`). Returns MiB, rounding kibibytes *up* to whole MiB as Slurm does
+/// (`str_to_mbytes`: `4K` is 1 MiB, `1025K` 2 MiB).
+///
+/// `0` is a size (Slurm's `--mem=0` asks for all of a node's memory); callers for which it
+/// is meaningless refuse it themselves. Refused: no number, a sign, a fraction (`1.5G`), an
+/// unknown unit (`4X`, `4 G`), and anything past `u64::MAX` MiB.
 pub fn parse_mem_mb(s: &str) -> Result<u64, MemError> {
-    let err = |problem| MemError {
+    let err = |problem: String| MemError {
         input: s.to_string(),
         problem,
     };
     let t = s.trim();
     let t = t.strip_suffix(['b', 'B']).unwrap_or(t);
-    let (digits, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => (&t[..i], &t[i..]),
-        None => (t, ""),
-    };
+    let (digits, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
     if digits.is_empty() {
         return Err(err(if t.starts_with('-') {
-            "must not be negative"
+            "must not be negative".into()
         } else {
-            "expected a number"
+            "expected a whole number, optionally followed by K, M, G or T (examples: 4096, 64G)"
+                .into()
         }));
     }
-    let n: u64 = digits.parse().map_err(|_| err("number too large"))?;
-    let mb = match unit.to_ascii_uppercase().as_str() {
-        "K" => n.div_ceil(1024),
-        "" | "M" => n,
-        "G" => n.checked_mul(1024).ok_or_else(|| err("number too large"))?,
-        "T" => n
-            .checked_mul(1024 * 1024)
-            .ok_or_else(|| err("number too large"))?,
-        _ => return Err(err("unknown unit (use K, M, G or T)")),
-    };
-    Ok(mb)
+    let too_large = || err("too large".into());
+    let n: u64 = digits.parse().map_err(|_| too_large())?;
+    match unit.to_ascii_uppercase().as_str() {
+        "K" => Ok(n.div_ceil(1024)),
+        "" | "M" => Ok(n),
+        "G" => n.checked_mul(1024).ok_or_else(too_large),
+        "T" => n.checked_mul(1024 * 1024).ok_or_else(too_large),
+        _ => Err(err(format!("unknown unit {unit:?} (use K, M, G or T)"))),
+    }
 }
 
 #[cfg(test)]
@@ -169,19 +171,70 @@ mod tests {
     #[test]
     fn memory_sizes_parse_like_slurm() {
         let cases = [
-            ("100", Ok(100)),
-            ("4G", Ok(4096)),
-            ("4g", Ok(4096)),
-            ("2048M", Ok(2048)),
-            ("1T", Ok(1 << 20)),
-            ("1500K", Ok(2)),
-            ("16GB", Ok(16384)),
+            ("100", 100),
+            ("4G", 4096),
+            ("4g", 4096),
+            ("64GB", 65_536),
+            ("64gb", 65_536),
+            ("2048M", 2048),
+            ("512m", 512),
+            ("512MB", 512),
+            ("1T", 1 << 20),
+            ("1t", 1 << 20),
+            (" 8G ", 8192),
+            // Kibibytes round up to whole MiB, as Slurm's str_to_mbytes does.
+            ("4K", 1),
+            ("4k", 1),
+            ("1K", 1),
+            ("1024K", 1),
+            ("1025K", 2),
+            ("1500K", 2),
+            ("2048KB", 2),
+            // 0 is a size (--mem=0: all of the node's memory), in any unit.
+            ("0", 0),
+            ("0K", 0),
+            ("0G", 0),
+            // The edges of u64.
+            ("18446744073709551615", u64::MAX),
+            ("18446744073709551615K", u64::MAX.div_ceil(1024)),
+            ("18014398509481983G", (u64::MAX >> 10) << 10),
+            ("17592186044415T", (u64::MAX >> 20) << 20),
         ];
         for (input, want) in cases {
-            assert_eq!(parse_mem_mb(input).map_err(|_| ()), want, "{input}");
+            assert_eq!(parse_mem_mb(input), Ok(want), "{input:?}");
         }
-        for bad in ["", "-5", "G", "4X", "99999999999999999999", "4.5G"] {
-            assert!(parse_mem_mb(bad).is_err(), "{bad}");
+    }
+
+    #[test]
+    fn bad_memory_sizes_say_what_is_wrong() {
+        let cases = [
+            ("", "expected a whole number"),
+            ("  ", "expected a whole number"),
+            ("G", "expected a whole number"),
+            ("B", "expected a whole number"),
+            ("+4G", "expected a whole number"),
+            ("-5", "must not be negative"),
+            ("-1G", "must not be negative"),
+            ("4X", "unknown unit \"X\" (use K, M, G or T)"),
+            ("4P", "unknown unit \"P\""),
+            ("4KiB", "unknown unit \"Ki\""),
+            ("4.5G", "unknown unit \".5G\""),
+            ("4 G", "unknown unit \" G\""),
+            ("4GG", "unknown unit \"GG\""),
+            ("18446744073709551616", "too large"),
+            ("99999999999999999999K", "too large"),
+            ("18014398509481984G", "too large"),
+            ("17592186044416T", "too large"),
+        ];
+        for (input, want) in cases {
+            let e = parse_mem_mb(input).expect_err(input);
+            assert_eq!(e.input, input);
+            let text = e.to_string();
+            assert!(
+                text.starts_with(&format!("invalid memory size {input:?}: "))
+                    && text.contains(want),
+                "{input:?}: {text}"
+            );
         }
     }
 

@@ -207,7 +207,12 @@ impl Args {
             return Err(Error::invalid("--cpus", "must be at least 1"));
         }
         let mem_mb = match self.mem {
-            Some(m) => resources::parse_mem_mb(&m).map_err(|e| Error::invalid("--mem", e))?,
+            // Slurm's units and rounding, shared with sbatch --mem (tandem_sched::tres).
+            Some(m) => match tandem_sched::tres::parse_mem_mb(&m) {
+                Ok(0) => return Err(Error::invalid("--mem", "must be at least 1 MiB")),
+                Ok(mb) => mb,
+                Err(e) => return Err(Error::invalid("--mem", format!("{m:?}: {}", e.problem))),
+            },
             None => resources::machine_mem_mb().ok_or_else(|| {
                 Error::invalid("--mem", "cannot read /proc/meminfo; give --mem explicitly")
             })?,
@@ -334,6 +339,8 @@ mod tests {
         .unwrap();
         assert_eq!(c.controller, "http://127.0.0.1:7000");
         assert_eq!((c.cpus, c.mem_mb, c.gpus), (16, 65_536, Some(8)));
+        // Slurm's rounding: kibibytes round up to whole MiB.
+        assert_eq!(args(&["--mem", "4K"]).unwrap().mem_mb, 1);
         assert_eq!(c.features, ["ib", "nvlink"]);
         assert_eq!(c.partitions, ["gpu"]);
         assert_eq!(c.kill_wait, Some(Duration::from_secs(5)));
@@ -444,8 +451,10 @@ mod tests {
 
     #[test]
     fn bad_values_name_their_flag() {
-        let cases: [(&[&str], &str); 5] = [
+        let cases: [(&[&str], &str); 7] = [
             (&["--mem", "lots"], "--mem"),
+            (&["--mem", "0"], "--mem"),
+            (&["--mem", "64X"], "--mem"),
             (&["--cpus", "0"], "--cpus"),
             (&["--features", "a,b c"], "--features"),
             (&["--gpu-type", ""], "--gpu-type"),
