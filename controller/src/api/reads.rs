@@ -13,17 +13,15 @@ use tonic::Status;
 use tracing::warn;
 
 use super::budget::CpuBudget;
+use crate::config::DEFAULT_LISTING_CPU_SHARE;
 use crate::state::{Handle, ReadView};
-
-/// The default `--listing-cpu-share`: listings may average an eighth of the machine's CPU
-/// when a crowd keeps them busy (a quarter of one core on two cores).
-pub const DEFAULT_CPU_SHARE: f64 = 0.125;
 
 /// CPU time listings may spend at once before the share applies: about a dozen `squeue`
 /// over 100,000 jobs back to back.
 pub const CPU_BURST: Duration = Duration::from_secs(2);
 
-/// The listing threads' shared allowance; `None` until [`limit_cpu`] (then the default).
+/// The listing threads' shared allowance; `None` until [`limit_cpu`] (then
+/// [`DEFAULT_LISTING_CPU_SHARE`]).
 static BUDGET: Mutex<Option<CpuBudget>> = Mutex::new(None);
 
 /// Sets the listings' CPU allowance to `share` of the machine's cores (0 < share <= 1),
@@ -44,7 +42,7 @@ fn wait_for_budget() {
     loop {
         let wait = match BUDGET.lock() {
             Ok(mut b) => b
-                .get_or_insert_with(|| full_budget(DEFAULT_CPU_SHARE))
+                .get_or_insert_with(|| full_budget(DEFAULT_LISTING_CPU_SHARE))
                 .wait(Instant::now()),
             // A poisoned budget limits nothing rather than stopping every listing.
             Err(_) => Duration::ZERO,
