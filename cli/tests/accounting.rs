@@ -3,13 +3,13 @@
 //! shows. Permission, rollback and restart rules are covered in-process in
 //! `controller/tests/accounting.rs` (these tests run as root, an operator).
 
-mod util;
+mod support;
 
 use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use util::{Cluster, assert_one_line_error};
+use support::{Cluster, assert_one_line_error};
 
 /// The user the tests run as (the job owner and the association to add).
 fn me() -> String {
@@ -222,7 +222,7 @@ fn sprio_factors_add_up_to_the_priority() {
 #[test]
 fn accounting_commands_answer_to_their_names() {
     let dir = tempfile::tempdir().unwrap();
-    let bin = util::make_links(dir.path());
+    let bin = support::make_links(dir.path());
     for name in ["sacctmgr", "sshare", "sprio"] {
         let help = Command::new(bin.join(name)).arg("--help").output().unwrap();
         assert!(help.status.success(), "{name} --help");
@@ -369,7 +369,7 @@ fn auto_created_associations_and_their_usage_survive_sigkill() {
         "the pending jobs' priorities changed across the restart"
     );
 
-    let down = std::process::Command::new(util::TANDEM)
+    let down = std::process::Command::new(support::TANDEM)
         .args(["down", "--grace", "3", "--state-dir"])
         .arg(c.state_dir())
         .output()

@@ -4,11 +4,11 @@
 //! What belongs here: behaviour a user sees through sbatch/squeue/scancel/sacct/scontrol.
 //! Crash safety is in `crash.rs`; option parsing details are unit tests in `src/opts`.
 
-mod util;
+mod support;
 
 use std::time::Duration;
 
-use util::{Cluster, assert_one_line_error};
+use support::{Cluster, assert_one_line_error};
 
 const T: Duration = Duration::from_secs(30);
 
@@ -28,7 +28,7 @@ fn script_with_sbatch_lines_runs_and_writes_its_output_file() {
     );
     let id = c.sbatch(&[&script, "a1", "a2"]);
     let rec = c.wait_state(id, "COMPLETED", T);
-    assert_eq!(util::exit_code(&rec), "0:0");
+    assert_eq!(support::exit_code(&rec), "0:0");
     assert_eq!(rec["name"], "greeter");
     let out = c.wait_file(&c.work.join(format!("out-{id}.txt")), "cpus=", T);
     assert!(
@@ -252,7 +252,7 @@ fn sinfo_and_scontrol_show_the_nodes() {
 #[test]
 fn second_up_on_a_running_cluster_says_so() {
     let c = Cluster::start(3);
-    let out = std::process::Command::new(util::TANDEM)
+    let out = std::process::Command::new(support::TANDEM)
         .args(["up", "--no-default-config", "--nodes", "1", "--state-dir"])
         .arg(c.state_dir())
         .output()
@@ -289,7 +289,7 @@ fn batch_scripts_run_from_the_local_clusters_spool() {
     assert_eq!(script, spool.join(format!("job{id}/slurm_script")));
     // The job's directory went with the job; the spool itself goes with the cluster.
     assert!(!script.parent().unwrap().exists());
-    let down = std::process::Command::new(util::TANDEM)
+    let down = std::process::Command::new(support::TANDEM)
         .args(["down", "--state-dir"])
         .arg(c.state_dir())
         .output()

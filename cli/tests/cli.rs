@@ -1,11 +1,11 @@
 //! The binary without a cluster: multi-call dispatch, links, help, and errors that must not
 //! need a controller.
 
-mod util;
+mod support;
 
 use std::process::Command;
 
-use util::{TANDEM, assert_one_line_error, make_links, tandem_links};
+use support::{TANDEM, assert_one_line_error, make_links, tandem_links};
 
 #[test]
 fn links_make_argv0_dispatch_work() {

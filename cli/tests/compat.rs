@@ -1,11 +1,11 @@
 //! Slurm-compatible surface beyond the basics: arrays, dependencies, `--wait`, holds,
 //! `scontrol update`, `--export`. One cluster per test.
 
-mod util;
+mod support;
 
 use std::time::{Duration, Instant};
 
-use util::Cluster;
+use support::Cluster;
 
 const T: Duration = Duration::from_secs(30);
 
@@ -305,7 +305,7 @@ fn sacct_puts_the_signal_on_the_batch_line_and_derives_the_steps_exit() {
     let cancelled = c.sbatch(&["-o", "/dev/null", "--wrap", "sleep 300"]);
     let timeout = c.sbatch(&["-t", "0:02", "-o", "/dev/null", "--wrap", "sleep 300"]);
     let killed = c.sbatch(&["-o", "/dev/null", "--wrap", "kill -9 $$"]);
-    let tandem = util::TANDEM;
+    let tandem = support::TANDEM;
     let srun = c.sbatch(&[
         "-o",
         "/dev/null",
@@ -460,7 +460,7 @@ fn task_variables_of_the_batch_script_and_its_steps_match_slurms() {
     let vars = "SLURM_NTASKS SLURM_NPROCS SLURM_NTASKS_PER_NODE SLURM_TASKS_PER_NODE \
                 SLURM_CPUS_ON_NODE SLURM_JOB_CPUS_PER_NODE SLURM_CPUS_PER_TASK";
     let line = format!("for v in {vars}; do eval \"printf '%s ' \\${{$v--}}\"; done; echo");
-    let tandem = util::TANDEM;
+    let tandem = support::TANDEM;
     let probe = c.script(
         "probe.sh",
         &format!(
@@ -567,7 +567,7 @@ fn jobs_not_yet_eligible_show_a_priority_but_not_in_sprio() {
 fn jobs_and_tasks_run_with_the_submitters_umask() {
     use std::os::unix::fs::PermissionsExt as _;
     let c = Cluster::start(1);
-    let tandem = util::TANDEM;
+    let tandem = support::TANDEM;
     let probe = c.script(
         "um.sh",
         &format!(
@@ -648,7 +648,7 @@ fn the_variables_of_a_batch_script_and_a_task_are_slurms() {
         v.join(" ")
     };
     let c = Cluster::start(1);
-    let tandem = util::TANDEM;
+    let tandem = support::TANDEM;
     let pick = "env | sed -n 's/^\\(SLURM[A-Z0-9_]*\\|ENVIRONMENT\\|HOSTNAME\\|TMPDIR\\)=.*/\\1/p' \
                 | sort | tr '\\n' ' '; echo";
     let probe = c.script(
@@ -773,7 +773,7 @@ fn sacct_units_shows_memory_in_the_unit_asked_for() {
 #[test]
 fn slurm_task_pid_is_the_pid_of_the_script_and_of_each_task() {
     let c = Cluster::start(2);
-    let tandem = util::TANDEM;
+    let tandem = support::TANDEM;
     let probe = c.script(
         "pid.sh",
         &format!(
@@ -1131,7 +1131,7 @@ fn step_layout_variables_match_slurms() {
          eval \"printf '%s=%s ' $v \\${{$v--}}\"; done; echo; fi"
     );
     let quoted = line.replace('\'', "'\\''");
-    let tandem = util::TANDEM;
+    let tandem = support::TANDEM;
     let probe = c.script(
         "layout.sh",
         &format!(
@@ -1404,7 +1404,7 @@ fn gpu_task_and_export_variables_match_slurms() {
         .args([
             "-n",
             "5",
-            util::TANDEM,
+            support::TANDEM,
             "sbatch",
             "-o",
             "nice.out",
@@ -1429,7 +1429,7 @@ fn gpu_task_and_export_variables_match_slurms() {
          FOO=y {t} srun -N1 -n1 --export=ALL /bin/sh -c 'echo all FOO=${{FOO--}}'\n\
          {t} srun -N2 -n3 /bin/sh -c 'echo $SLURM_PROCID:$SLURM_GTIDS' | sort | tr '\\n' ' '\n\
          echo; echo end\n",
-        t = util::TANDEM
+        t = support::TANDEM
     );
     c.sbatch_with(
         &[
@@ -1477,7 +1477,7 @@ fn long_listings_and_summaries_read_as_slurms() {
             "{cmd} -l -h:\n{bare}"
         );
         let out = c.run(&[cmd, "-l", "-o", "%P"]);
-        util::assert_one_line_error(
+        support::assert_one_line_error(
             &out,
             cmd,
             "Options -o(--format) and -l(--long) are mutually exclusive",
@@ -1679,7 +1679,7 @@ fn squeue_shows_ended_jobs_when_asked_and_refuses_an_unknown_id() {
         );
     }
     assert_eq!(c.ok(&["squeue", "-j", &id]), header);
-    util::assert_one_line_error(
+    support::assert_one_line_error(
         &c.run(&["squeue", "-j", "99999"]),
         "squeue",
         "Invalid job id specified",
@@ -1753,12 +1753,12 @@ fn unknown_users_are_reported_as_slurms() {
         (format!("{held}\n"), invalid)
     );
     assert_eq!(squeue(&uid), (format!("{held}\n"), String::new()));
-    util::assert_one_line_error(
+    support::assert_one_line_error(
         &c.run(&["sacct", "-u", "nosuchuser"]),
         "sacct",
         "Invalid user id: nosuchuser",
     );
-    util::assert_one_line_error(
+    support::assert_one_line_error(
         &c.run(&["scancel", "-u", "nosuchuser"]),
         "scancel",
         "Invalid user name: nosuchuser",
@@ -1816,12 +1816,12 @@ fn srun_reports_failed_tasks_as_slurms() {
 #[test]
 fn sacct_refuses_a_window_that_ends_before_it_starts() {
     let c = Cluster::start(1);
-    util::assert_one_line_error(
+    support::assert_one_line_error(
         &c.run(&["sacct", "-S", "now+1hour"]),
         "sacct",
         "requested is after end time",
     );
-    util::assert_one_line_error(
+    support::assert_one_line_error(
         &c.run(&["sacct", "-S", "2026-01-02", "-E", "2026-01-01"]),
         "sacct",
         "Start time (2026-01-02T00:00:00) requested is after end time (2026-01-01T00:00:00)",

@@ -6,12 +6,12 @@
 //!
 //! Needs root and a writable cgroup v1 freezer; elsewhere it prints `SKIP` and returns.
 
-mod util;
+mod support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use util::Cluster;
+use support::Cluster;
 
 const FREEZER: &str = "/sys/fs/cgroup/freezer";
 

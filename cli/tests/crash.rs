@@ -2,7 +2,7 @@
 //! with its recorded arguments. Every acknowledged job must be there exactly once, and jobs
 //! running across the crash must finish with their real exit codes.
 
-mod util;
+mod support;
 
 use std::collections::HashMap;
 use std::os::unix::process::CommandExt as _;
@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use util::Cluster;
+use support::Cluster;
 
 /// Job name -> distinct job ids with that name.
 fn names_to_ids(jobs: &[serde_json::Value]) -> HashMap<String, Vec<u64>> {
@@ -88,7 +88,7 @@ fn sigkill_mid_stream_loses_no_acknowledged_job_and_running_jobs_survive() {
         .append(true)
         .open(state.join("controller.log"))
         .unwrap();
-    let mut child = Command::new(util::TANDEM)
+    let mut child = Command::new(support::TANDEM)
         .args(&args)
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
@@ -116,7 +116,7 @@ fn sigkill_mid_stream_loses_no_acknowledged_job_and_running_jobs_survive() {
     // The job that ran across the crash finishes with its own exit code.
     let rec = c.wait_end(survivor, Duration::from_secs(30));
     assert_eq!(rec["state"]["current"], "FAILED", "{rec}");
-    assert_eq!(util::exit_code(&rec), "7:0", "{rec}");
+    assert_eq!(support::exit_code(&rec), "7:0", "{rec}");
     // Every acknowledged job runs to completion (polled one by one: a job missing here
     // after a minute was lost).
     for (_, id) in &acked {
@@ -158,7 +158,7 @@ fn sigkill_mid_stream_loses_no_acknowledged_job_and_running_jobs_survive() {
     );
 
     // Stop the cluster now so the restarted controller, our child, can be reaped.
-    let down = Command::new(util::TANDEM)
+    let down = Command::new(support::TANDEM)
         .args(["down", "--grace", "3", "--state-dir"])
         .arg(&state)
         .output()

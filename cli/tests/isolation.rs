@@ -5,12 +5,12 @@
 //! These need root and writable cgroups (the worker's `tandem __job-exec` launcher puts each
 //! job in its cgroup); elsewhere each test prints `SKIP <name>: <why>` and returns.
 
-mod util;
+mod support;
 
 use std::time::{Duration, Instant};
 
+use support::Cluster;
 use tandem_worker::cgroup::{Isolation, Mode, Settings};
-use util::Cluster;
 
 const T: Duration = Duration::from_secs(30);
 
@@ -64,7 +64,7 @@ fn job_over_its_mem_ends_out_of_memory_and_its_neighbour_completes() {
     let rec = c.wait_end(hog, T);
     assert_eq!(rec["state"]["current"], "OUT_OF_MEMORY", "{rec}");
     let rec = c.wait_state(neighbour, "COMPLETED", T);
-    assert_eq!(util::exit_code(&rec), "0:0");
+    assert_eq!(support::exit_code(&rec), "0:0");
     let sacct = c.ok(&[
         "sacct",
         "-X",

@@ -8,14 +8,14 @@
 //! controller and its accepted step connection, and srun's connections. Sockets of other
 //! processes are duplicated with `pidfd_getfd(2)` (same user, so no privilege is needed).
 
-mod util;
+mod support;
 
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use util::Cluster;
+use support::Cluster;
 
 /// One established TCP socket of a process: its descriptor number and the two ports.
 #[derive(Debug, Clone)]

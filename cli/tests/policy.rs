@@ -10,14 +10,14 @@
 //! dir (see [`held`]), so no assertion depends on how fast a loaded CI machine runs a
 //! `sleep`.
 
-mod util;
+mod support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use support::{Cluster, assert_one_line_error};
 use tandem_proto::auth::unix_now;
-use util::{Cluster, assert_one_line_error};
 
 const T: Duration = Duration::from_secs(30);
 
@@ -154,7 +154,7 @@ fn fair_share_converges_to_account_shares() {
         if overlap > 0 {
             runs_in_window += 1;
         }
-        let gpus = util::gpus(&r) as i64;
+        let gpus = support::gpus(&r) as i64;
         assert_eq!(gpus, 1, "{r}");
         *gpu_s
             .entry(r["account"].as_str().unwrap().to_string())

@@ -17,12 +17,12 @@
 //! `%j` and `%A` stand for the submitted job id, `%u` for the user. `scontrol` and `srun`
 //! are on the jobs' PATH through `tandem links`, as on a login node.
 
-mod util;
+mod support;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use util::Cluster;
+use support::Cluster;
 
 #[derive(Debug, Default)]
 struct Case {
@@ -111,7 +111,7 @@ fn every_compat_script_runs_unchanged() {
             "8G",
         ],
     );
-    let bin = util::make_links(c.dir.path());
+    let bin = support::make_links(c.dir.path());
     std::fs::create_dir_all(c.work.join("sub")).unwrap();
     let path = format!(
         "{}:{}",
@@ -175,12 +175,12 @@ fn every_compat_script_runs_unchanged() {
                 ));
             }
             if let Some(exit) = &case.exit
-                && util::exit_code(r) != *exit
+                && support::exit_code(r) != *exit
             {
                 failures.push(format!(
                     "{} (job {id}): exit {}, want {exit}",
                     case.name,
-                    util::exit_code(r)
+                    support::exit_code(r)
                 ));
             }
         }

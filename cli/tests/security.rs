@@ -3,13 +3,14 @@
 //! replayed credentials and foreign worker and step credentials meet the real controller and
 //! workers. Needs root (to switch uids); otherwise each test prints `SKIP <name>: <why>`.
 
-mod util;
+mod support;
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
+use support::{Cluster, TANDEM};
 use tandem_proto::auth::{ClusterKey, Identity, StepGrant, unix_now};
 use tandem_proto::endpoint::{self, ClusterFile};
 use tandem_proto::v1;
@@ -17,7 +18,6 @@ use tandem_proto::v1::jobs_client::JobsClient;
 use tandem_proto::v1::nodes_client::NodesClient;
 use tandem_proto::v1::step_launcher_client::StepLauncherClient;
 use tandem_proto::v1::worker_link_client::WorkerLinkClient;
-use util::{Cluster, TANDEM};
 
 /// Two researchers without passwd entries: the code needs only numeric uids.
 const ALICE: u32 = 42_001;

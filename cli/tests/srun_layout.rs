@@ -3,11 +3,11 @@
 //! lines are Slurm's outputs (8 nodes `n[1-8]`, the job on `n[1-2]`), with Tandem's node
 //! names put in.
 
-mod util;
+mod support;
 
 use std::time::Duration;
 
-use util::Cluster;
+use support::Cluster;
 
 const T: Duration = Duration::from_secs(30);
 
@@ -59,7 +59,7 @@ impl Line<'_> {
 /// Runs `body` as a batch script with `opts`; returns its output after the `nodes:` line,
 /// and the job's two node names.
 fn batch(c: &Cluster, name: &str, opts: &[&str], body: &str) -> (Vec<String>, String, String) {
-    let tandem = util::TANDEM;
+    let tandem = support::TANDEM;
     c.script("task.sh", TASK);
     std::fs::set_permissions(
         c.work.join("task.sh"),
