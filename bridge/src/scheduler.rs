@@ -52,9 +52,11 @@ use crate::{annotations, apply, fit, resources};
 mod book;
 mod index;
 mod modes;
+mod refusals;
 mod work;
 use book::{Book, PlaceholderId};
 use index::{Ghost, GroupIndex, PodKey, pod_key};
+use refusals::Refusals;
 use work::{Ctx, Outcome, Tell, Work};
 
 /// What the loop needs besides its clients.
@@ -74,17 +76,6 @@ pub struct Config {
     /// The GPU holders' image ([`crate::holder`]); `None`: no holders.
     pub gpu_holder_image: Option<String>,
 }
-
-/// A pod whose eviction a PodDisruptionBudget refused: since when, and when to try again
-/// (backing off from 1 s to [`MAX_EVICT_BACKOFF_S`]).
-#[derive(Debug, Clone, Copy)]
-struct Refusal {
-    first: i64,
-    attempts: u32,
-    next: i64,
-}
-
-const MAX_EVICT_BACKOFF_S: i64 = 30;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -146,7 +137,7 @@ struct Loop<B> {
     gone: HashMap<String, i64>,
     policies: Vec<NamespacePolicy>,
     /// Evictions refused by PodDisruptionBudgets, per pod.
-    refusals: HashMap<PodKey, Refusal>,
+    refusals: Refusals,
     /// The last `Unschedulable` message written per pod, so each is written once.
     told: HashMap<PodKey, String>,
     dirty: BTreeSet<Target>,
@@ -200,7 +191,7 @@ pub async fn run<B: BatchAlloc + 'static>(
         gone: HashMap::new(),
         policies: Vec::new(),
         told: HashMap::new(),
-        refusals: HashMap::new(),
+        refusals: Refusals::default(),
         dirty: BTreeSet::new(),
         retry: BTreeSet::new(),
         busy: HashSet::new(),
@@ -359,7 +350,7 @@ impl<B: BatchAlloc> Loop<B> {
         };
         let removed = self.ix.remove(&key);
         self.told.remove(&key);
-        self.refusals.remove(&key);
+        self.refusals.forget(&key);
         if let Some((_, Some(info))) = removed {
             let node = last.spec.as_ref().and_then(|s| s.node_name.clone());
             if held
@@ -642,17 +633,7 @@ impl<B: BatchAlloc> Loop<B> {
         }
         let now = unix_now();
         for key in out.refused {
-            let r = self.refusals.entry(key).or_insert(Refusal {
-                first: now,
-                attempts: 0,
-                next: now,
-            });
-            r.attempts = r.attempts.saturating_add(1);
-            let wait = 1i64
-                .checked_shl(r.attempts.min(6))
-                .unwrap_or(MAX_EVICT_BACKOFF_S)
-                .min(MAX_EVICT_BACKOFF_S);
-            r.next = now.saturating_add(wait);
+            self.refusals.refused(key, now);
         }
         for (key, node) in out.bound {
             if let Some(p) = self.ix.pod_mut(&key) {
@@ -851,27 +832,22 @@ impl<B: BatchAlloc> Loop<B> {
                 // A refused eviction is tried again with backoff, and past the timeout
                 // the pod is deleted: a PodDisruptionBudget must not hold a scancel, a
                 // preemption or a time limit forever.
-                let mut evict = Vec::new();
-                let mut overdue = Vec::new();
-                for n in names {
-                    match self.refusals.get(&(ns.clone(), n.clone())) {
-                        Some(r) if now >= r.first.saturating_add(self.cfg.eviction_timeout_s) => {
-                            overdue.extend(pods.iter().filter(|p| pod_key(p).1 == n).cloned());
-                        }
-                        Some(r) if now < r.next => {}
-                        _ => evict.push(n),
-                    }
-                }
-                if evict.is_empty() && overdue.is_empty() {
+                let timeout_s = self.cfg.eviction_timeout_s;
+                let plan = self.refusals.plan(&ns, names, now, timeout_s);
+                if plan.backs_off() {
                     return Err("evictions refused by a PodDisruptionBudget; backing off".into());
                 }
+                let overdue = (plan.overdue.iter())
+                    .flat_map(|n| pods.iter().filter(move |p| pod_key(p).1 == *n))
+                    .cloned()
+                    .collect();
                 Some(Work::Evict {
                     ns,
                     job_id,
-                    names: evict,
+                    names: plan.evict,
                     overdue,
                     why,
-                    timeout_s: self.cfg.eviction_timeout_s,
+                    timeout_s,
                 })
             }
             Decision::EndJob { job_id, end_time } => {
