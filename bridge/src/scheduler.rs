@@ -1,6 +1,6 @@
 //! The scheduler loop: watches pods that name the `tandem` scheduler, the nodes, the
 //! cluster's namespace map and the controller's placeholder stream, and turns every change
-//! of a group into one [`decide`] call and its [`apply`] calls.
+//! of a group into one [`decide`](crate::decide) call and its [`apply`] calls.
 //!
 //! Event driven end to end: a pod event, a placeholder event or a node event marks the
 //! groups it touches dirty, and only those are decided again; nothing polls the controller
@@ -40,9 +40,7 @@ use tracing::{debug, info, warn};
 
 use crate::batch::{BatchAlloc, BatchError, reconnect_backoff};
 use crate::cluster;
-use crate::decide::{
-    self, Decision, Member, MemberState, decide_gang, member_state, vanished_state,
-};
+use crate::decide::{Decision, Member, MemberState, decide_gang, member_state, vanished_state};
 use crate::group::{self, GroupInfo, GroupKey, GroupKind, WorkloadPolicy, expected_members};
 use crate::labels::SCHEDULER_NAME;
 use crate::nodes::{self, Mode};
@@ -53,6 +51,7 @@ mod book;
 mod index;
 mod modes;
 mod refusals;
+mod watch;
 mod work;
 use book::{Book, PlaceholderId};
 use index::{Ghost, GroupIndex, PodKey, pod_key};
@@ -68,7 +67,7 @@ pub struct Config {
     /// How long a pod whose node vanished keeps its slot (slurm-bridge #49).
     pub node_grace_s: i64,
     /// Seconds past its grace period that a bound pod which vanished from the API with its
-    /// containers perhaps running still holds its slot ([`decide::vanish_deadline`]).
+    /// containers perhaps running still holds its slot ([`crate::decide::vanish_deadline`]).
     pub vanish_margin_s: i64,
     /// Seconds a pod whose eviction PodDisruptionBudgets keep refusing may hold a job's
     /// end (scancel, preemption, time limit, node loss) before it is deleted.
@@ -321,153 +320,6 @@ fn placeholder_feed<B: BatchAlloc + 'static>(
 }
 
 impl<B: BatchAlloc> Loop<B> {
-    fn on_pod(&mut self, ev: Event<Pod>) {
-        match ev {
-            Event::Init => self.ix.relist_start(),
-            Event::InitDone => {
-                for p in self.ix.relist_end() {
-                    self.on_delete(&p);
-                }
-                self.pods_synced = true;
-                self.dirty_all();
-            }
-            Event::InitApply(p) | Event::Apply(p) => self.upsert(p),
-            Event::Delete(p) => self.on_delete(&p),
-        }
-    }
-
-    /// A pod left the API; `last` is its last state. A bound pod whose containers were not
-    /// reported stopped becomes a [`Ghost`] that keeps its slot until its deadline.
-    fn on_delete(&mut self, last: &Pod) {
-        let key = pod_key(last);
-        let now = unix_now();
-        let held = match self.ix.pod(&key) {
-            Some(p) => {
-                !matches!(self.member(p, now).state, MemberState::Finished { .. })
-                    && !matches!(self.member(last, now).state, MemberState::Finished { .. })
-            }
-            None => false,
-        };
-        let removed = self.ix.remove(&key);
-        self.told.remove(&key);
-        self.refusals.forget(&key);
-        if let Some((_, Some(info))) = removed {
-            let node = last.spec.as_ref().and_then(|s| s.node_name.clone());
-            if held
-                && let Some(node) = node
-                && let Some(deadline) = decide::vanish_deadline(last, self.cfg.vanish_margin_s, now)
-            {
-                warn!(
-                    pod = %key.1, namespace = %key.0, node = %node, deadline,
-                    "pod vanished before its containers were reported stopped; its slot stays held until its grace period has passed"
-                );
-                self.ix.add_ghost(
-                    info.key.clone(),
-                    Ghost {
-                        name: key.1.clone(),
-                        rank: info.rank,
-                        node,
-                        deadline,
-                    },
-                );
-            }
-            self.dirty.insert(Target::Group(info.key));
-        }
-    }
-
-    fn upsert(&mut self, p: Pod) {
-        let uid = |info: &GroupInfo| direct_uid(info, &p);
-        let up = self.ix.upsert(p.clone());
-        if let Some(info) = &up.group {
-            if let Some(uid) = uid(info) {
-                self.book.link(&info.key, uid);
-            }
-            self.dirty.insert(Target::Group(info.key.clone()));
-        }
-        if let Some(left) = up.left {
-            self.dirty.insert(Target::Group(left));
-        }
-    }
-
-    /// Every group is decided again (a watch synced, the namespace map changed).
-    fn dirty_all(&mut self) {
-        let all: Vec<Target> = self.ix.groups().into_iter().map(Target::Group).collect();
-        self.dirty.extend(all);
-    }
-
-    fn on_node(&mut self, ev: Event<Node>) {
-        let now = unix_now();
-        match ev {
-            Event::Apply(n) | Event::InitApply(n) => {
-                if let Some(name) = n.metadata.name.clone() {
-                    // A new node, or one out of step with the modes last read: read them
-                    // again. Status heartbeats change neither, and read nothing.
-                    let stale =
-                        nodes::plan(&n, self.controller_view(&name), &self.cfg.cluster_name)
-                            .is_some();
-                    if stale || !self.node_objs.contains_key(&name) {
-                        self.modes_dirty = true;
-                    }
-                    self.node_objs.insert(name.clone(), n);
-                    self.gone.remove(&name);
-                    self.nodes.insert(name);
-                }
-            }
-            Event::Delete(n) => {
-                if let Some(name) = n.metadata.name {
-                    self.node_objs.remove(&name);
-                    self.nodes.remove(&name);
-                    self.gone.insert(name.clone(), now);
-                    self.dirty_on_node(&name);
-                }
-            }
-            Event::Init | Event::InitDone => {}
-        }
-    }
-
-    fn dirty_on_node(&mut self, node: &str) {
-        let hit = self.ix.groups_on_node(node).into_iter().map(Target::Group);
-        self.dirty.extend(hit);
-    }
-
-    fn on_cluster(&mut self, tc: &DynamicObject) {
-        match cluster::policies(&tc.data) {
-            Ok(p) => {
-                self.policies = p;
-                self.dirty_all();
-            }
-            Err(e) => {
-                warn!(error = %e, "TandemCluster namespace map refused; keeping the last one")
-            }
-        }
-    }
-
-    fn on_placeholder(&mut self, ev: v1::PlaceholderEvent) {
-        // An allocation or an end may flip nodes.
-        self.modes_dirty = true;
-        if ev.snapshot_done {
-            self.jobs_synced = true;
-            let orphans = self.book.orphans().into_iter().map(Target::Orphan);
-            self.dirty.extend(orphans);
-            self.dirty_all();
-            return;
-        }
-        if let Some(t) = self.book.apply(ev) {
-            self.dirty.insert(t);
-        }
-    }
-
-    fn on_tick(&mut self) {
-        let retry = std::mem::take(&mut self.retry);
-        self.dirty.extend(retry);
-        let gone: Vec<String> = self.gone.keys().cloned().collect();
-        for n in gone {
-            self.dirty_on_node(&n);
-        }
-        let due = self.ix.groups_with_due_ghosts(unix_now());
-        self.dirty.extend(due.into_iter().map(Target::Group));
-    }
-
     /// What the controller last said about Kubernetes node `name`.
     fn controller_view(&self, name: &str) -> nodes::Controller {
         match &self.modes {
@@ -1137,20 +989,6 @@ impl<B: BatchAlloc> Loop<B> {
             ns: ns.to_owned(),
             pods,
             told,
-        }
-    }
-}
-
-/// A group's UID when the pod itself says it: the pod's own, or the LWS group key (with
-/// the namespace, the placeholder's key). A Job's or JobSet's UID is read from the object
-/// of that name in the pod's namespace, never from the pod's labels, which anyone who may
-/// create a pod can copy; PodGroups and Workloads need their object too.
-fn direct_uid(info: &GroupInfo, p: &Pod) -> Option<String> {
-    match info.key.kind {
-        GroupKind::Pod => p.metadata.uid.clone(),
-        GroupKind::LeaderWorkerSet => Some(format!("lws-{}", info.key.name)),
-        GroupKind::IndexedJob | GroupKind::JobSet | GroupKind::PodGroup | GroupKind::Workload => {
-            None
         }
     }
 }
