@@ -19,6 +19,20 @@
 //! and every `MODE_RESYNC` (5 s; a batch job taking a free `kube` node announces nothing to
 //! the bridge); a Node is patched only when its label or taint differs. The read and the
 //! patches run off the loop too ([`modes`]), one sync at a time.
+//!
+//! ```text
+//!   scheduler  the loop: its state, the watches, dirty targets -> operations  I/O glue
+//!   watch      pod, Node, TandemCluster, placeholder events, tick -> dirty    state only
+//!   start      a dirty target -> decide::decide_gang -> one Work              state only
+//!   refusals   PodDisruptionBudget refusals: evict now, delete, or back off   pure
+//!   book       placeholders and the groups they are                           pure
+//!   index      pods, their groups, ghosts of vanished pods                    pure
+//!   work       what a Work writes or reads (API server, controller)           I/O
+//!   modes      Node modes and GPU holders kept in step with the controller    I/O
+//! ```
+//!
+//! Decisions stay pure ([`crate::decide`]); `watch` and `start` only read and change the
+//! loop's state, and every call out is an operation of [`work`] or [`modes`].
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
