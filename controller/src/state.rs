@@ -64,7 +64,11 @@ mod timers;
 mod view;
 mod watch;
 mod worker_link;
-pub use accounting::{AcctCommand, Change, at_most};
+pub use accounting::AcctChange;
+pub use jobs::{
+    CancelFailure, CancelFailureKind, CancelJobs, CancelTargets, Cancelled, JobFilter, Submitted,
+};
+pub use node_admin::{NodesRemoved, RemoveNodes};
 use view::ViewPublisher;
 pub use view::{ReadView, SharedView};
 
@@ -78,6 +82,8 @@ use crate::store::{Batch, Committer, Effect, JobRecordRow, Store, StoreError};
 use crate::workers::{ConnId, Reported, WorkerTx, Workers};
 
 pub type Reply<T> = oneshot::Sender<Result<T, Status>>;
+/// A read over the live state at `now` that answers its caller itself ([`Command::Read`]).
+pub type StateRead = Box<dyn FnOnce(&State, i64) + Send>;
 pub use watch::WatchTx;
 pub type PlaceholderTx = tokio::sync::mpsc::Sender<Result<v1::PlaceholderEvent, Status>>;
 /// Events a bridge may have unread before its stream is ended (it subscribes again and
@@ -108,20 +114,18 @@ pub enum Command {
         spec: JobSpec,
         payload: Vec<u8>,
         idempotency_key: Option<String>,
-        reply: Reply<v1::SubmitResponse>,
+        reply: Reply<Submitted>,
     },
-    /// `sbatch --test-only`: answered at once, nothing recorded.
-    WillRun {
-        spec: JobSpec,
-        reply: Reply<v1::WillRunResponse>,
-    },
+    /// Runs a read over the live `State` at once (`now` given) and answers without a
+    /// commit, as a query reads the actor's memory (see [`Handle::read`]).
+    Read(StateRead),
     Cancel {
-        who: Identity,
-        req: v1::CancelRequest,
-        reply: Reply<v1::CancelResponse>,
+        caller: Caller,
+        req: CancelJobs,
+        reply: Reply<Cancelled>,
     },
     UpdateJob {
-        who: Identity,
+        caller: Caller,
         req: v1::UpdateJobRequest,
         reply: Reply<v1::UpdateJobResponse>,
     },
@@ -147,9 +151,8 @@ pub enum Command {
     },
     /// The operator's node removal (see `state/node_admin.rs`).
     RemoveNode {
-        who: Identity,
-        req: v1::RemoveNodeRequest,
-        reply: Reply<v1::RemoveNodeResponse>,
+        req: RemoveNodes,
+        reply: Reply<NodesRemoved>,
     },
     WorkerRegister {
         conn: ConnId,
@@ -171,8 +174,12 @@ pub enum Command {
     Barrier {
         reply: Reply<()>,
     },
-    /// sacctmgr changes, and the association, QOS, sshare and sprio views.
-    Accounting(AcctCommand),
+    /// A sacctmgr change, applied whole or not at all; the lines changed are the answer,
+    /// once durable (see `state/accounting.rs`).
+    AccountingChange {
+        apply: AcctChange,
+        reply: Reply<Vec<String>>,
+    },
     /// The bridge's placeholder jobs (see `state/placeholders.rs`).
     SubmitPlaceholder {
         spec: JobSpec,
@@ -215,6 +222,21 @@ impl Handle {
         self.view.load_full()
     }
 
+    /// Runs `f` over the live state on the actor and waits for its answer. For reads that
+    /// need the model itself rather than the published [`ReadView`] (priorities, fair share,
+    /// a will-run test); `f` runs on the actor, so it must be quick.
+    pub async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&State, i64) -> Result<T, Status> + Send + 'static,
+    ) -> Result<T, Status> {
+        self.call(|reply| {
+            Command::Read(Box::new(move |st: &State, now: i64| {
+                let _ = reply.send(f(st, now));
+            }))
+        })
+        .await
+    }
+
     /// Sends a command built around a fresh reply channel and waits for the answer.
     pub async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, Status> {
         let (tx, rx) = oneshot::channel();
@@ -255,6 +277,29 @@ impl Handle {
                 }
             }
         }
+    }
+}
+
+/// Who asks, as the actor needs it: the core's [`Requester`], and the caller's right to
+/// control a job, asked once the actor knows the job's owner. The rule is `api::authz`'s:
+/// the handler that built the caller supplies it, the actor only applies it.
+pub struct Caller {
+    pub by: Requester,
+    may_control: Box<dyn Fn(u32) -> bool + Send>,
+}
+
+impl Caller {
+    /// `may_control(owner_uid)`: may this caller cancel, signal, hold, release, requeue or
+    /// update a job of that owner?
+    pub fn new(by: Requester, may_control: impl Fn(u32) -> bool + Send + 'static) -> Self {
+        Caller {
+            by,
+            may_control: Box::new(may_control),
+        }
+    }
+
+    pub fn may_control(&self, owner_uid: u32) -> bool {
+        (self.may_control)(owner_uid)
     }
 }
 
@@ -463,14 +508,6 @@ impl Actor {
         unix_now()
     }
 
-    fn requester(who: &Identity) -> Requester {
-        Requester {
-            user: who.user.clone(),
-            admin: who.is_admin(),
-            uid: Some(who.uid),
-        }
-    }
-
     /// Replies after the current batch commits.
     fn reply_after_commit<T: Send + 'static>(&mut self, reply: Reply<T>, value: T) {
         self.effects
@@ -490,19 +527,12 @@ impl Actor {
                 idempotency_key,
                 reply,
             } => self.submit(spec, payload, idempotency_key, reply),
-            Command::WillRun { spec, reply } => {
-                let _ = reply.send(self.will_run(spec));
+            Command::Read(read) => read(&self.st, self.now()),
+            Command::Cancel { caller, req, reply } => {
+                let resp = self.cancel(&caller, req);
+                self.reply_after_commit(reply, resp);
             }
-            Command::Cancel { who, req, reply } => {
-                let r = self.cancel(&who, &req);
-                match r {
-                    Ok(resp) => self.reply_after_commit(reply, resp),
-                    Err(e) => {
-                        let _ = reply.send(Err(e));
-                    }
-                }
-            }
-            Command::UpdateJob { who, req, reply } => match self.update_job(&who, &req) {
+            Command::UpdateJob { caller, req, reply } => match self.update_job(&caller, &req) {
                 Ok(resp) => self.reply_after_commit(reply, resp),
                 Err(e) => {
                     let _ = reply.send(Err(e));
@@ -531,7 +561,7 @@ impl Actor {
                     let _ = reply.send(Err(e));
                 }
             },
-            Command::RemoveNode { who, req, reply } => match self.remove_nodes(&who, &req) {
+            Command::RemoveNode { req, reply } => match self.remove_nodes(req) {
                 Ok(resp) => self.reply_after_commit(reply, resp),
                 Err(e) => {
                     let _ = reply.send(Err(e));
@@ -581,7 +611,7 @@ impl Actor {
                 info!(node = %node, "worker stream closed");
             }
             Command::Barrier { reply } => self.reply_after_commit(reply, ()),
-            Command::Accounting(cmd) => self.accounting(cmd),
+            Command::AccountingChange { apply, reply } => self.accounting_change(apply, reply),
             Command::Shutdown => self.stopping = true,
         }
     }

@@ -1,6 +1,10 @@
 //! `tandem.v1.Accounting`: sacct over finished runs in the store, plus (on request) the jobs
-//! still in memory; sacctmgr changes and views, sshare and sprio, answered by the state actor
-//! (`state::accounting`). Changes need an operator ([`authz::may_change_accounting`]).
+//! still in memory; sacctmgr changes and views, sshare and sprio, run on the state actor
+//! (`state::accounting`, `Handle::read`). Changes need an operator
+//! ([`authz::may_change_accounting`]).
+//!
+//! - [`changes`]: sacctmgr's add, modify and delete, checked and applied to `State`.
+//! - [`views`]: what `sacctmgr show`, `sshare` and `sprio` print, read from `State`.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -12,8 +16,13 @@ use tonic::{Request, Response, Status};
 use tracing::instrument;
 
 use super::{authz, convert, reads};
-use crate::state::{AcctCommand, Change, Command, Handle, at_most};
+use crate::state::{Command, Handle};
+
+pub mod changes;
+pub mod views;
+
 use crate::store::{RecordFilter, Store};
+pub use changes::{Change, MAX_LIST_ITEMS, MAX_TEXT_LEN, at_most};
 
 /// Most records one query returns; sacct over a long history asks with a time window.
 const MAX_RECORDS: u32 = 200_000;
@@ -79,11 +88,14 @@ impl AccountingService {
             )));
         }
         tracing::info!(user = %who.user, change = ?change, "accounting change");
-        let resp = self
+        let changed = self
             .handle
-            .call(|reply| Command::Accounting(AcctCommand::Change { change, reply }))
+            .call(|reply| Command::AccountingChange {
+                apply: Box::new(move |st| changes::apply(st, change)),
+                reply,
+            })
             .await?;
-        Ok(Response::new(resp))
+        Ok(Response::new(v1::AccountingChangeResponse { changed }))
     }
 }
 
@@ -187,7 +199,7 @@ impl Accounting for AccountingService {
         authz::require(&request, authz::Rpc::ListAssociations)?;
         let resp = self
             .handle
-            .call(|reply| Command::Accounting(AcctCommand::Associations { reply }))
+            .read(|st, _| Ok(views::associations(st)))
             .await?;
         Ok(Response::new(resp))
     }
@@ -198,10 +210,7 @@ impl Accounting for AccountingService {
         request: Request<v1::ListQosRequest>,
     ) -> Result<Response<v1::ListQosResponse>, Status> {
         authz::require(&request, authz::Rpc::ListQos)?;
-        let resp = self
-            .handle
-            .call(|reply| Command::Accounting(AcctCommand::Qos { reply }))
-            .await?;
+        let resp = self.handle.read(|st, _| Ok(views::qos_list(st))).await?;
         Ok(Response::new(resp))
     }
 
@@ -211,10 +220,7 @@ impl Accounting for AccountingService {
         request: Request<v1::ListSharesRequest>,
     ) -> Result<Response<v1::ListSharesResponse>, Status> {
         authz::require(&request, authz::Rpc::ListShares)?;
-        let resp = self
-            .handle
-            .call(|reply| Command::Accounting(AcctCommand::Shares { reply }))
-            .await?;
+        let resp = self.handle.read(|st, _| Ok(views::shares(st))).await?;
         Ok(Response::new(resp))
     }
 
@@ -228,7 +234,7 @@ impl Accounting for AccountingService {
         check_priorities_request(&req)?;
         let resp = self
             .handle
-            .call(|reply| Command::Accounting(AcctCommand::Priorities { req, reply }))
+            .read(move |st, now| Ok(views::priorities(st, &req, now)))
             .await?;
         Ok(Response::new(resp))
     }

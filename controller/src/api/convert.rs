@@ -9,10 +9,12 @@
 //! - [`job_info`]: a job's wire record (`JobInfo`), its read masks and payload fields.
 //! - here: the small enums and records both directions share, nodes and partitions.
 
+use tandem_proto::auth::Identity;
 use tandem_proto::v1;
 use tandem_sched::job::JobState;
 use tandem_sched::node::{Node, NodeMode};
 use tandem_sched::partition::Partition;
+use tandem_sched::state::Requester;
 use tandem_sched::{State, Tres};
 use tonic::Status;
 
@@ -29,6 +31,15 @@ pub use job_info::{
     JOB_INFO_FIELDS, JobFields, PAYLOAD_FIELDS, add_payload, batch_step, job_field, job_info,
     job_info_with, reason_name,
 };
+
+/// The core's requester for a verified identity: its user, uid and whether it is an admin.
+pub fn requester(who: &Identity) -> Requester {
+    Requester {
+        user: who.user.clone(),
+        admin: who.is_admin(),
+        uid: Some(who.uid),
+    }
+}
 
 fn bad(field: &str, problem: impl std::fmt::Display) -> Status {
     Status::invalid_argument(format!("{field}: {problem}"))

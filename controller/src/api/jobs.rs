@@ -14,7 +14,10 @@ use super::{authz, reads};
 
 use super::convert::{self, JobFields, PAYLOAD_FIELDS};
 use crate::launch::Payload;
-use crate::state::{Command, DETAIL_LIMIT, Handle, WatchTx};
+use crate::state::{
+    Caller, CancelFailure, CancelFailureKind, CancelJobs, CancelTargets, Cancelled, Command,
+    DETAIL_LIMIT, Handle, JobFilter, WatchTx,
+};
 use crate::store::{RecordFilter, Store};
 
 /// Largest request the Jobs service decodes: a maximal script plus environment and
@@ -112,6 +115,73 @@ fn redact(
     resp
 }
 
+/// The caller as the state actor sees it: the core's requester and [`authz`]'s rule for
+/// the jobs it may control.
+fn caller(who: &tandem_proto::auth::Identity) -> Caller {
+    let who = who.clone();
+    Caller::new(convert::requester(&who), move |owner_uid| {
+        authz::may_control_job(&who, owner_uid)
+    })
+}
+
+/// The jobs a cancel request names: its ids, or (without ids) the jobs its filters match.
+/// Filters that match everything are refused.
+fn cancel_request(req: v1::CancelRequest) -> Result<CancelJobs, Status> {
+    let targets = if !req.jobs.is_empty() {
+        CancelTargets::Jobs(
+            req.jobs
+                .iter()
+                .map(convert::selector)
+                .collect::<Result<_, _>>()?,
+        )
+    } else {
+        let filter = JobFilter {
+            states: req
+                .states
+                .iter()
+                .map(|s| convert::state_from_proto(*s))
+                .collect::<Result<_, _>>()?,
+            user: req.user,
+            name: req.name,
+            partition: req.partition,
+            account: req.account,
+        };
+        if filter.is_empty() {
+            return Err(Status::invalid_argument(
+                "no job ids and no filters given (refusing to cancel everything)",
+            ));
+        }
+        CancelTargets::Matching(filter)
+    };
+    Ok(CancelJobs {
+        targets,
+        signal: req.signal,
+        batch_only: req.batch_only,
+    })
+}
+
+fn cancel_response(c: Cancelled) -> v1::CancelResponse {
+    let kind = |k: CancelFailureKind| match k {
+        CancelFailureKind::NotFound => v1::CancelFailureKind::NotFound,
+        CancelFailureKind::Denied => v1::CancelFailureKind::Denied,
+        CancelFailureKind::Ended => v1::CancelFailureKind::Ended,
+        CancelFailureKind::NotRunning => v1::CancelFailureKind::NotRunning,
+        CancelFailureKind::Unspecified => v1::CancelFailureKind::Unspecified,
+    };
+    v1::CancelResponse {
+        cancelled: c.cancelled.iter().map(|j| j.0).collect(),
+        errors: c.failures.iter().map(|f| f.message.clone()).collect(),
+        failures: c
+            .failures
+            .into_iter()
+            .map(|CancelFailure { job, kind: k, .. }| v1::CancelFailure {
+                job,
+                kind: kind(k) as i32,
+            })
+            .collect(),
+    }
+}
+
 /// Who submits (recorded on the request's span) and the spec, from a submit or will-run
 /// request.
 fn submit_request(
@@ -160,7 +230,7 @@ impl Jobs for JobsService {
             .then(|| format!("{}:{}", who.uid, spec.idempotency_key));
         let (sched_spec, payload) = self.batch_spec(spec, &who)?;
         let payload = payload.into_bytes();
-        let resp = self
+        let done = self
             .handle
             .call(|reply| Command::Submit {
                 spec: sched_spec,
@@ -169,8 +239,12 @@ impl Jobs for JobsService {
                 reply,
             })
             .await?;
-        tracing::Span::current().record("job_id", resp.job_id);
-        Ok(Response::new(resp))
+        tracing::Span::current().record("job_id", done.job.0);
+        Ok(Response::new(v1::SubmitResponse {
+            job_id: done.job.0,
+            cluster: done.cluster,
+            warnings: vec![],
+        }))
     }
 
     #[instrument(skip_all, fields(user))]
@@ -181,14 +255,22 @@ impl Jobs for JobsService {
         let (who, spec) = submit_request(request)?;
         // The same conversion and checks as a submit: what it would refuse is refused.
         let (sched_spec, _) = self.batch_spec(spec, &who)?;
-        let resp = self
+        // Answered at once from the live state; nothing is recorded.
+        let w = self
             .handle
-            .call(|reply| Command::WillRun {
-                spec: sched_spec,
-                reply,
+            .read(move |st, now| {
+                st.will_run(sched_spec, now)
+                    .map_err(|e| Status::invalid_argument(e.to_string()))
             })
             .await?;
-        Ok(Response::new(resp))
+        let nodes: Vec<&str> = w.nodes.iter().map(String::as_str).collect();
+        Ok(Response::new(v1::WillRunResponse {
+            job_id: w.job_id.0,
+            start_time: w.start,
+            nodes: tandem_sched::hostlist::compress(&nodes),
+            cpus: w.cpus,
+            partition: w.partition,
+        }))
     }
 
     #[instrument(skip_all, fields(user, jobs = ?request.get_ref().jobs))]
@@ -198,12 +280,13 @@ impl Jobs for JobsService {
     ) -> Result<Response<v1::CancelResponse>, Status> {
         let who = authz::require(&request, authz::Rpc::Cancel)?;
         tracing::Span::current().record("user", who.user.as_str());
-        let req = request.into_inner();
-        let resp = self
+        let req = cancel_request(request.into_inner())?;
+        let caller = caller(&who);
+        let done = self
             .handle
-            .call(|reply| Command::Cancel { who, req, reply })
+            .call(|reply| Command::Cancel { caller, req, reply })
             .await?;
-        Ok(Response::new(resp))
+        Ok(Response::new(cancel_response(done)))
     }
 
     #[instrument(skip_all)]
@@ -241,9 +324,10 @@ impl Jobs for JobsService {
         let who = authz::require(&request, authz::Rpc::UpdateJob)?;
         tracing::Span::current().record("user", who.user.as_str());
         let req = request.into_inner();
+        let caller = caller(&who);
         let resp = self
             .handle
-            .call(|reply| Command::UpdateJob { who, req, reply })
+            .call(|reply| Command::UpdateJob { caller, req, reply })
             .await?;
         Ok(Response::new(resp))
     }
@@ -363,5 +447,84 @@ mod tests {
         let root = redact(resp.clone(), &Identity::user("root", 0, 0), true);
         assert_eq!(root.jobs[1].command, resp.jobs[1].command);
         assert!(root.jobs.iter().all(|j| j.uid == 0));
+    }
+
+    #[test]
+    fn a_cancel_names_ids_or_filters_and_never_everything() {
+        let by_id = cancel_request(v1::CancelRequest {
+            jobs: vec![v1::JobRef {
+                job_id: 12,
+                array_tasks: "3".into(),
+            }],
+            // Filters beside ids are not looked at, not even checked.
+            states: vec![999],
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(
+            matches!(&by_id.targets, CancelTargets::Jobs(s) if s.len() == 1 && s[0].to_string() == "12_3")
+        );
+        let err = cancel_request(v1::CancelRequest::default()).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains("refusing to cancel everything"));
+        let bad_state = cancel_request(v1::CancelRequest {
+            states: vec![999],
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(bad_state.message().starts_with("state: "), "{bad_state}");
+        let mine = cancel_request(v1::CancelRequest {
+            user: "alice".into(),
+            signal: 10,
+            batch_only: true,
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(matches!(&mine.targets, CancelTargets::Matching(f) if f.user == "alice"));
+        assert_eq!((mine.signal, mine.batch_only), (10, true));
+    }
+
+    #[test]
+    fn a_cancels_failures_keep_their_order_in_both_lists() {
+        let resp = cancel_response(Cancelled {
+            cancelled: vec![JobId(3)],
+            failures: vec![
+                CancelFailure {
+                    job: "1".into(),
+                    kind: CancelFailureKind::Denied,
+                    message: "denied".into(),
+                },
+                CancelFailure {
+                    job: "2_[1-3]".into(),
+                    kind: CancelFailureKind::NotFound,
+                    message: "missing".into(),
+                },
+            ],
+        });
+        assert_eq!(resp.cancelled, [3]);
+        assert_eq!(resp.errors, ["denied", "missing"]);
+        let kinds: Vec<(&str, i32)> = resp
+            .failures
+            .iter()
+            .map(|f| (f.job.as_str(), f.kind))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                ("1", v1::CancelFailureKind::Denied as i32),
+                ("2_[1-3]", v1::CancelFailureKind::NotFound as i32)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_caller_controls_what_authz_says_it_does() {
+        let alice = caller(&Identity::user("alice", 1000, 1000));
+        assert!(alice.may_control(1000));
+        assert!(!alice.may_control(1001));
+        assert!(!alice.by.admin);
+        assert_eq!(alice.by.uid, Some(1000));
+        let root = caller(&Identity::user("root", 0, 0));
+        assert!(root.may_control(1001) && root.by.admin);
     }
 }

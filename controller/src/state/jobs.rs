@@ -1,8 +1,96 @@
 //! The state actor's job requests: sbatch, scancel, scontrol hold/release/requeue/update,
 //! squeue's listing and `WatchJob`.
+//!
+//! Submit and cancel take and answer plain types ([`Submitted`], [`CancelJobs`],
+//! [`Cancelled`]): the handlers in `api/jobs.rs` convert the wire's requests into them and
+//! their answers back, and decide who may do what ([`Caller`]).
 
 use super::*;
 use tandem_sched::state::JobError;
+
+/// A submit's answer: the job's id and the cluster name Slurm prints with it (empty for
+/// the default cluster).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Submitted {
+    pub job: JobId,
+    pub cluster: String,
+}
+
+/// `scancel`: which jobs, and whether to deliver a signal instead of ending them.
+#[derive(Debug, Clone)]
+pub struct CancelJobs {
+    pub targets: CancelTargets,
+    /// Non-zero: deliver this signal only; the jobs' states do not change.
+    pub signal: i32,
+    /// Signal the batch script's node only.
+    pub batch_only: bool,
+}
+
+/// The jobs a cancel names.
+#[derive(Debug, Clone)]
+pub enum CancelTargets {
+    /// By id (`12`, `12_3`, `12_[3-5]`), in the order given.
+    Jobs(Vec<JobSelector>),
+    /// Every live job that is not an array task and matches all the filters set.
+    Matching(JobFilter),
+}
+
+/// scancel's filters: an empty field matches everything.
+#[derive(Debug, Clone, Default)]
+pub struct JobFilter {
+    pub user: String,
+    pub name: String,
+    pub partition: String,
+    pub account: String,
+    pub states: Vec<JobState>,
+}
+
+impl JobFilter {
+    pub fn is_empty(&self) -> bool {
+        self.user.is_empty()
+            && self.name.is_empty()
+            && self.partition.is_empty()
+            && self.account.is_empty()
+            && self.states.is_empty()
+    }
+
+    fn matches(&self, j: &Job) -> bool {
+        (self.user.is_empty() || j.spec.user == self.user)
+            && (self.name.is_empty() || j.spec.name == self.name)
+            && (self.partition.is_empty() || j.spec.partition == self.partition)
+            && (self.account.is_empty() || j.spec.account == self.account)
+            && (self.states.is_empty() || self.states.contains(&j.state))
+    }
+}
+
+/// What a cancel did: the jobs cancelled (or signalled), and a failure per target it could
+/// not act on, in the order of the targets.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Cancelled {
+    pub cancelled: Vec<JobId>,
+    pub failures: Vec<CancelFailure>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CancelFailure {
+    /// The target as given (`12`, `12_3`, `12_[3-5]`).
+    pub job: String,
+    pub kind: CancelFailureKind,
+    /// One line for a person to read.
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelFailureKind {
+    /// No such job (never was, or purged).
+    NotFound,
+    Denied,
+    /// Already ended.
+    Ended,
+    /// A signal for a job that is not running.
+    NotRunning,
+    Unspecified,
+}
 
 impl Actor {
     pub(super) fn submit(
@@ -10,7 +98,7 @@ impl Actor {
         spec: JobSpec,
         payload: Vec<u8>,
         key: Option<String>,
-        reply: Reply<v1::SubmitResponse>,
+        reply: Reply<Submitted>,
     ) {
         let cluster = self.cluster_for_response();
         if let Some(k) = &key
@@ -18,11 +106,7 @@ impl Actor {
         {
             // The first submit may still be in flight: answer after the current batch,
             // which commits after it.
-            let resp = v1::SubmitResponse {
-                job_id: id.0,
-                cluster,
-                warnings: vec![],
-            };
+            let resp = Submitted { job: *id, cluster };
             self.reply_after_commit(reply, resp);
             return;
         }
@@ -47,34 +131,12 @@ impl Actor {
                         PassTrigger::None => {}
                     }
                 }
-                self.reply_after_commit(
-                    reply,
-                    v1::SubmitResponse {
-                        job_id: id.0,
-                        cluster,
-                        warnings: vec![],
-                    },
-                );
+                self.reply_after_commit(reply, Submitted { job: id, cluster });
             }
             Err(e) => {
                 let _ = reply.send(Err(Status::invalid_argument(e.to_string())));
             }
         }
-    }
-
-    pub(super) fn will_run(&self, spec: JobSpec) -> Result<v1::WillRunResponse, Status> {
-        let w = self
-            .st
-            .will_run(spec, self.now())
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let nodes: Vec<&str> = w.nodes.iter().map(String::as_str).collect();
-        Ok(v1::WillRunResponse {
-            job_id: w.job_id.0,
-            start_time: w.start,
-            nodes: tandem_sched::hostlist::compress(&nodes),
-            cpus: w.cpus,
-            partition: w.partition,
-        })
     }
 
     pub(super) fn cluster_for_response(&self) -> String {
@@ -86,56 +148,30 @@ impl Actor {
         }
     }
 
-    /// The jobs a cancel request names, or (without ids) those its filters match.
-    pub(super) fn cancel_targets(
-        &self,
-        req: &v1::CancelRequest,
-    ) -> Result<Vec<JobSelector>, Status> {
-        if !req.jobs.is_empty() {
-            return req.jobs.iter().map(convert::selector).collect();
+    /// The jobs a cancel names: its ids, or the live jobs its filters match.
+    fn cancel_targets(&self, targets: CancelTargets) -> Vec<JobSelector> {
+        match targets {
+            CancelTargets::Jobs(sels) => sels,
+            CancelTargets::Matching(filter) => self
+                .st
+                .jobs()
+                .filter(|j| !j.state.is_terminal() && j.array_job_id.is_none())
+                .filter(|j| filter.matches(j))
+                .map(|j| JobSelector::job(j.id))
+                .collect(),
         }
-        let states: Vec<JobState> = req
-            .states
-            .iter()
-            .map(|s| convert::state_from_proto(*s))
-            .collect::<Result<_, _>>()?;
-        if req.user.is_empty()
-            && req.name.is_empty()
-            && req.partition.is_empty()
-            && req.account.is_empty()
-            && states.is_empty()
-        {
-            return Err(Status::invalid_argument(
-                "no job ids and no filters given (refusing to cancel everything)",
-            ));
-        }
-        Ok(self
-            .st
-            .jobs()
-            .filter(|j| !j.state.is_terminal() && j.array_job_id.is_none())
-            .filter(|j| req.user.is_empty() || j.spec.user == req.user)
-            .filter(|j| req.name.is_empty() || j.spec.name == req.name)
-            .filter(|j| req.partition.is_empty() || j.spec.partition == req.partition)
-            .filter(|j| req.account.is_empty() || j.spec.account == req.account)
-            .filter(|j| states.is_empty() || states.contains(&j.state))
-            .map(|j| JobSelector::job(j.id))
-            .collect())
     }
 
-    pub(super) fn cancel(
-        &mut self,
-        who: &Identity,
-        req: &v1::CancelRequest,
-    ) -> Result<v1::CancelResponse, Status> {
-        let targets = self.cancel_targets(req)?;
+    pub(super) fn cancel(&mut self, caller: &Caller, req: CancelJobs) -> Cancelled {
+        let targets = self.cancel_targets(req.targets);
         let now = self.now();
-        let by = Self::requester(who);
-        let mut resp = v1::CancelResponse::default();
-        let fail = |resp: &mut v1::CancelResponse, sel: &JobSelector, kind, text: String| {
-            resp.errors.push(text);
-            resp.failures.push(v1::CancelFailure {
+        let by = &caller.by;
+        let mut resp = Cancelled::default();
+        let fail = |resp: &mut Cancelled, sel: &JobSelector, kind, message: String| {
+            resp.failures.push(CancelFailure {
                 job: sel.to_string(),
-                kind: kind as i32,
+                kind,
+                message,
             });
         };
         for sel in targets {
@@ -143,17 +179,17 @@ impl Actor {
                 fail(
                     &mut resp,
                     &sel,
-                    v1::CancelFailureKind::NotFound,
+                    CancelFailureKind::NotFound,
                     format!("Invalid job id specified: {sel}"),
                 );
                 continue;
             };
-            if !authz::may_control_job(who, job.spec.uid) {
+            if !caller.may_control(job.spec.uid) {
                 let text = format!(
                     "Access/permission denied for job {sel} (owned by {})",
                     job.spec.user
                 );
-                fail(&mut resp, &sel, v1::CancelFailureKind::Denied, text);
+                fail(&mut resp, &sel, CancelFailureKind::Denied, text);
                 continue;
             }
             if req.signal != 0 {
@@ -166,9 +202,9 @@ impl Actor {
                     .collect();
                 if job.state != JobState::Running || nodes.is_empty() {
                     let kind = if job.state.is_terminal() {
-                        v1::CancelFailureKind::Ended
+                        CancelFailureKind::Ended
                     } else {
-                        v1::CancelFailureKind::NotRunning
+                        CancelFailureKind::NotRunning
                     };
                     let text = format!("Job {sel} is not running; cannot signal it");
                     fail(&mut resp, &sel, kind, text);
@@ -182,22 +218,22 @@ impl Actor {
                 for n in &targets {
                     self.signal_node(n, sel.job, req.signal, req.batch_only, "signal");
                 }
-                resp.cancelled.push(sel.job.0);
+                resp.cancelled.push(sel.job);
                 continue;
             }
-            match self.st.cancel(&sel, &by, now) {
+            match self.st.cancel(&sel, by, now) {
                 Ok(effects) => {
                     self.apply_effects(effects);
-                    resp.cancelled.push(sel.job.0);
+                    resp.cancelled.push(sel.job);
                 }
                 Err(e) => {
                     let kind = match &e {
                         JobError::NotFound(_) | JobError::BadSelector(_) => {
-                            v1::CancelFailureKind::NotFound
+                            CancelFailureKind::NotFound
                         }
-                        JobError::InvalidState { .. } => v1::CancelFailureKind::Ended,
-                        JobError::PermissionDenied { .. } => v1::CancelFailureKind::Denied,
-                        JobError::Invalid { .. } => v1::CancelFailureKind::Unspecified,
+                        JobError::InvalidState { .. } => CancelFailureKind::Ended,
+                        JobError::PermissionDenied { .. } => CancelFailureKind::Denied,
+                        JobError::Invalid { .. } => CancelFailureKind::Unspecified,
                     };
                     fail(&mut resp, &sel, kind, e.to_string());
                 }
@@ -206,12 +242,12 @@ impl Actor {
         if !resp.cancelled.is_empty() {
             self.pass_wanted = true;
         }
-        Ok(resp)
+        resp
     }
 
     pub(super) fn update_job(
         &mut self,
-        who: &Identity,
+        caller: &Caller,
         req: &v1::UpdateJobRequest,
     ) -> Result<v1::UpdateJobResponse, Status> {
         let r = req
@@ -223,13 +259,13 @@ impl Actor {
             .st
             .job(sel.job)
             .ok_or_else(|| Status::not_found(format!("Invalid job id specified: {sel}")))?;
-        if !authz::may_control_job(who, job.spec.uid) {
+        if !caller.may_control(job.spec.uid) {
             return Err(Status::permission_denied(format!(
                 "Access/permission denied for job {sel} (owned by {})",
                 job.spec.user
             )));
         }
-        let by = Self::requester(who);
+        let by = &caller.by;
         let now = self.now();
         let to_status = |e: tandem_sched::state::JobError| match e {
             tandem_sched::state::JobError::NotFound(_) => Status::not_found(e.to_string()),
@@ -240,8 +276,8 @@ impl Actor {
         };
         use v1::update_job_request::Action;
         match &req.action {
-            Some(Action::Hold(true)) => self.st.hold(&sel, &by).map_err(to_status)?,
-            Some(Action::Release(true)) => self.st.release(&sel, &by).map_err(to_status)?,
+            Some(Action::Hold(true)) => self.st.hold(&sel, by).map_err(to_status)?,
+            Some(Action::Release(true)) => self.st.release(&sel, by).map_err(to_status)?,
             Some(Action::Requeue(true)) => {
                 let target = match &sel.tasks {
                     None => sel.job,
@@ -260,7 +296,7 @@ impl Actor {
                         ));
                     }
                 };
-                let effects = self.st.requeue(target, &by, now).map_err(to_status)?;
+                let effects = self.st.requeue(target, by, now).map_err(to_status)?;
                 self.apply_effects(effects);
             }
             Some(Action::Update(u)) => {
@@ -271,7 +307,7 @@ impl Actor {
                     ));
                 }
                 self.st
-                    .update_job(sel.job, upd, &by, now)
+                    .update_job(sel.job, upd, by, now)
                     .map_err(to_status)?;
             }
             _ => return Err(Status::invalid_argument("action: missing")),

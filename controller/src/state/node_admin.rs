@@ -1,14 +1,33 @@
 //! The state actor's node administration for the operator: removing nodes whose worker
-//! pods are gone, and the per-node end time scale-in ranks victims by.
+//! pods are gone, and the per-node end time scale-in ranks victims by. The handler
+//! (`api/nodes.rs`) checks that the caller may remove nodes and expands the request.
 
-use tandem_proto::auth::Identity;
-use tandem_proto::v1;
 use tandem_sched::node::{Node, NodeMode};
 use tonic::Status;
 use tracing::info;
 
 use super::Actor;
-use crate::api::authz;
+
+/// `RemoveNode`, as the handler checked and expanded it.
+#[derive(Debug, Clone)]
+pub struct RemoveNodes {
+    /// Node names, at least one.
+    pub nodes: Vec<String>,
+    /// Remove nodes that still run jobs (requeueing them).
+    pub force: bool,
+    /// Recorded as the nodes' reason.
+    pub reason: String,
+    /// The user the reason is stamped with.
+    pub by: String,
+}
+
+/// What a removal did: nodes removed, and names the controller does not know (not an error,
+/// so a removal whose answer was lost can be retried).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodesRemoved {
+    pub removed: Vec<String>,
+    pub unknown: Vec<String>,
+}
 
 impl Actor {
     /// Latest expected end of the node's running jobs: 0 when none run, -1 when one has no
@@ -24,24 +43,16 @@ impl Actor {
         latest
     }
 
-    /// `RemoveNode`: admins only. Every named node is checked before any is changed, so a
-    /// refused request changes nothing; unknown names are reported, not an error, so the
-    /// operator can retry a removal that was applied but whose answer was lost.
-    pub(super) fn remove_nodes(
-        &mut self,
-        who: &Identity,
-        req: &v1::RemoveNodeRequest,
-    ) -> Result<v1::RemoveNodeResponse, Status> {
-        if !authz::may_update_node(who) {
-            return Err(Status::permission_denied(
-                "only an operator (root or admin) may remove nodes",
-            ));
-        }
-        let names = tandem_sched::hostlist::expand(&req.nodes)
-            .map_err(|e| Status::invalid_argument(format!("nodes: {e}")))?;
-        if names.is_empty() {
-            return Err(Status::invalid_argument("nodes: none given"));
-        }
+    /// `RemoveNode`. Every named node is checked before any is changed, so a refused
+    /// request changes nothing; unknown names are reported, not an error, so the operator
+    /// can retry a removal that was applied but whose answer was lost.
+    pub(super) fn remove_nodes(&mut self, req: RemoveNodes) -> Result<NodesRemoved, Status> {
+        let RemoveNodes {
+            nodes: names,
+            force,
+            reason,
+            by,
+        } = req;
         let mut known = Vec::new();
         let mut unknown = Vec::new();
         for n in names {
@@ -62,13 +73,13 @@ impl Actor {
                         })
                         .map(|j| j.0.to_string())
                         .collect();
-                    if !bridged.is_empty() && req.force {
+                    if !bridged.is_empty() && force {
                         return Err(Status::failed_precondition(format!(
                             "node {n} holds bridged pods (placeholder job(s) {}); set it DOWN so the bridge evicts them, and remove it once they are gone",
                             bridged.join(",")
                         )));
                     }
-                    if !node.jobs.is_empty() && !req.force {
+                    if !node.jobs.is_empty() && !force {
                         return Err(Status::failed_precondition(format!(
                             "node {n} still runs {} job(s); drain it first or remove with force (requeues them)",
                             node.jobs.len()
@@ -79,11 +90,6 @@ impl Actor {
                 None => unknown.push(n),
             }
         }
-        let reason = if req.reason.trim().is_empty() {
-            format!("removed by {}", who.user)
-        } else {
-            req.reason.clone()
-        };
         let now = self.now();
         for n in &known {
             let busy = self.st.node_by_name(n).is_some_and(|x| !x.jobs.is_empty());
@@ -97,14 +103,14 @@ impl Actor {
             self.st
                 .remove_node(n)
                 .map_err(|e| Status::internal(e.to_string()))?;
-            self.st.stamp_reason(n, &who.user, now);
+            self.st.stamp_reason(n, &by, now);
             // End its stream: a worker still running would otherwise keep heartbeating a
             // node that no longer exists (it re-registers, reviving it, if it is not gone).
             self.workers.lost(n);
             info!(node = %n, reason = %reason, forced = busy, "node removed");
         }
         self.pass_wanted = true;
-        Ok(v1::RemoveNodeResponse {
+        Ok(NodesRemoved {
             removed: known,
             unknown,
         })

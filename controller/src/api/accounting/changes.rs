@@ -1,7 +1,7 @@
 //! sacctmgr's changes: each request checked (names, texts, list lengths, limits) and applied
-//! to `State` item by item. Apart from the actor's glue because it is a pure function of
-//! the request and `State`, with its own rules worth testing without a controller.
-
+//! to `State` item by item. The handler sends [`apply`] to the state actor, which runs it
+//! on the live state and rolls back whatever it applied if it fails (`state/accounting.rs`).
+//! A pure function of the request and `State`, so its rules are tested without a controller.
 use tandem_proto::v1;
 use tandem_sched::State;
 use tandem_sched::account::{AccountConfig, AssocLimits, UserConfig};
@@ -11,7 +11,19 @@ use tandem_sched::qos::{Qos, QosLimits};
 use tandem_sched::state::AdminError;
 use tonic::Status;
 
-use super::Change;
+/// One sacctmgr change, as it came over the wire.
+#[derive(Debug, Clone)]
+pub enum Change {
+    AddAccount(v1::AddAccountRequest),
+    ModifyAccount(v1::ModifyAccountRequest),
+    DeleteAccount(v1::DeleteAccountRequest),
+    AddUser(v1::AddUserRequest),
+    ModifyUser(v1::ModifyUserRequest),
+    DeleteUser(v1::DeleteUserRequest),
+    AddQos(v1::AddQosRequest),
+    ModifyQos(v1::ModifyQosRequest),
+    DeleteQos(v1::DeleteQosRequest),
+}
 
 /// Shares a new association gets when the request names none (Slurm's `Fairshare=1`).
 const DEFAULT_SHARES: u32 = tandem_sched::fairshare::DEFAULT_SHARES;

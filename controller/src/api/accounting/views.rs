@@ -1,7 +1,6 @@
 //! The accounting views: `sacctmgr show account/user/assoc/qos`, `sshare` and `sprio`, read
-//! from `State` into their wire rows. Apart from the changes because they only read: the
-//! actor answers them at once, nothing is committed.
-
+//! from `State` into their wire rows. Pure functions of `State` (and `now`): the handlers run
+//! them on the state actor through `Handle::read`, which answers at once, nothing committed.
 use std::collections::{HashMap, HashSet};
 
 use tandem_proto::v1;
