@@ -530,6 +530,11 @@ impl BridgeEnv {
             "--cluster-namespace",
             &self.cluster_ns,
         ];
+        // The GPU holders run as real processes here: the harness runs `busybox` images
+        // (the release image is not in its table, so its holders would never start).
+        if !extra.iter().any(|a| a.starts_with("--gpu-holder-image")) {
+            args.extend_from_slice(&["--gpu-holder-image", "busybox"]);
+        }
         args.extend_from_slice(extra);
         let log = self.dir.path().join(format!("bridge-{}.log", self.bridges));
         let kubeconfig = self.kubeconfig.to_string_lossy().into_owned();
