@@ -60,6 +60,7 @@ mod nodes;
 mod pass;
 mod persist;
 mod placeholders;
+mod step_table;
 mod timers;
 mod view;
 mod watch;
@@ -337,7 +338,7 @@ pub fn spawn(
         launch_failed_rx,
         metrics: parts.metrics,
         workers: Workers::new(now),
-        steps: parts.steps,
+        steps: step_table::StepTable::new(parts.steps),
         watchers: HashMap::new(),
         idem: parts.idempotency,
         batch: Batch::default(),
@@ -378,7 +379,7 @@ struct Actor {
     metrics: Arc<Metrics>,
     workers: Workers,
     /// Steps of running jobs; folded into the accounting record when the job ends.
-    steps: HashMap<JobId, Vec<StepRec>>,
+    steps: step_table::StepTable,
     /// Open WatchJob streams per job.
     watchers: HashMap<JobId, Vec<WatchTx>>,
     /// Submit idempotency keys -> (job, created).

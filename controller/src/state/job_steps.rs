@@ -1,6 +1,7 @@
 //! The state actor's side of srun's steps: placing a step in a running allocation, signing
 //! its launch credential, and recording its end.
 
+use super::step_table::{NoSuchStep, Reporter};
 use super::*;
 
 impl Actor {
@@ -43,8 +44,7 @@ impl Actor {
             .collect();
         let placed =
             steps::place(&nodes, req, job.shape.ntasks).map_err(Status::invalid_argument)?;
-        let list = self.steps.entry(id).or_default();
-        let step_id = list.iter().map(|s| s.step_id + 1).max().unwrap_or(0);
+        let step_id = self.steps.next_id(id);
         let now = unix_now();
         let step_names: Vec<&str> = placed.iter().map(|p| nodes[p.node].name.as_str()).collect();
         let nodelist = tandem_sched::hostlist::compress(&step_names);
@@ -80,7 +80,7 @@ impl Actor {
         self.batch
             .steps
             .push((id.0, step_id, serde_json::to_vec(&rec).unwrap_or_default()));
-        list.push(rec);
+        self.steps.add(id, rec);
         self.view.dirty_jobs.insert(id.0);
         // The launch credential: workers run this step's tasks only with it (job, step,
         // the step's nodes, the job's user, a short expiry).
@@ -123,20 +123,21 @@ impl Actor {
                 "Access/permission denied for job {id}"
             )));
         }
-        let rec = self
-            .steps
-            .get_mut(&id)
-            .and_then(|l| l.iter_mut().find(|s| s.step_id == step_id))
-            .ok_or_else(|| Status::not_found(format!("no step {job_id}.{step_id}")))?;
         // srun's report (worst task) is final; a worker's per-node report only fills in
         // when srun never called.
-        if rec.end_time.is_some() && who.role == Role::Worker {
+        let by = if who.role == Role::Worker {
+            Reporter::Worker
+        } else {
+            Reporter::Srun
+        };
+        let ended = self
+            .steps
+            .end(id, step_id, exit_code, signal, by, unix_now())
+            .map_err(|NoSuchStep| Status::not_found(format!("no step {job_id}.{step_id}")))?;
+        let Some(rec) = ended else {
             return Ok(());
-        }
-        rec.end_time = Some(unix_now());
-        rec.exit_code = exit_code;
-        rec.signal = signal;
-        let bytes = serde_json::to_vec(&*rec).unwrap_or_default();
+        };
+        let bytes = serde_json::to_vec(rec).unwrap_or_default();
         self.batch.steps.push((job_id, step_id, bytes));
         self.view.dirty_jobs.insert(job_id);
         Ok(())

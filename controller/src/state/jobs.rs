@@ -325,7 +325,7 @@ impl Actor {
     pub(super) fn job_info_with(&self, job: &Job, want: JobFields) -> v1::JobInfo {
         let mut info = convert::job_info_with(&self.st, job, want);
         if want.has(job_field::STEPS)
-            && let Some(steps) = self.steps.get(&job.id)
+            && let Some(steps) = self.steps.of(job.id)
         {
             let st = convert::state_to_proto(job.state);
             info.steps = steps.iter().map(|s| s.info(st)).collect();

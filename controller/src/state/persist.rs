@@ -38,7 +38,7 @@ impl Actor {
         };
         let row = record_row(job, run, &info, &batch_host, batch_usage);
         self.batch.records.push(row);
-        if rec.requeued && self.steps.remove(&rec.job).is_some() {
+        if rec.requeued && self.steps.remove(rec.job) {
             self.batch.removed_steps.push(rec.job.0);
         }
     }
@@ -89,7 +89,7 @@ impl Actor {
                         .records
                         .push(record_row(job, job.restarts, &info, "", None));
                 }
-                if self.steps.remove(id).is_some() {
+                if self.steps.remove(*id) {
                     batch.removed_steps.push(id.0);
                 }
             }
@@ -122,7 +122,7 @@ impl Actor {
         for id in &changes.removed_jobs {
             batch.removed_jobs.push(id.0);
             batch.removed_payloads.push(id.0);
-            if self.steps.remove(id).is_some() {
+            if self.steps.remove(*id) {
                 batch.removed_steps.push(id.0);
             }
             self.watchers.remove(id);
