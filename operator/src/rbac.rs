@@ -13,10 +13,13 @@
 //!   namespaced `Api` from the object's namespace), and in one-namespace mode its watches
 //!   are namespaced too, so the Role is enough.
 //!
-//! The reconcilers name each `Api` after its resource (`pods`, `services`, ...). The tests
-//! read `src/reconcile.rs` and fail both ways: on a verb in the table the code never uses,
-//! and on a call the table does not grant. `e2e/tests/packaging.rs` renders the chart with
-//! real Helm in both modes and compares what it grants with this table.
+//! The tests check the table against what the operator does, both ways, through the chart's
+//! checked-in file: every request the request-sequence tests ([`crate::reconcile`]'s
+//! `requests` module, a mock API server) saw the reconcilers and the daemon make must be
+//! granted by it, in its scope; and every verb it grants must be one of those requests, or
+//! in a short table of verbs no test exercises, each with the reason it is granted.
+//! `e2e/tests/packaging.rs` renders the chart with real Helm in both modes and compares
+//! what it grants with this table.
 
 use serde_json::json;
 
@@ -114,23 +117,6 @@ pub const USES: &[(&str, &str, &[&str], Scope)] = &[
     ),
 ];
 
-/// The variable name the reconcilers give each resource's `Api` (the tests' convention).
-pub fn var_of(resource: &str) -> &'static str {
-    match resource {
-        "tandemclusters" | "tandemclusters/status" => "clusters",
-        "workersets" | "workersets/status" => "sets",
-        "loginsets" | "loginsets/status" => "logins",
-        "pods" => "pods",
-        "services" => "services",
-        "configmaps" => "configmaps",
-        "secrets" => "secrets",
-        "persistentvolumeclaims" => "pvcs",
-        "nodes" => "nodes",
-        "events" => "recorder",
-        _ => "?",
-    }
-}
-
 /// The RBAC rules of the rows of `scope`, one rule per row.
 pub fn rules(scope: Scope) -> Vec<serde_json::Value> {
     USES.iter()
@@ -162,124 +148,176 @@ pub fn rules_yaml() -> Result<String, serde_yaml::Error> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
+    use crate::reconcile::requests::{Seen, all_requests};
 
-    /// The files that make API calls.
-    const FILES: &[&str] = &[
-        include_str!("daemon.rs"),
-        include_str!("secrets.rs"),
-        include_str!("connections.rs"),
-        include_str!("events.rs"),
-        include_str!("reconcile/mod.rs"),
-        include_str!("reconcile/cluster.rs"),
-        include_str!("reconcile/workerset.rs"),
-        include_str!("reconcile/loginset.rs"),
-    ];
+    /// Granted verbs no request-sequence test makes, each with why the operator needs it.
+    /// Everything else the chart grants must show up in the tests' requests.
+    const UNEXERCISED: &[(&str, &str, &str, &str)] = &[(
+        "",
+        "configmaps",
+        "create",
+        "server-side apply of the ConfigMap is a PATCH, but the API server also checks \
+             create when the apply makes the object (the first pass of every cluster)",
+    )];
 
-    /// The source with whitespace removed before `.` and after `(` and `,`, so calls split
-    /// over lines (`pods\n    .create(`) still match, and words stay apart.
-    fn source() -> String {
-        let raw = FILES.join("\n");
-        let mut out = String::with_capacity(raw.len());
-        let mut pending_ws = false;
-        for c in raw.chars() {
-            if c.is_whitespace() {
-                pending_ws = true;
-                continue;
-            }
-            let last = out.chars().next_back();
-            if pending_ws && c != '.' && !matches!(last, Some('(' | ',')) {
-                out.push(' ');
-            }
-            pending_ws = false;
-            out.push(c);
-        }
-        out
+    /// A request as RBAC sees it.
+    #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+    struct Call {
+        group: String,
+        /// With its subresource (`tandemclusters/status`).
+        resource: String,
+        verb: &'static str,
+        /// Made in a namespace (a Role there can grant it), or cluster-wide.
+        namespaced: bool,
     }
 
-    /// Whether `pat` occurs in `src` as its own word (`nodes.get(` is not in `batch_nodes.get(`).
-    fn occurs(src: &str, pat: &str) -> bool {
-        src.match_indices(pat).any(|(i, _)| {
-            !src[..i]
-                .chars()
-                .next_back()
-                .is_some_and(|c| c.is_alphanumeric() || c == '_')
+    /// `/api/v1/...` or `/apis/GROUP/VERSION/...`, then `[namespaces/NS/]RESOURCE[/NAME[/SUB]]`.
+    fn call_of(s: &Seen) -> Call {
+        let parts: Vec<&str> = s.path.trim_start_matches('/').split('/').collect();
+        let (group, rest) = match parts.as_slice() {
+            ["api", "v1", rest @ ..] => ("", rest),
+            ["apis", group, _version, rest @ ..] => (*group, rest),
+            _ => panic!("not an API path: {}", s.path),
+        };
+        let (namespaced, rest) = match rest {
+            ["namespaces", _ns, rest @ ..] if !rest.is_empty() => (true, rest),
+            rest => (false, rest),
+        };
+        let (resource, named) = match rest {
+            [r] => (r.to_string(), false),
+            [r, _name] => (r.to_string(), true),
+            [r, _name, sub] => (format!("{r}/{sub}"), true),
+            _ => panic!("not a resource path: {}", s.path),
+        };
+        let watch = s.query.split('&').any(|q| q == "watch=true");
+        let verb = match (s.method.as_str(), named) {
+            ("GET", true) => "get",
+            ("GET", false) if watch => "watch",
+            ("GET", false) => "list",
+            ("POST", _) => "create",
+            ("PATCH", _) => "patch",
+            ("PUT", _) => "update",
+            ("DELETE", true) => "delete",
+            ("DELETE", false) => "deletecollection",
+            (m, _) => panic!("unexpected method {m} on {}", s.path),
+        };
+        Call {
+            group: group.into(),
+            resource,
+            verb,
+            namespaced,
+        }
+    }
+
+    /// The chart's checked-in rules file (what the chart's Role and ClusterRole grant).
+    fn chart_rules() -> serde_json::Value {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../charts/tandem-operator/files/rbac.yaml"
+        );
+        let text = std::fs::read_to_string(path).unwrap();
+        serde_yaml::from_str(&text).unwrap()
+    }
+
+    fn grants(rules: &serde_json::Value, group: &str, resource: &str, verb: &str) -> bool {
+        let has = |r: &serde_json::Value, k: &str, v: &str| {
+            r[k].as_array()
+                .is_some_and(|a| a.iter().any(|x| x == v || x == "*"))
+        };
+        rules.as_array().is_some_and(|rs| {
+            rs.iter().any(|r| {
+                has(r, "apiGroups", group) && has(r, "resources", resource) && has(r, "verbs", verb)
+            })
         })
     }
 
-    /// Whether the source calls `verb` on the Api variable `var`.
-    fn calls(var: &str, resource: &str, verb: &str) -> bool {
-        let src = source();
-        let has = |pat: &str| occurs(&src, pat);
-        let status = resource.ends_with("/status");
-        match verb {
-            "get" => has(&format!("{var}.get(")) || has(&format!("{var}.get_opt(")),
-            // kube's recorder creates an Event, then patches it into a series on a repeat.
-            "create" | "patch" if var == "recorder" => has("recorder.publish("),
-            "create" => {
-                has(&format!("{var}.create("))
-                    || has(&format!(
-                        "{var}.patch(&render::config_map_name(name),&PatchParams::apply("
-                    ))
-            }
-            "patch" if status => has(&format!("{var}.patch_status(")),
-            "patch" => {
-                has(&format!("{var}.patch(")) || has(&format!("finalizer::finalizer(&{var},"))
-            }
-            "delete" => has(&format!("{var}.delete(")),
-            // Watched through the Controller (owns/watches) or a reflector.
-            "list" | "watch" => has(&format!("watch: {var}")),
-            _ => false,
+    async fn calls() -> BTreeSet<Call> {
+        all_requests().await.iter().map(call_of).collect()
+    }
+
+    /// Each request the tests saw is granted by the chart in its own scope: a request in a
+    /// namespace by the namespaced rules (the Role when the operator watches one namespace;
+    /// the tests' daemon does), a cluster-wide one by the cluster rules.
+    #[tokio::test]
+    async fn every_request_the_operator_makes_is_granted_by_the_chart() {
+        let rules = chart_rules();
+        // The matcher itself: what the chart holds, and what it does not.
+        assert!(grants(&rules["namespacedRules"], "", "pods", "create"));
+        assert!(!grants(&rules["namespacedRules"], "", "pods", "update"));
+        assert!(!grants(&rules["clusterRules"], "", "pods", "create"));
+        let calls = calls().await;
+        for want in ["get", "list", "watch", "create", "patch", "delete"] {
+            assert!(
+                calls.iter().any(|c| c.verb == want),
+                "no test request is a {want}: the scenarios lost their reach"
+            );
+        }
+        for c in &calls {
+            let scope = if c.namespaced {
+                "namespacedRules"
+            } else {
+                "clusterRules"
+            };
+            assert!(
+                grants(&rules[scope], &c.group, &c.resource, c.verb),
+                "the operator makes {c:?}, which the chart's {scope} do not grant"
+            );
         }
     }
 
-    #[test]
-    fn every_granted_verb_is_used_by_the_code() {
-        for (_, resource, verbs, _) in USES {
+    /// Each verb the chart grants is one the tests saw the operator use, or one of
+    /// [`UNEXERCISED`] (whose rows are granted, and exercised by no test: the table stays
+    /// as short as the tests allow).
+    #[tokio::test]
+    async fn every_granted_verb_is_used_by_the_operator() {
+        let calls = calls().await;
+        let used = |group: &str, resource: &str, verb: &str| {
+            calls
+                .iter()
+                .any(|c| c.group == group && c.resource == resource && c.verb == verb)
+        };
+        let unexercised = |group: &str, resource: &str, verb: &str| {
+            UNEXERCISED
+                .iter()
+                .any(|(g, r, v, _)| (*g, *r, *v) == (group, resource, verb))
+        };
+        for (group, resource, verbs, _) in USES {
             for verb in *verbs {
                 assert!(
-                    calls(var_of(resource), resource, verb),
-                    "the ClusterRole grants {verb} on {resource}, which src/reconcile.rs never does"
+                    used(group, resource, verb) || unexercised(group, resource, verb),
+                    "the chart grants {verb} on {group}/{resource}, which no test sees the \
+                     operator do (and UNEXERCISED does not explain)"
                 );
             }
+        }
+        for (group, resource, verb, why) in UNEXERCISED {
+            assert!(!why.is_empty());
+            assert!(
+                !used(group, resource, verb),
+                "UNEXERCISED lists {verb} on {group}/{resource}, which a test now exercises: \
+                 drop it from the table"
+            );
+            assert!(
+                USES.iter()
+                    .any(|(g, r, vs, _)| g == group && r == resource && vs.contains(verb)),
+                "UNEXERCISED lists {verb} on {group}/{resource}, which the chart does not grant"
+            );
         }
     }
 
-    #[test]
-    fn every_call_in_the_code_is_granted() {
-        for var in [
-            "clusters",
-            "sets",
-            "logins",
-            "pods",
-            "services",
-            "configmaps",
-            "secrets",
-            "pvcs",
-            "nodes",
-        ] {
-            for (method, verb, status) in [
-                (".get(", "get", false),
-                (".get_opt(", "get", false),
-                (".create(", "create", false),
-                (".patch(", "patch", false),
-                (".patch_status(", "patch", true),
-                (".delete(", "delete", false),
-                (".replace(", "update", false),
-                (".delete_collection(", "deletecollection", false),
-            ] {
-                if !occurs(&source(), &format!("{var}{method}")) {
-                    continue;
-                }
-                let granted = USES.iter().any(|(_, r, verbs, _)| {
-                    var_of(r) == var && r.ends_with("/status") == status && verbs.contains(&verb)
-                });
-                assert!(
-                    granted,
-                    "src/reconcile.rs calls {var}{method}) but the ClusterRole lacks {verb}"
-                );
-            }
-        }
+    /// Nothing but Nodes is requested cluster-wide (the daemon watching one namespace).
+    #[tokio::test]
+    async fn only_nodes_are_requested_cluster_wide() {
+        let wide: BTreeSet<String> = calls()
+            .await
+            .into_iter()
+            .filter(|c| !c.namespaced)
+            .map(|c| c.resource)
+            .collect();
+        assert_eq!(wide, BTreeSet::from(["nodes".to_owned()]));
     }
 
     #[test]

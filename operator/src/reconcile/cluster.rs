@@ -21,7 +21,7 @@ use crate::secrets::{ca_of, hex, read_ca};
 use crate::{accounting, defaults, partitions, render, validate};
 
 /// The steps of a TandemCluster pass, in order.
-const STEPS: &[Step<ClusterPass>] = &[
+pub(crate) const STEPS: &[Step<ClusterPass>] = &[
     step!(ClusterPass, "validate", validate),
     step!(ClusterPass, "key-secret", key_secret),
     step!(ClusterPass, "ca-secret", ca_secret),

@@ -16,7 +16,7 @@ use crate::labels::*;
 use crate::render;
 
 /// The steps of a LoginSet pass, in order.
-const STEPS: &[Step<LoginSetPass>] = &[
+pub(crate) const STEPS: &[Step<LoginSetPass>] = &[
     step!(LoginSetPass, "cluster", cluster),
     step!(LoginSetPass, "pods", pods),
     step!(LoginSetPass, "status", status),

@@ -36,6 +36,9 @@ pub mod cluster;
 pub mod loginset;
 pub mod workerset;
 
+#[cfg(test)]
+pub(crate) mod requests;
+
 pub(crate) use cluster::reconcile_cluster;
 pub(crate) use loginset::reconcile_loginset;
 pub(crate) use workerset::reconcile_workerset;

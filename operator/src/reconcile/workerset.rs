@@ -30,7 +30,7 @@ use crate::{defaults, render, validate};
 const FINALIZER_STEPS: &[Step<WorkerSetPass>] = &[step!(WorkerSetPass, "finalizer", add_finalizer)];
 
 /// The steps of a WorkerSet pass (applying or cleaning up), in order.
-const STEPS: &[Step<WorkerSetPass>] = &[
+pub(crate) const STEPS: &[Step<WorkerSetPass>] = &[
     step!(WorkerSetPass, "cluster", cluster),
     step!(WorkerSetPass, "validate", validate),
     step!(WorkerSetPass, "observe", observe),
