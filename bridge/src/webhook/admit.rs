@@ -63,16 +63,31 @@
 //!
 //! Until the Node list has been read, a request that names a node or tolerates the pool is
 //! refused (fail closed), and nothing else is affected.
+//!
+//! ```text
+//!   admit      the entry: which rules a pod gets (managed, or guarded)      pure
+//!   managed    a managed pod's rules and its JSON patch                      pure
+//!   guard      the pool-node guard's rules, pods and pods/binding            pure
+//!   identity   which requesters' own pods the guard trusts                   pure
+//!   tests      every rule, through admit and guard_binding
+//! ```
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::{Pod, Toleration};
-use serde_json::{Value, json};
-use tandem_operator::labels as operator;
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::Value;
 
-use crate::annotations;
-use crate::labels::{ACCOUNT, MANAGED_LABEL, POOL_TAINT, PREFIX, SCHEDULER_NAME};
-use crate::policy::{self, NamespacePolicy, PolicyError};
+use crate::labels::{MANAGED_LABEL, SCHEDULER_NAME};
+use crate::policy::NamespacePolicy;
+
+mod guard;
+mod identity;
+mod managed;
+#[cfg(test)]
+mod tests;
+
+pub use guard::guard_binding;
+pub use managed::pool_toleration;
 
 /// The scheduler name the API server defaults an unset `spec.schedulerName` to; it means
 /// "nobody chose", so a managed pod's is replaced.
@@ -157,7 +172,10 @@ pub fn admit(
         return Verdict::Allow;
     }
     if mode == Mode::Guard {
-        return deny_or(guard(op, pod, old, who, view.guard), Verdict::Allow);
+        return deny_or(
+            guard::problems(op, pod, old, who, view.guard),
+            Verdict::Allow,
+        );
     }
     let policies = match view.policies {
         Ok(p) => p,
@@ -183,8 +201,7 @@ pub fn admit(
             Some(true)
         }
     };
-    let spec = pod.spec.as_ref();
-    let scheduler = spec.and_then(|s| s.scheduler_name.as_deref());
+    let scheduler = pod.spec.as_ref().and_then(|s| s.scheduler_name.as_deref());
     let mapped = policies.iter().any(|p| p.namespace == namespace);
     let managed = match opted_in {
         Some(v) => v,
@@ -193,54 +210,19 @@ pub fn admit(
     if !managed {
         // An opted-out pod of a mapped namespace, or any pod this endpoint sees: it is not
         // Tandem's, so it must stay off the pool.
-        problems.extend(guard(op, pod, old, who, view.guard));
+        problems.extend(guard::problems(op, pod, old, who, view.guard));
         return deny_or(problems, Verdict::Allow);
     }
 
     if op == Op::Update {
-        let before = old.map(|o| tandem_annotations(o.metadata.annotations.as_ref()));
-        if before.as_ref() != Some(&tandem_annotations(pod.metadata.annotations.as_ref())) {
-            check_annotations(namespace, pod, policies, &mut problems);
-        }
+        managed::check_update(namespace, pod, old, policies, &mut problems);
         return deny_or(problems, Verdict::Allow);
     }
-
-    check_annotations(namespace, pod, policies, &mut problems);
-    if let Some(node) = spec.and_then(|s| s.node_name.as_deref()) {
-        problems.push(format!(
-            "spec.nodeName: preset to {node:?}; pods scheduled by {SCHEDULER_NAME} are bound \
-             where the controller allocates, so leave spec.nodeName unset"
-        ));
-    }
-    if spec
-        .and_then(|s| s.resource_claims.as_ref())
-        .is_some_and(|c| !c.is_empty())
-    {
-        problems.push(format!(
-            "spec.resourceClaims: the {SCHEDULER_NAME} scheduler does not schedule pods with \
-             resource claims yet"
-        ));
-    }
-    if let Some(why) = spec.and_then(crate::fit::unplaceable) {
-        problems.push(format!("spec.containers[].ports[].{why}"));
-    }
-    let unset = matches!(scheduler, None | Some("") | Some(DEFAULT_SCHEDULER));
-    let wrong_scheduler = match mode {
-        Mode::Mutate => !unset && scheduler != Some(SCHEDULER_NAME),
-        // Guard mode returned at the top.
-        Mode::Validate | Mode::Guard => scheduler != Some(SCHEDULER_NAME),
-    };
-    if wrong_scheduler {
-        problems.push(format!(
-            "spec.schedulerName: {:?}; pods managed by Tandem are scheduled by {SCHEDULER_NAME:?} \
-             (leave it unset, or label the pod {MANAGED_LABEL}=false to opt out)",
-            scheduler.unwrap_or_default()
-        ));
-    }
+    managed::check_create(mode, namespace, pod, policies, &mut problems);
     if mode == Mode::Validate {
         return deny_or(problems, Verdict::Allow);
     }
-    let ops = mutations(pod, view.cluster);
+    let ops = managed::mutations(pod, view.cluster);
     let ok = if ops.is_empty() {
         Verdict::Allow
     } else {
@@ -256,253 +238,3 @@ fn deny_or(problems: Vec<String>, ok: Verdict) -> Verdict {
         Verdict::Deny(problems.join("; "))
     }
 }
-
-/// The annotations under `tandem.dev/`, to tell whether an update changed them.
-fn tandem_annotations(a: Option<&BTreeMap<String, String>>) -> Vec<(&str, &str)> {
-    a.into_iter()
-        .flatten()
-        .filter(|(k, _)| k.starts_with(PREFIX))
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect()
-}
-
-fn check_annotations(
-    namespace: &str,
-    pod: &Pod,
-    policies: &[NamespacePolicy],
-    problems: &mut Vec<String>,
-) {
-    match annotations::parse(pod.metadata.annotations.as_ref()) {
-        Err(e) => problems.push(format!("metadata.annotations: {e}")),
-        Ok(asks) => match policy::resolve(namespace, &asks, policies) {
-            Ok(_) => {}
-            Err(e @ PolicyError::AccountNotAllowed { .. }) => {
-                problems.push(format!("metadata.annotations[{ACCOUNT}]: {e}"));
-            }
-            Err(e @ PolicyError::NamespaceNotMapped { .. }) => {
-                problems.push(format!("metadata.namespace: {e}"));
-            }
-        },
-    }
-}
-
-/// The toleration of the pool taint `tandem.dev/pool=<cluster>:NoSchedule`.
-pub fn pool_toleration(cluster: &str) -> Toleration {
-    Toleration {
-        key: Some(POOL_TAINT.to_owned()),
-        operator: Some("Equal".to_owned()),
-        value: Some(cluster.to_owned()),
-        effect: Some("NoSchedule".to_owned()),
-        toleration_seconds: None,
-    }
-}
-
-/// Whether `t` already lets the pod onto the pool's nodes.
-fn tolerates_pool(t: &Toleration, cluster: &str) -> bool {
-    let effect_ok = matches!(t.effect.as_deref(), None | Some("") | Some("NoSchedule"));
-    let key_ok = matches!(t.key.as_deref(), None | Some("") | Some(POOL_TAINT));
-    let value_ok = t.operator.as_deref() == Some("Exists") || t.value.as_deref() == Some(cluster);
-    effect_ok && key_ok && value_ok
-}
-
-/// The JSON patch that makes a managed pod name the scheduler and tolerate the pool.
-fn mutations(pod: &Pod, cluster: &str) -> Vec<Value> {
-    let spec = pod.spec.as_ref();
-    let mut ops = Vec::new();
-    if spec.and_then(|s| s.scheduler_name.as_deref()) != Some(SCHEDULER_NAME) {
-        ops.push(json!({"op": "add", "path": "/spec/schedulerName", "value": SCHEDULER_NAME}));
-    }
-    let tolerations = spec.and_then(|s| s.tolerations.as_ref());
-    if !tolerations
-        .into_iter()
-        .flatten()
-        .any(|t| tolerates_pool(t, cluster))
-    {
-        let t = serde_json::to_value(pool_toleration(cluster)).unwrap_or(Value::Null);
-        if tolerations.is_some() {
-            ops.push(json!({"op": "add", "path": "/spec/tolerations/-", "value": t}));
-        } else {
-            ops.push(json!({"op": "add", "path": "/spec/tolerations", "value": [t]}));
-        }
-    }
-    ops
-}
-
-/// The pool-node guard's refusals for `pod` (see the module's documentation).
-fn guard(op: Op, pod: &Pod, old: Option<&Pod>, who: Requester<'_>, g: Guard<'_>) -> Vec<String> {
-    let mut problems = Vec::new();
-    let spec = pod.spec.as_ref();
-    let node = spec
-        .and_then(|s| s.node_name.as_deref())
-        .filter(|n| !n.is_empty());
-    // Evaluated only where a rule would refuse: most pods never need it.
-    let ours = || operator_pod(pod, who, g.operators) || holder_pod(pod, who, g.holders);
-    if op == Op::Create
-        && let Some(node) = node
-    {
-        match g.pool_nodes {
-            Err(why) => problems.push(format!(
-                "spec.nodeName: cannot tell yet whether {node:?} is a Tandem pool node \
-                 ({why}); try again shortly"
-            )),
-            Ok(pool) if pool.contains(node) && !ours() => problems.push(format!(
-                "spec.nodeName: {node:?} is a Tandem pool node; pods reach pool nodes only \
-                 through the {SCHEDULER_NAME} scheduler (leave spec.nodeName unset and let \
-                 the pod's namespace be mapped to Tandem), or as the operator's worker pods"
-            )),
-            Ok(_) => {}
-        }
-    }
-    let by_tandem =
-        spec.and_then(|s| s.scheduler_name.as_deref()) == Some(SCHEDULER_NAME) && node.is_none();
-    if by_tandem {
-        return problems;
-    }
-    let Some(i) = spec
-        .and_then(|s| s.tolerations.as_ref())
-        .and_then(|ts| ts.iter().position(tolerates_pool_key))
-    else {
-        return problems;
-    };
-    // On update only a toleration the pod did not have is judged (tolerations may be added
-    // to a running pod; the rest of the spec is immutable).
-    let had = op == Op::Update
-        && old
-            .and_then(|o| o.spec.as_ref())
-            .and_then(|s| s.tolerations.as_ref())
-            .is_some_and(|ts| ts.iter().any(tolerates_pool_key));
-    if had {
-        return problems;
-    }
-    let off_pool = match (pinned_nodes(pod), g.pool_nodes) {
-        (Some(names), Ok(pool)) => names.iter().all(|n| !pool.contains(*n)),
-        _ => false,
-    };
-    if !off_pool && !ours() {
-        problems.push(format!(
-            "spec.tolerations[{i}]: tolerates the Tandem pool taint {POOL_TAINT}; only pods \
-             scheduled by {SCHEDULER_NAME} (and Tandem's worker pods) may run on pool nodes, \
-             which hold batch jobs while in batch mode. Tolerate specific taint keys \
-             instead, or leave the pod to Tandem"
-        ));
-    }
-    problems
-}
-
-/// Refusals for a `pods/binding` of a pod onto `node` by `who`.
-pub fn guard_binding(node: &str, who: Requester<'_>, g: Guard<'_>) -> Verdict {
-    if g.binders.iter().any(|b| b == who.username) {
-        return Verdict::Allow;
-    }
-    match g.pool_nodes {
-        Err(why) => Verdict::Deny(format!(
-            "target.name: cannot tell yet whether {node:?} is a Tandem pool node ({why}); \
-             try again shortly"
-        )),
-        Ok(pool) if pool.contains(node) => Verdict::Deny(format!(
-            "target.name: {node:?} is a Tandem pool node; only the {SCHEDULER_NAME} scheduler \
-             binds pods there ({} may not)",
-            if who.username.is_empty() {
-                "an unnamed requester"
-            } else {
-                who.username
-            }
-        )),
-        Ok(_) => Verdict::Allow,
-    }
-}
-
-/// Whether `t` lets a pod stay on (or be scheduled onto) a node with the pool taint: its
-/// key is the pool's, or it tolerates every key, for an effect the pool taint has. Any
-/// value counts: another cluster's pool is no place for a pod Tandem does not schedule.
-fn tolerates_pool_key(t: &Toleration) -> bool {
-    let key_ok = match t.key.as_deref() {
-        Some(POOL_TAINT) => true,
-        // An empty key with `Exists` tolerates every taint.
-        None | Some("") => t.operator.as_deref() == Some("Exists"),
-        Some(_) => false,
-    };
-    let effect_ok = matches!(
-        t.effect.as_deref(),
-        None | Some("") | Some("NoSchedule") | Some("NoExecute")
-    );
-    key_ok && effect_ok
-}
-
-/// The only nodes `pod` can run on, when it names them: its `spec.nodeName`, or the names
-/// of a required node affinity every term of which is `metadata.name In [...]` (how the
-/// DaemonSet controller pins its pods). `None`: any node.
-fn pinned_nodes(pod: &Pod) -> Option<Vec<&str>> {
-    let spec = pod.spec.as_ref()?;
-    if let Some(n) = spec.node_name.as_deref().filter(|n| !n.is_empty()) {
-        return Some(vec![n]);
-    }
-    let terms = &spec
-        .affinity
-        .as_ref()?
-        .node_affinity
-        .as_ref()?
-        .required_during_scheduling_ignored_during_execution
-        .as_ref()?
-        .node_selector_terms;
-    if terms.is_empty() {
-        return None;
-    }
-    let mut names = Vec::new();
-    for term in terms {
-        // A term matches a node when all its requirements do: one `metadata.name In`
-        // requirement bounds the term, whatever else it asks.
-        let pinned = term
-            .match_fields
-            .iter()
-            .flatten()
-            .find(|f| f.key == "metadata.name" && f.operator == "In")?;
-        names.extend(pinned.values.iter().flatten().map(String::as_str));
-    }
-    Some(names)
-}
-
-/// Whether `pod` is a GPU holder ([`crate::holder`]) created by the bridge's identity: the
-/// holder's labels and the cluster's, from a requester named in `holders`. As for operator
-/// pods, the identity is what counts; the labels only say which kind of pod it is.
-fn holder_pod(pod: &Pod, who: Requester<'_>, holders: &[String]) -> bool {
-    if who.username.is_empty() || !holders.iter().any(|h| h == who.username) {
-        return false;
-    }
-    let labels = pod.metadata.labels.as_ref();
-    let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
-    crate::holder::is_holder(pod)
-        && label(operator::CLUSTER).is_some_and(|c| !c.is_empty())
-        && label(MANAGED_LABEL) == Some("false")
-}
-
-/// Whether `pod` is one of the operator's own (worker, controller or login), created by an
-/// operator identity. See the module's documentation for why the identity is what counts.
-fn operator_pod(pod: &Pod, who: Requester<'_>, operators: &[String]) -> bool {
-    if who.username.is_empty() || !operators.iter().any(|o| o == who.username) {
-        return false;
-    }
-    let Some(labels) = pod.metadata.labels.as_ref() else {
-        return false;
-    };
-    let label = |k: &str| labels.get(k).map(String::as_str);
-    let owner_kind = match label(operator::APP_COMPONENT) {
-        Some(operator::COMPONENT_WORKER) => "WorkerSet",
-        Some(operator::COMPONENT_LOGIN) => "LoginSet",
-        Some(operator::COMPONENT_CONTROLLER) => "TandemCluster",
-        _ => return false,
-    };
-    let owned = pod.metadata.owner_references.iter().flatten().any(|o| {
-        o.controller == Some(true)
-            && o.kind == owner_kind
-            && o.api_version
-                .strip_prefix(operator::GROUP)
-                .is_some_and(|v| v.starts_with('/'))
-    });
-    label(operator::APP_MANAGED_BY) == Some(operator::MANAGER)
-        && label(operator::CLUSTER).is_some_and(|c| !c.is_empty())
-        && owned
-}
-
-#[cfg(test)]
-mod tests;

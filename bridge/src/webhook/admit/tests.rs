@@ -2,6 +2,8 @@
 //! the identities it trusts, each through [`super::admit`] or [`super::guard_binding`] as
 //! the endpoints call them.
 
+use serde_json::json;
+
 use super::*;
 
 const ANYONE: Requester<'static> = Requester { username: "alice" };
