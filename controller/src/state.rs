@@ -19,13 +19,13 @@
 //!   never runs a job the store does not know as RUNNING.
 //! - The actor never waits for the disk: while one transaction is fsynced it applies the
 //!   next commands, which form the next (group) commit.
-//! - Passes are event driven (end, node change, cancel, update set `pass_wanted`; a submit
+//! - Passes are event driven (end, node change, cancel, update want one; a submit
 //!   does when some node has free resources or its QOS may preempt, unless the job is held
 //!   or begins later, so a flood of held submits costs no pass); triggers during a pass
 //!   coalesce into one more pass. A pass starts no sooner than its predecessor's duration
 //!   after it ended, bounding scheduling to half the actor's time under a flood of events
 //!   while keeping an idle cluster's submit-to-start immediate. A slow timer adds a pass for
-//!   time-based eligibility (`--begin`) only.
+//!   time-based eligibility (`--begin`) only. See `state/pacing.rs`.
 //! - Queries answer from memory at once (they may see a change a moment before it is
 //!   durable); queries that read the store first pass a [`Command::Barrier`], so `sacct`
 //!   right after a job ends finds its record.
@@ -57,6 +57,7 @@ mod jobs;
 mod launch_msg;
 mod node_admin;
 mod nodes;
+mod pacing;
 mod pass;
 mod persist;
 mod placeholders;
@@ -343,13 +344,10 @@ pub fn spawn(
         idem: parts.idempotency,
         batch: Batch::default(),
         effects: Vec::new(),
-        pass_wanted: true,
-        submitted_if_capacity: Vec::new(),
-        next_pass_at: now,
+        pacing: pacing::PassPacing::new(now),
         next_tick: now,
         next_purge: now + Duration::from_secs(10),
         next_periodic_pass: now,
-        last_pass: Duration::ZERO,
         planned: HashMap::new(),
         ended_usage: None,
         timeout_signalled: HashSet::new(),
@@ -387,16 +385,8 @@ struct Actor {
     /// Writes and effects of the commands applied since the last flush.
     batch: Batch,
     effects: Vec<Effect>,
-    /// An event that can change what runs (end, cancel, node change, update) happened.
-    pass_wanted: bool,
-    /// Jobs submitted since the last settling that a pass could start only if some node
-    /// has free resources (a preempting QOS sets `pass_wanted` instead). On a full cluster
-    /// with a long queue this spares a pass over every pending job per submit; the jobs get
-    /// their priority and reason from [`tandem_sched::State::no_room_for`] instead.
-    submitted_if_capacity: Vec<tandem_sched::JobId>,
-    next_pass_at: Instant,
-    /// How long the last pass took: a pass joins a flush only while passes are quick.
-    last_pass: Duration,
+    /// When the next scheduling pass runs (wanted, paced, joining a flush).
+    pacing: pacing::PassPacing,
     next_tick: Instant,
     next_purge: Instant,
     next_periodic_pass: Instant,
@@ -436,10 +426,7 @@ impl Actor {
         );
         loop {
             let now = Instant::now();
-            let mut wake = self.next_tick;
-            if self.pass_wanted {
-                wake = wake.min(self.next_pass_at);
-            }
+            let wake = self.pacing.wake(self.next_tick);
             let first = match rx.recv_timeout(wake.saturating_duration_since(now)) {
                 Ok(cmd) => Some(cmd),
                 Err(std_mpsc::RecvTimeoutError::Timeout) => None,
@@ -490,7 +477,7 @@ impl Actor {
             }
             // 3. pass
             self.settle_pass_wanted();
-            if self.pass_wanted && Instant::now() >= self.next_pass_at {
+            if self.pacing.due(Instant::now()) {
                 self.pass();
             }
             if self.stopping {
@@ -627,7 +614,7 @@ impl Actor {
         };
         if let Ok(effects) = self.st.job_ended(job, outcome, now) {
             self.apply_effects(effects);
-            self.pass_wanted = true;
+            self.pacing.want();
         }
     }
 }

@@ -26,7 +26,7 @@ impl Actor {
         match apply(&mut self.st) {
             Ok(changed) => {
                 // New shares, priorities or limits may reorder or unblock the queue.
-                self.pass_wanted = true;
+                self.pacing.want();
                 self.reply_after_commit(reply, changed);
             }
             Err(e) => {

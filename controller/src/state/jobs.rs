@@ -126,8 +126,8 @@ impl Actor {
                         .qos(&job.spec.qos)
                         .is_some_and(|q| !q.preempt.is_empty());
                     match submit_pass_trigger(job, preempts, now) {
-                        PassTrigger::Now => self.pass_wanted = true,
-                        PassTrigger::IfCapacity => self.submitted_if_capacity.push(id),
+                        PassTrigger::Now => self.pacing.want(),
+                        PassTrigger::IfCapacity => self.pacing.submitted_if_capacity(id),
                         PassTrigger::None => {}
                     }
                 }
@@ -240,7 +240,7 @@ impl Actor {
             }
         }
         if !resp.cancelled.is_empty() {
-            self.pass_wanted = true;
+            self.pacing.want();
         }
         resp
     }
@@ -312,7 +312,7 @@ impl Actor {
             }
             _ => return Err(Status::invalid_argument("action: missing")),
         }
-        self.pass_wanted = true;
+        self.pacing.want();
         Ok(v1::UpdateJobResponse {
             updated: vec![sel.job.0],
         })

@@ -109,7 +109,7 @@ impl Actor {
             self.workers.lost(n);
             info!(node = %n, reason = %reason, forced = busy, "node removed");
         }
-        self.pass_wanted = true;
+        self.pacing.want();
         Ok(NodesRemoved {
             removed: known,
             unknown,

@@ -68,7 +68,7 @@ impl Actor {
             r.map_err(|e| Status::invalid_argument(e.to_string()))?;
             self.st.stamp_reason(n, &who.user, now);
         }
-        self.pass_wanted = true;
+        self.pacing.want();
         Ok(v1::UpdateNodeResponse { updated: names })
     }
 }

@@ -8,18 +8,11 @@ impl Actor {
     /// where none has, tells them now what a pass would (squeue right after sbatch shows
     /// `Resources` and a priority, as with Slurm, not `None` until something ends).
     pub(super) fn settle_pass_wanted(&mut self) {
-        if self.submitted_if_capacity.is_empty() {
-            return;
-        }
-        let submitted = std::mem::take(&mut self.submitted_if_capacity);
-        if self.pass_wanted {
-            return;
-        }
-        if self.capacity_available() {
-            self.pass_wanted = true;
-        } else {
+        let st = &self.st;
+        let no_room = self.pacing.settle(|| capacity_available(st));
+        if !no_room.is_empty() {
             let now = self.now();
-            self.st.no_room_for(&submitted, now);
+            self.st.no_room_for(&no_room, now);
         }
     }
 
@@ -32,16 +25,14 @@ impl Actor {
     /// runs first so that nodes lost now are not scheduled on.
     pub(super) fn pass_joins_flush(&self) -> bool {
         let now = Instant::now();
-        if now >= self.next_tick || self.last_pass > self.cfg.quick_pass {
-            return false;
-        }
-        self.pass_wanted && now >= self.next_pass_at
+        self.pacing
+            .joins_flush(now, now >= self.next_tick, self.cfg.quick_pass)
     }
 
     /// Runs a scheduling pass and flushes its writes with whatever is pending; returns the
     /// rows flushed.
     pub(super) fn pass(&mut self) -> usize {
-        self.pass_wanted = false;
+        self.pacing.started();
         let started = Instant::now();
         let now = self.now();
         let mut phases = PhaseTimer::default();
@@ -103,8 +94,7 @@ impl Actor {
         self.metrics.pass(n_starts, total.as_micros() as u64);
         // Cap scheduling at half the actor's time: the next pass waits as long as this
         // one took.
-        self.next_pass_at = Instant::now() + total;
-        self.last_pass = total;
+        self.pacing.finished(Instant::now(), total);
         if n_starts > 0 || !plan.preemptions.is_empty() || sched_us > 10_000 {
             info!(
                 considered = plan.stats.considered,
@@ -136,19 +126,19 @@ impl Actor {
         rows
     }
 
-    /// Whether any node could take more work now.
-    pub(super) fn capacity_available(&self) -> bool {
-        self.st.nodes().any(|n| {
-            let free = n.free();
-            n.schedulable() && free.cpus > 0
-        })
-    }
-
     /// Gauges and the scaler's demand snapshot, from what the pass left (at most every
     /// `metrics::PUBLISH_EVERY`; the tick publishes what a burst of passes left).
     pub(super) fn publish_demand(&self) {
         self.metrics.pass_done(&self.st, self.now());
     }
+}
+
+/// Whether any node could take more work now.
+fn capacity_available(st: &State) -> bool {
+    st.nodes().any(|n| {
+        let free = n.free();
+        n.schedulable() && free.cpus > 0
+    })
 }
 
 /// Times the phases of one pass (the core has no clock; it reports phase boundaries).

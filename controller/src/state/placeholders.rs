@@ -104,7 +104,7 @@ impl Actor {
                 info!(job_id = id.0, group = %uid, namespace = %key.0, "placeholder submitted");
                 self.placeholders.by_group.insert(key, id);
                 self.metrics.submitted(1);
-                self.pass_wanted = true;
+                self.pacing.want();
                 let resp = v1::SubmitPlaceholderResponse {
                     job_id: id.0,
                     created: true,
@@ -174,7 +174,7 @@ impl Actor {
             _ => {}
         }
         self.placeholders.timed_out.remove(&id);
-        self.pass_wanted = true;
+        self.pacing.want();
         let state = self.st.job(id).map_or(JobState::Completed, |j| j.state);
         Ok(v1::EndPlaceholderResponse {
             state: convert::state_to_proto(state) as i32,
@@ -233,7 +233,7 @@ impl Actor {
             Release::EndsJob => self.end_placeholder(id, end, namespace)?.state,
             Release::Shrunk => {
                 info!(job_id = id.0, nodes = ?nodes, "placeholder handed back nodes; it runs on with the rest");
-                self.pass_wanted = true;
+                self.pacing.want();
                 convert::state_to_proto(JobState::Running) as i32
             }
             Release::Nothing => self

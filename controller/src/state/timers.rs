@@ -30,7 +30,7 @@ impl Actor {
                 self.st.stamp_reason(&name, &me, now);
             }
             self.workers.lost(&name);
-            self.pass_wanted = true;
+            self.pacing.want();
         }
         // Safety net for time limits the worker should have enforced.
         let kill_wait = i64::try_from(self.cfg.kill_wait.as_secs()).unwrap_or(i64::MAX);
@@ -80,7 +80,7 @@ impl Actor {
         if now_i >= self.next_periodic_pass {
             // Begin times and time-based eligibility have no event of their own.
             if self.st.pending_jobs().next().is_some() {
-                self.pass_wanted = true;
+                self.pacing.want();
             } else if self.st.running_jobs().next().is_some() {
                 // No pass will run, but running jobs (a serving group's placeholder for
                 // days) still charge their accounts: `sshare` and fair share see usage

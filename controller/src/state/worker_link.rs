@@ -54,7 +54,7 @@ impl Actor {
             .connected(&name, conn, tx, about, Instant::now());
         info!(node = %name, cpus = res.cpus, gpus = res.gpus, running = reg.running_jobs.len(), "worker registered");
         self.apply_effects(effects);
-        self.pass_wanted = true;
+        self.pacing.want();
         Ok(name)
     }
 
@@ -83,7 +83,7 @@ impl Actor {
                 self.apply_effects(effects);
                 self.ended_usage = None;
                 self.timeout_signalled.remove(&JobId(e.job_id));
-                self.pass_wanted = true;
+                self.pacing.want();
             }
             Err(err) => debug!(job_id = e.job_id, error = %err, "ignoring job end"),
         }
@@ -125,7 +125,7 @@ impl Actor {
                         } else {
                             debug!(job_id = g.job_id, node = %node, "job's processes gone on this node");
                         }
-                        self.pass_wanted = true;
+                        self.pacing.want();
                     }
                     Err(e) => debug!(job_id = g.job_id, error = %e, "ignoring a JobGone"),
                 }
