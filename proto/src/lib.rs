@@ -11,8 +11,12 @@
 //! | `StepLauncher` | worker | srun: launches step tasks and streams their output |
 //! | `externalscaler.ExternalScaler` | controller (`--scaler-listen`) | KEDA (vendored proto) |
 //!
-//! This crate holds only the contract. Conversions to and from the scheduling core live in the
-//! controller (`api/convert.rs`), which is also where hostile input is rejected.
+//! This crate holds only the contract: the generated code, and two codecs over it
+//! ([`listing`], the `Jobs` server that answers `ListJobs` with bytes encoded beforehand;
+//! [`raw`], message bodies as unparsed bytes). It depends on the gRPC stack alone (prost,
+//! tonic). How the messages travel (sockets, TLS, credentials, discovery) is `tandem-net`'s;
+//! conversions to and from the scheduling core live in the controller (`api/convert.rs`),
+//! which is also where hostile input is rejected.
 
 pub mod v1 {
     #![allow(clippy::all, missing_docs, unreachable_pub)]
@@ -26,9 +30,5 @@ pub mod externalscaler {
     tonic::include_proto!("externalscaler");
 }
 
-pub mod auth;
-pub mod endpoint;
 pub mod listing;
-pub mod net;
 pub mod raw;
-pub mod tls;

@@ -64,7 +64,7 @@ where
     grpc.ready()
         .await
         .map_err(|e| Status::unavailable(format!("not ready: {}", e.into())))?;
-    let request = tonic::Request::new(tokio_stream::once(body));
+    let request = tonic::Request::new(tonic::codegen::tokio_stream::once(body));
     let path = tonic::codegen::http::uri::PathAndQuery::from_static(path);
     let mut replies = grpc.streaming(request, path, RawCodec).await?.into_inner();
     Ok(replies.message().await?.unwrap_or_default())

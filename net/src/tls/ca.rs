@@ -51,7 +51,7 @@ impl std::fmt::Debug for ClusterCa {
 /// The calendar year now (approximate to a day: only used to set validity on whole years,
 /// with a year of slack before).
 fn this_year() -> i32 {
-    let days = crate::auth::unix_now() / 86_400;
+    let days = crate::clock::unix_now() / 86_400;
     1970 + i32::try_from(days * 10_000 / 3_652_425).unwrap_or(0)
 }
 

@@ -26,6 +26,9 @@ pub use credential::{
 };
 pub use replay::ReplayCache;
 
+/// The credentials' clock; it lives in [`crate::clock`], below the CA that dates by it too.
+pub use crate::clock::unix_now;
+
 use std::fmt;
 use std::fs::{self, OpenOptions};
 use std::io::Write;
@@ -96,17 +99,6 @@ pub enum TokenError {
     CacheFull,
     #[error("credential is of the wrong kind for this use")]
     WrongKind,
-}
-
-/// Unix seconds now: the wall clock of credentials (`iat`, `exp`) and of every time the
-/// daemons put on the wire or in records (start, end, heartbeat, boot). The workspace's one
-/// such helper; the scheduling core (`tandem-sched`) reads no clock, its callers pass this.
-/// 0 before 1970, `i64::MAX` past what `i64` holds.
-pub fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }
 
 /// The shared secret of one cluster.

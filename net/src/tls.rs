@@ -32,12 +32,33 @@ use std::sync::Arc;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::net::{ClientSecurity, ServerSecurity};
-
 /// File names inside a `--tls-dir` (those of a `kubernetes.io/tls` Secret with its CA).
 pub const CERT_FILE: &str = "tls.crt";
 pub const KEY_FILE: &str = "tls.key";
 pub const CA_FILE: &str = "ca.crt";
+
+/// How a listener's connections are secured.
+#[derive(Debug, Clone)]
+pub enum ServerSecurity {
+    /// TLS with this certificate (see [`server_config`]).
+    Tls(Arc<rustls::ServerConfig>),
+    /// Plain text: only with `--insecure-plaintext`, on loopback ([`Options`]).
+    Plaintext,
+}
+
+/// How a client's connections are secured.
+#[derive(Debug, Clone)]
+pub enum ClientSecurity {
+    /// TLS, verifying the server against the cluster CA ([`client_config`]).
+    Tls(Arc<rustls::ClientConfig>),
+    Plaintext,
+}
+
+impl ClientSecurity {
+    pub fn is_tls(&self) -> bool {
+        matches!(self, ClientSecurity::Tls(_))
+    }
+}
 
 /// gRPC runs over HTTP/2; both ends announce it (gRPC clients in other languages insist).
 const ALPN_H2: &[u8] = b"h2";

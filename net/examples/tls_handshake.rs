@@ -2,12 +2,12 @@
 //! and building the client configuration, then TCP + TLS 1.3 + HTTP/2 to a loopback
 //! listener, against the same connect in plain text. Prints JSON (microseconds).
 //!
-//! `cargo run --release -p tandem-proto --example tls_handshake [ROUNDS]`
+//! `cargo run --release -p tandem-net --example tls_handshake [ROUNDS]`
 
 use std::time::{Duration, Instant};
 
-use tandem_proto::net::{self, ClientSecurity, ServerSecurity};
-use tandem_proto::tls;
+use tandem_net::net::{self, ClientSecurity, ServerSecurity};
+use tandem_net::tls;
 use tokio_stream::StreamExt as _;
 
 fn stats(name: &str, mut us: Vec<f64>) -> String {

@@ -46,6 +46,9 @@ use tonic::transport::Channel;
 
 use crate::auth::{AgentSource, ClientAuth, ClusterKey, Identity, KeyError, KeySigner};
 use crate::net::ClientSecurity;
+/// The client's call timeout is the socket layer's ([`crate::net`]): the local socket's
+/// connections are timed by it too.
+pub use crate::net::{ENV_MSG_TIMEOUT, message_timeout};
 use crate::tls::TlsError;
 
 pub const ENV_CONFIG: &str = "TANDEM_CONFIG";
@@ -54,8 +57,6 @@ pub const ENV_KEY_FILE: &str = "TANDEM_KEY_FILE";
 pub const ENV_AUTH_SOCKET: &str = "TANDEM_AUTH_SOCKET";
 pub const ENV_CA_FILE: &str = "TANDEM_CA_FILE";
 pub const ENV_LOCAL_SOCKET: &str = "TANDEM_LOCAL_SOCKET";
-/// Seconds a client waits for the answer to one call ([`message_timeout`]).
-pub const ENV_MSG_TIMEOUT: &str = "TANDEM_MSG_TIMEOUT";
 pub const DEFAULT_CLUSTER_NAME: &str = "tandem";
 
 /// Largest response a client should accept. tonic's default (4 MiB) is too small for
@@ -350,22 +351,6 @@ pub fn security_for(address: &str, ca: Option<&Path>) -> Result<ClientSecurity, 
     }
 }
 
-/// How long a client waits for the answer to one call (for a stream, for its start; what
-/// streams after is not timed), as Slurm's commands give up after `MessageTimeout`: a
-/// server that accepts connections but never answers must not hang a researcher's shell or
-/// a daemon's loop. A minute, far beyond any healthy answer (a submit waits for one
-/// fsync); `TANDEM_MSG_TIMEOUT` (whole seconds, at least 1) sets another.
-pub fn message_timeout() -> Duration {
-    message_timeout_from(std::env::var(ENV_MSG_TIMEOUT).ok().as_deref())
-}
-
-fn message_timeout_from(value: Option<&str>) -> Duration {
-    value
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|s| *s > 0)
-        .map_or(Duration::from_secs(60), Duration::from_secs)
-}
-
 /// Connects to `address` secured as `security` says; every request carries `auth`'s
 /// credential, and gets [`message_timeout`] to be answered.
 pub async fn connect_with(
@@ -468,20 +453,6 @@ mod tests {
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
         move |k| map.get(k).cloned()
-    }
-
-    #[test]
-    fn the_message_timeout_is_a_minute_unless_set_to_whole_seconds() {
-        assert_eq!(message_timeout_from(None), Duration::from_secs(60));
-        assert_eq!(message_timeout_from(Some("5")), Duration::from_secs(5));
-        assert_eq!(message_timeout_from(Some(" 7 ")), Duration::from_secs(7));
-        for bad in ["0", "-3", "1.5", "soon", ""] {
-            assert_eq!(
-                message_timeout_from(Some(bad)),
-                Duration::from_secs(60),
-                "{bad}"
-            );
-        }
     }
 
     fn write_file(dir: &Path, name: &str, addr: &str) -> PathBuf {

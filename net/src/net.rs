@@ -67,30 +67,10 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 mod conn;
 
+/// What a listener accepts and what a client opens are decided by the TLS layer below
+/// ([`crate::tls`]); they are named here too, where they are used.
+pub use crate::tls::{ClientSecurity, ServerSecurity};
 pub use conn::{ClientConn, LocalPeer, PeerInfo, ServerConn};
-
-/// How a listener's connections are secured.
-#[derive(Debug, Clone)]
-pub enum ServerSecurity {
-    /// TLS with this certificate (see [`crate::tls::server_config`]).
-    Tls(Arc<rustls::ServerConfig>),
-    /// Plain text: only with `--insecure-plaintext`, on loopback ([`crate::tls::Options`]).
-    Plaintext,
-}
-
-/// How a client's connections are secured.
-#[derive(Debug, Clone)]
-pub enum ClientSecurity {
-    /// TLS, verifying the server against the cluster CA ([`crate::tls::client_config`]).
-    Tls(Arc<rustls::ClientConfig>),
-    Plaintext,
-}
-
-impl ClientSecurity {
-    pub fn is_tls(&self) -> bool {
-        matches!(self, ClientSecurity::Tls(_))
-    }
-}
 
 /// A client that opened TCP but has not finished its TLS handshake within this is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -395,12 +375,31 @@ pub fn bind_unix_std(path: &Path) -> io::Result<std::os::unix::net::UnixListener
 /// The longest socket path the kernel takes (`sun_path`, 108 bytes with its NUL).
 pub const MAX_SOCKET_PATH: usize = 107;
 
+/// Seconds a client waits for the answer to one call ([`message_timeout`]).
+pub const ENV_MSG_TIMEOUT: &str = "TANDEM_MSG_TIMEOUT";
+
+/// How long a client waits for the answer to one call (for a stream, for its start; what
+/// streams after is not timed), as Slurm's commands give up after `MessageTimeout`: a
+/// server that accepts connections but never answers must not hang a researcher's shell or
+/// a daemon's loop. A minute, far beyond any healthy answer (a submit waits for one
+/// fsync); `TANDEM_MSG_TIMEOUT` (whole seconds, at least 1) sets another.
+pub fn message_timeout() -> Duration {
+    message_timeout_from(std::env::var(ENV_MSG_TIMEOUT).ok().as_deref())
+}
+
+fn message_timeout_from(value: Option<&str>) -> Duration {
+    value
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|s| *s > 0)
+        .map_or(Duration::from_secs(60), Duration::from_secs)
+}
+
 /// Connects to the controller's local socket at `path` (see [`bind_local`]).
 pub async fn connect_local(path: &Path) -> Result<Channel, tonic::transport::Error> {
     // The authority is only what HTTP/2's `:authority` header carries; the socket is `path`.
     Endpoint::from_static("http://localhost")
         .connect_timeout(Duration::from_secs(5))
-        .timeout(crate::endpoint::message_timeout())
+        .timeout(message_timeout())
         .connect_with_connector(LocalConnector {
             path: Arc::from(path),
         })
@@ -656,6 +655,20 @@ mod tests {
         assert!(accepted.unwrap().0.nodelay().unwrap());
         let no_port: Uri = "http://[::1]".parse().unwrap();
         assert!(plain.call(no_port).await.is_err());
+    }
+
+    #[test]
+    fn the_message_timeout_is_a_minute_unless_set_to_whole_seconds() {
+        assert_eq!(message_timeout_from(None), Duration::from_secs(60));
+        assert_eq!(message_timeout_from(Some("5")), Duration::from_secs(5));
+        assert_eq!(message_timeout_from(Some(" 7 ")), Duration::from_secs(7));
+        for bad in ["0", "-3", "1.5", "soon", ""] {
+            assert_eq!(
+                message_timeout_from(Some(bad)),
+                Duration::from_secs(60),
+                "{bad}"
+            );
+        }
     }
 
     /// A CA and a server certificate for 127.0.0.1 in `dir`; the server and client configs.
