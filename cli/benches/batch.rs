@@ -34,8 +34,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tandem_proto::auth::Identity;
-use tandem_proto::endpoint::{AuthChannel, ClusterFile, connect};
+use tandem_net::auth::Identity;
+use tandem_net::endpoint::{AuthChannel, ClusterFile, connect};
 use tandem_proto::v1::jobs_client::JobsClient;
 use tandem_proto::v1::{
     CancelRequest, JobInfo, JobRef, JobSpec, JobState, ListJobsRequest, SubmitRequest,
@@ -82,7 +82,7 @@ impl Cluster {
 
     async fn channel(&self) -> anyhow::Result<AuthChannel> {
         let file = ClusterFile::read(&self.cluster_file())?;
-        let key = tandem_proto::auth::ClusterKey::load(&file.key_file)?;
+        let key = tandem_net::auth::ClusterKey::load(&file.key_file)?;
         Ok(connect(&file.controller, &key, &me()).await?)
     }
 
@@ -335,7 +335,7 @@ async fn pending_throughput_memory_squeue(
     );
 
     let mut ch = JobsClient::new(cluster.channel().await?)
-        .max_decoding_message_size(tandem_proto::endpoint::MAX_RESPONSE_BYTES);
+        .max_decoding_message_size(tandem_net::endpoint::MAX_RESPONSE_BYTES);
     let rss_a = cluster.rss_bytes()?;
     let mut s = spec("#!/bin/sh\ntrue\n", true, cluster.dir.path());
     s.array = "0-999999".into();

@@ -2,9 +2,9 @@
 
 use std::sync::OnceLock;
 
-use tandem_proto::auth::{ClientAuth, Identity};
-use tandem_proto::endpoint::{self, AuthChannel, Endpoint, MAX_RESPONSE_BYTES};
-use tandem_proto::net::{self, ClientSecurity};
+use tandem_net::auth::{ClientAuth, Identity};
+use tandem_net::endpoint::{self, AuthChannel, Endpoint, MAX_RESPONSE_BYTES};
+use tandem_net::net::{self, ClientSecurity};
 use tandem_proto::v1::accounting_client::AccountingClient;
 use tandem_proto::v1::jobs_client::JobsClient;
 use tandem_proto::v1::nodes_client::NodesClient;

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use support::{Cluster, assert_one_line_error};
-use tandem_proto::auth::unix_now;
+use tandem_net::auth::unix_now;
 
 const T: Duration = Duration::from_secs(30);
 

@@ -11,8 +11,8 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use support::{Cluster, TANDEM};
-use tandem_proto::auth::{ClusterKey, Identity, StepGrant, unix_now};
-use tandem_proto::endpoint::{self, ClusterFile};
+use tandem_net::auth::{ClusterKey, Identity, StepGrant, unix_now};
+use tandem_net::endpoint::{self, ClusterFile};
 use tandem_proto::v1;
 use tandem_proto::v1::jobs_client::JobsClient;
 use tandem_proto::v1::nodes_client::NodesClient;
@@ -361,7 +361,7 @@ fn rt() -> tokio::runtime::Runtime {
 /// The controller's address and how to reach the cluster's servers (TLS against its CA).
 struct Target {
     addr: String,
-    security: tandem_proto::net::ClientSecurity,
+    security: tandem_net::net::ClientSecurity,
 }
 
 fn key_and_addr(c: &Cluster) -> (ClusterKey, Target) {
@@ -386,7 +386,7 @@ async fn with_token(
     impl tonic::service::Interceptor + Clone,
 > {
     let endpoint = tonic::transport::Endpoint::from_shared(target.addr.clone()).unwrap();
-    let ch = tandem_proto::net::connect(&endpoint, &target.security)
+    let ch = tandem_net::net::connect(&endpoint, &target.security)
         .await
         .unwrap();
     let header: tonic::metadata::AsciiMetadataValue = format!("Bearer {token}").parse().unwrap();
@@ -671,7 +671,7 @@ fn workers_refuse_steps_without_a_valid_launch_credential() {
 /// What a client without the cluster's CA gets from `addr`: an error, never an answer.
 async fn refused(
     addr: &str,
-    security: &tandem_proto::net::ClientSecurity,
+    security: &tandem_net::net::ClientSecurity,
     key: &ClusterKey,
     who: &Identity,
 ) -> String {
@@ -698,12 +698,10 @@ fn tls_refuses_plain_text_and_servers_outside_the_cluster_ca() {
         nix::unistd::getgid().as_raw(),
     );
     let other_ca = tempfile::tempdir().unwrap();
-    let foreign = tandem_proto::tls::ca::ClusterCa::load_or_create(other_ca.path()).unwrap();
-    let foreign_security = tandem_proto::net::ClientSecurity::Tls(
-        tandem_proto::tls::client_config(&tandem_proto::tls::ca::ClusterCa::cert_path(
-            other_ca.path(),
-        ))
-        .unwrap(),
+    let foreign = tandem_net::tls::ca::ClusterCa::load_or_create(other_ca.path()).unwrap();
+    let foreign_security = tandem_net::net::ClientSecurity::Tls(
+        tandem_net::tls::client_config(&tandem_net::tls::ca::ClusterCa::cert_path(other_ca.path()))
+            .unwrap(),
     );
     drop(foreign);
     rt().block_on(async {
@@ -718,7 +716,7 @@ fn tls_refuses_plain_text_and_servers_outside_the_cluster_ca() {
             .into_inner()
             .nodes;
         let step = format!("http://{}", nodes[0].address);
-        let plain = tandem_proto::net::ClientSecurity::Plaintext;
+        let plain = tandem_net::net::ClientSecurity::Plaintext;
         for addr in [target.addr.as_str(), step.as_str()] {
             // A plain-text client with a valid credential is refused.
             refused(addr, &plain, &key, &me).await;

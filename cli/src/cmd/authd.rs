@@ -4,14 +4,14 @@
 //! socket any local user may connect to (mode 0666), learns each caller's uid and gid from
 //! the kernel (`SO_PEERCRED`) and answers with a short-lived credential for exactly that
 //! uid, signed with the key. Users never read the key; a caller cannot name the uid it
-//! wants. Protocol: `tandem_proto::auth::agent`.
+//! wants. Protocol: `tandem_net::auth::agent`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use tandem_proto::auth::{ClusterKey, agent, unix_now};
+use tandem_net::auth::{ClusterKey, agent, unix_now};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{UnixListener, UnixStream};
 
@@ -92,7 +92,7 @@ pub async fn run(args: Args) -> Exit {
 fn check(args: &Args) -> Exit {
     let socket = match &args.socket {
         Some(s) => s.clone(),
-        None => tandem_proto::endpoint::discover()?
+        None => tandem_net::endpoint::discover()?
             .auth_socket
             .context("the cluster file names no identity agent; pass --socket")?,
     };
@@ -112,7 +112,7 @@ fn check(args: &Args) -> Exit {
 /// Binds the socket, replacing a stale one (never a regular file nor a live socket), and
 /// opens it to all local users: the kernel, not the file mode, says who each caller is.
 fn bind(socket: &std::path::Path) -> anyhow::Result<UnixListener> {
-    let listener = tandem_proto::net::bind_unix_std(socket)?;
+    let listener = tandem_net::net::bind_unix_std(socket)?;
     listener.set_nonblocking(true)?;
     Ok(UnixListener::from_std(listener)?)
 }
@@ -133,7 +133,7 @@ async fn serve(mut stream: UnixStream, key: &ClusterKey, host: &str) -> anyhow::
         got += n;
     }
     let reply = if &buf[..got] == agent::REQUEST {
-        let user = tandem_proto::net::user_name_of(uid);
+        let user = tandem_net::net::user_name_of(uid);
         agent::reply_for(key, &user, uid, gid, host, unix_now())
     } else {
         agent::Reply {

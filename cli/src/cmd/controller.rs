@@ -11,7 +11,7 @@ pub async fn run(args: Args) -> Exit {
     crate::init_tracing();
     let listen = args.listen;
     let config = args.into_config()?;
-    let listener = tandem_proto::net::bind(listen)
+    let listener = tandem_net::net::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     tracing::info!(addr = %listener.local_addr().map_or(listen, |a| a), "controller listening");

@@ -176,10 +176,10 @@ async fn drive(args: &Args, scripts: &[PathBuf], env: &Env) -> Exit {
     }
     let id_list = ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
 
-    let ep = tandem_proto::endpoint::ClusterFile::read(cluster_file)?;
-    let key = tandem_proto::auth::ClusterKey::load(&ep.key_file)?;
-    let security = tandem_proto::endpoint::security_for(&ep.controller, ep.ca_file.as_deref())?;
-    let channel = tandem_proto::endpoint::connect_as(
+    let ep = tandem_net::endpoint::ClusterFile::read(cluster_file)?;
+    let key = tandem_net::auth::ClusterKey::load(&ep.key_file)?;
+    let security = tandem_net::endpoint::security_for(&ep.controller, ep.ca_file.as_deref())?;
+    let channel = tandem_net::endpoint::connect_as(
         &ep.controller,
         &security,
         &key,

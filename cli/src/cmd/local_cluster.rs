@@ -80,8 +80,8 @@ pub fn stop(dir: &Path, grace: Duration) -> usize {
     let cluster_file = dir.join("cluster.json");
     if let Some(home) = home_cluster_file()
         && let (Ok(a), Ok(b)) = (
-            tandem_proto::endpoint::ClusterFile::read(&home),
-            tandem_proto::endpoint::ClusterFile::read(&cluster_file),
+            tandem_net::endpoint::ClusterFile::read(&home),
+            tandem_net::endpoint::ClusterFile::read(&cluster_file),
         )
         && a == b
     {

@@ -224,7 +224,7 @@ fn take_json(words: &[String]) -> (bool, Vec<String>) {
 /// DOWN` (exit 1) when the controller does not answer a listing. Tandem has no backup
 /// controller to report.
 async fn ping() -> Exit {
-    let ep = tandem_proto::endpoint::discover()?;
+    let ep = tandem_net::endpoint::discover()?;
     let host = controller_host(&ep.controller);
     let up = match Client::connect().await {
         Ok(mut client) => client

@@ -178,7 +178,7 @@ async fn run_step(client: &mut Client, job_id: u64, args: &Args, alloc: Allocati
         launches.push(tokio::spawn(async move {
             // Dialled at the address the worker advertises (a pod IP on Kubernetes), verified
             // as the node: a worker holding another node's certificate is refused.
-            let channel = tandem_proto::endpoint::connect_to_node(&address, &node, &security, auth)
+            let channel = tandem_net::endpoint::connect_to_node(&address, &node, &security, auth)
                 .await
                 .with_context(|| format!("cannot reach node {node}"))?;
             let mut launcher = StepLauncherClient::new(channel);

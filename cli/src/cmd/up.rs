@@ -33,8 +33,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use tandem_proto::auth::ClusterKey;
-use tandem_proto::endpoint::ClusterFile;
+use tandem_net::auth::ClusterKey;
+use tandem_net::endpoint::ClusterFile;
 use tandem_proto::v1::nodes_client::NodesClient;
 use tandem_proto::v1::{ClusterInfoRequest, ListNodesRequest};
 
@@ -214,7 +214,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Started> {
     // Clients on this machine skip TCP, TLS and the agent there. The state directory is
     // writable by this user only, so no one else can put a socket in its place.
     let local_socket = Some(dir.join("controller.sock"))
-        .filter(|p| p.as_os_str().len() <= tandem_proto::net::MAX_SOCKET_PATH);
+        .filter(|p| p.as_os_str().len() <= tandem_net::net::MAX_SOCKET_PATH);
     if let Some(p) = &local_socket {
         cargs.push("--local-socket".into());
         cargs.push(p.to_string_lossy().into_owned());
@@ -264,7 +264,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Started> {
         Some(_) => format!("https://{addr}"),
         None => format!("http://{addr}"),
     };
-    let security = tandem_proto::endpoint::security_for(
+    let security = tandem_net::endpoint::security_for(
         &controller_url,
         tls.as_ref().map(|t| t.ca_file.as_path()),
     )?;
@@ -376,7 +376,7 @@ impl Certificates {
     /// Loads or makes the CA and issues the controller's and each worker's certificate for
     /// every name a client on this machine may dial.
     fn make(dir: &Path, listen: std::net::SocketAddr, nodes: u32) -> anyhow::Result<Self> {
-        use tandem_proto::tls::ca::ClusterCa;
+        use tandem_net::tls::ca::ClusterCa;
         let ca_dir = dir.join("tls").join("ca");
         let ca = ClusterCa::load_or_create(&ca_dir)
             .with_context(|| format!("cannot make the cluster CA in {}", ca_dir.display()))?;
@@ -435,7 +435,7 @@ async fn wait_agent(
                 log_tail(log, 5)
             );
         }
-        if tandem_proto::auth::agent::request(socket).is_ok() {
+        if tandem_net::auth::agent::request(socket).is_ok() {
             return Ok(());
         }
         if tokio::time::Instant::now() > deadline {
@@ -527,7 +527,7 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
 
 /// The controller: its URL and how to reach it (TLS against the new CA, or plain text).
 async fn wait_ready(
-    (url, security): (&str, &tandem_proto::net::ClientSecurity),
+    (url, security): (&str, &tandem_net::net::ClientSecurity),
     key: &ClusterKey,
     nodes: usize,
     timeout: Duration,
@@ -555,8 +555,7 @@ async fn wait_ready(
                 );
             }
         }
-        if let Ok(channel) = tandem_proto::endpoint::connect_as(url, security, key, &identity).await
-        {
+        if let Ok(channel) = tandem_net::endpoint::connect_as(url, security, key, &identity).await {
             let mut client = NodesClient::new(channel);
             if let Ok(resp) = client.list_nodes(ListNodesRequest::default()).await {
                 let up = resp.into_inner().nodes;
@@ -571,7 +570,7 @@ async fn wait_ready(
                         .map(|r| r.into_inner().cluster_name)
                         .unwrap_or_default();
                     return Ok(if info.is_empty() {
-                        tandem_proto::endpoint::DEFAULT_CLUSTER_NAME.to_string()
+                        tandem_net::endpoint::DEFAULT_CLUSTER_NAME.to_string()
                     } else {
                         info
                     });
