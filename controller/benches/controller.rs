@@ -17,8 +17,8 @@
 use std::time::{Duration, Instant};
 
 use tandem_controller::{Config, run};
-use tandem_proto::auth::{ClusterKey, Identity};
-use tandem_proto::endpoint::{self, AuthChannel};
+use tandem_net::auth::{ClusterKey, Identity};
+use tandem_net::endpoint::{self, AuthChannel};
 use tandem_proto::v1::jobs_client::JobsClient;
 use tandem_proto::v1::worker_link_client::WorkerLinkClient;
 use tandem_proto::v1::{self, controller_message, worker_message};

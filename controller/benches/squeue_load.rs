@@ -29,8 +29,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tandem_controller::{Config, run};
-use tandem_proto::auth::{ClusterKey, Identity};
-use tandem_proto::endpoint::{self, AuthChannel};
+use tandem_net::auth::{ClusterKey, Identity};
+use tandem_net::endpoint::{self, AuthChannel};
 use tandem_proto::v1::{self, jobs_client::JobsClient};
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, SubscriberExt};

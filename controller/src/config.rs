@@ -30,7 +30,7 @@ pub enum ConfigError {
     #[error("config file {path}: {message}")]
     Parse { path: PathBuf, message: String },
     #[error(transparent)]
-    Tls(#[from] tandem_proto::tls::TlsError),
+    Tls(#[from] tandem_net::tls::TlsError),
     #[error("invalid {field}: {message}")]
     Invalid {
         field: &'static str,
@@ -132,8 +132,8 @@ pub struct TlsArgs {
 }
 
 impl TlsArgs {
-    pub fn options(&self) -> tandem_proto::tls::Options {
-        tandem_proto::tls::Options {
+    pub fn options(&self) -> tandem_net::tls::Options {
+        tandem_net::tls::Options {
             cert: self.tls_cert.clone(),
             key: self.tls_key.clone(),
             ca: None,
@@ -189,9 +189,9 @@ pub struct Config {
     pub scaler_listen: Option<SocketAddr>,
     pub durability: Durability,
     /// Users raised to administrator (root always is).
-    pub admins: tandem_proto::auth::Admins,
+    pub admins: tandem_net::auth::Admins,
     /// How the gRPC listeners (Tandem's services and the KEDA scaler) are secured.
-    pub tls: tandem_proto::net::ServerSecurity,
+    pub tls: tandem_net::net::ServerSecurity,
     /// `--listing-cpu-share`.
     pub listing_cpu_share: f64,
     /// `--local-socket`.
@@ -221,10 +221,10 @@ impl Config {
             metrics_listen: None,
             scaler_listen: None,
             durability: Durability::Full,
-            admins: tandem_proto::auth::Admins::default(),
+            admins: tandem_net::auth::Admins::default(),
             // Library callers (tests) choose; `tandem controller` insists on TLS or an
             // explicit --insecure-plaintext on loopback (`Args::into_config`).
-            tls: tandem_proto::net::ServerSecurity::Plaintext,
+            tls: tandem_net::net::ServerSecurity::Plaintext,
             listing_cpu_share: DEFAULT_LISTING_CPU_SHARE,
             local_socket: None,
             quick_pass: DEFAULT_QUICK_PASS,
@@ -265,14 +265,14 @@ impl Args {
             ));
         }
         if let Some(path) = &self.local_socket
-            && path.as_os_str().len() > tandem_proto::net::MAX_SOCKET_PATH
+            && path.as_os_str().len() > tandem_net::net::MAX_SOCKET_PATH
         {
             return Err(invalid(
                 "--local-socket",
                 format!(
                     "{} is longer than the {} bytes a socket path may have",
                     path.display(),
-                    tandem_proto::net::MAX_SOCKET_PATH
+                    tandem_net::net::MAX_SOCKET_PATH
                 ),
             ));
         }
@@ -294,7 +294,7 @@ impl Args {
             metrics_listen: self.metrics_listen,
             scaler_listen: self.scaler_listen,
             durability: self.durability,
-            admins: tandem_proto::auth::Admins::parse(&self.admins),
+            admins: tandem_net::auth::Admins::parse(&self.admins),
             tls,
             listing_cpu_share: self.listing_cpu_share,
             local_socket: self.local_socket,
@@ -356,11 +356,11 @@ mod tests {
         assert!(e.contains("10.0.0.1:9"), "{e}");
         assert!(matches!(
             args(&[]).unwrap().tls,
-            tandem_proto::net::ServerSecurity::Plaintext
+            tandem_net::net::ServerSecurity::Plaintext
         ));
 
         let dir = tempfile::tempdir().unwrap();
-        let ca = tandem_proto::tls::ca::ClusterCa::load_or_create(&dir.path().join("ca")).unwrap();
+        let ca = tandem_net::tls::ca::ClusterCa::load_or_create(&dir.path().join("ca")).unwrap();
         let srv = dir.path().join("srv");
         ca.write_server_dir(&srv, &["127.0.0.1".into()]).unwrap();
         let c = args_tls(&[
@@ -370,7 +370,7 @@ mod tests {
             srv.to_str().unwrap(),
         ])
         .unwrap();
-        assert!(matches!(c.tls, tandem_proto::net::ServerSecurity::Tls(_)));
+        assert!(matches!(c.tls, tandem_net::net::ServerSecurity::Tls(_)));
         let (cert, key) = (srv.join("tls.crt"), srv.join("tls.key"));
         let c = args_tls(&[
             "--tls-cert",
@@ -379,7 +379,7 @@ mod tests {
             key.to_str().unwrap(),
         ])
         .unwrap();
-        assert!(matches!(c.tls, tandem_proto::net::ServerSecurity::Tls(_)));
+        assert!(matches!(c.tls, tandem_net::net::ServerSecurity::Tls(_)));
         let e = args_tls(&["--tls-cert", cert.to_str().unwrap()]).unwrap_err();
         assert!(e.contains("--tls-key"), "{e}");
         let e = args(&["--tls-dir", srv.to_str().unwrap()]).unwrap_err();

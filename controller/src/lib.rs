@@ -56,7 +56,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
-    Key(#[from] tandem_proto::auth::KeyError),
+    Key(#[from] tandem_net::auth::KeyError),
     #[error(transparent)]
     Store(#[from] store::StoreError),
     #[error("cannot recover the controller state from {path}")]

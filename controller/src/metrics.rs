@@ -438,9 +438,9 @@ pub fn router(metrics: Arc<Metrics>) -> axum::Router {
 }
 
 /// Serves [`router`] on `listener` until the task is dropped.
-pub async fn serve(listener: tandem_proto::net::Listener, metrics: Arc<Metrics>) {
+pub async fn serve(listener: tandem_net::net::Listener, metrics: Arc<Metrics>) {
     use axum::serve::ListenerExt;
-    // Every accepted socket gets TCP_NODELAY, as everywhere else (tandem_proto::net).
+    // Every accepted socket gets TCP_NODELAY, as everywhere else (tandem_net::net).
     let listener = listener.into_tokio().tap_io(|tcp| {
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "cannot set TCP_NODELAY on a metrics connection");
@@ -511,7 +511,7 @@ mod tests {
     async fn http_endpoint_serves_the_registry() {
         let m = Arc::new(Metrics::new());
         m.submitted(3);
-        let l = tandem_proto::net::bind("127.0.0.1:0".parse().unwrap())
+        let l = tandem_net::net::bind("127.0.0.1:0".parse().unwrap())
             .await
             .unwrap();
         let addr = l.local_addr().unwrap();

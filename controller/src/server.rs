@@ -5,9 +5,9 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tandem_proto::auth::{ClusterKey, ServerAuth};
+use tandem_net::auth::{ClusterKey, ServerAuth};
+use tandem_net::net::{self, Listener};
 use tandem_proto::listing::jobs_server::JobsServer;
-use tandem_proto::net::{self, Listener};
 use tandem_proto::v1::accounting_server::AccountingServer;
 use tandem_proto::v1::bridge_server::BridgeServer;
 use tandem_proto::v1::nodes_server::NodesServer;
@@ -78,7 +78,7 @@ pub async fn run(
         None => None,
     };
     // The scaler answers from the first moment, before the actor's first pass.
-    metrics.publish(&recovered.state, tandem_proto::auth::unix_now());
+    metrics.publish(&recovered.state, tandem_net::auth::unix_now());
     let scaler_task = match config.scaler_listen {
         Some(addr) => Some(serve_scaler(addr, metrics.snapshots(), config.tls.clone()).await?),
         None => None,

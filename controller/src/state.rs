@@ -38,7 +38,7 @@ use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
 
 use prost::Message;
-use tandem_proto::auth::{ClusterKey, Identity, Role, unix_now};
+use tandem_net::auth::{ClusterKey, Identity, Role, unix_now};
 use tandem_proto::v1::{self, controller_message, worker_message};
 use tandem_sched::cycle::{PassObserver, Phase};
 use tandem_sched::effect::{Effect as CoreEffect, RunRecord};

@@ -6,7 +6,7 @@
 mod support;
 
 use support::{Controller, WAIT, alice};
-use tandem_proto::endpoint::AuthChannel;
+use tandem_net::endpoint::AuthChannel;
 use tandem_proto::v1::{self, jobs_client::JobsClient};
 
 fn spec(name: &str) -> v1::JobSpec {
@@ -58,7 +58,7 @@ async fn a_connection_with_too_many_requests_in_flight_gets_resource_exhausted()
     let c = ctl
         .jobs(&alice())
         .await
-        .max_decoding_message_size(tandem_proto::endpoint::MAX_RESPONSE_BYTES);
+        .max_decoding_message_size(tandem_net::endpoint::MAX_RESPONSE_BYTES);
     fill(&c, 1500).await;
     // Far more listings over one connection than it may have in flight (each walks 1,500
     // jobs, a few at a time on the listing pool, so most are still queued when the rest
@@ -140,7 +140,7 @@ async fn squeue_right_after_sbatch_shows_the_job_while_others_loop_squeue() {
     let c = ctl
         .jobs(&alice())
         .await
-        .max_decoding_message_size(tandem_proto::endpoint::MAX_RESPONSE_BYTES);
+        .max_decoding_message_size(tandem_net::endpoint::MAX_RESPONSE_BYTES);
     fill(&c, 1000).await;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut loopers = Vec::new();
@@ -148,7 +148,7 @@ async fn squeue_right_after_sbatch_shows_the_job_while_others_loop_squeue() {
         let mut c = ctl
             .jobs(&alice())
             .await
-            .max_decoding_message_size(tandem_proto::endpoint::MAX_RESPONSE_BYTES);
+            .max_decoding_message_size(tandem_net::endpoint::MAX_RESPONSE_BYTES);
         let stop = stop.clone();
         loopers.push(tokio::spawn(async move {
             let mut n = 0u32;

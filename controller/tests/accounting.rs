@@ -6,8 +6,8 @@ mod support;
 
 use support::{Controller, alice};
 use tandem_controller::Config;
-use tandem_proto::auth::Identity;
-use tandem_proto::endpoint::AuthChannel;
+use tandem_net::auth::Identity;
+use tandem_net::endpoint::AuthChannel;
 use tandem_proto::v1::accounting_client::AccountingClient;
 use tandem_proto::v1::jobs_client::JobsClient;
 use tandem_proto::v1::{self};

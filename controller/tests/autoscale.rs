@@ -53,7 +53,7 @@ fn job(gpus_per_node: u32, nodes: u32) -> v1::JobSpec {
     }
 }
 
-async fn submit(c: &mut JobsClient<tandem_proto::endpoint::AuthChannel>, s: v1::JobSpec) -> u64 {
+async fn submit(c: &mut JobsClient<tandem_net::endpoint::AuthChannel>, s: v1::JobSpec) -> u64 {
     c.submit(v1::SubmitRequest { spec: Some(s) })
         .await
         .unwrap()
@@ -65,12 +65,12 @@ async fn submit(c: &mut JobsClient<tandem_proto::endpoint::AuthChannel>, s: v1::
 /// trigger's `caCert`).
 async fn scaler(
     addr: SocketAddr,
-    security: &tandem_proto::net::ClientSecurity,
+    security: &tandem_net::net::ClientSecurity,
 ) -> ExternalScalerClient<Channel> {
     let endpoint = tonic::transport::Endpoint::from_shared(format!("https://{addr}")).unwrap();
     tokio::time::timeout(WAIT, async {
         loop {
-            if let Ok(c) = tandem_proto::net::connect(&endpoint, security).await {
+            if let Ok(c) = tandem_net::net::connect(&endpoint, security).await {
                 return ExternalScalerClient::new(c);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use support::worker::{FakeWorker, register};
 use support::{Controller, WAIT, alice};
-use tandem_proto::auth::{Identity, Role};
-use tandem_proto::endpoint::AuthChannel;
+use tandem_net::auth::{Identity, Role};
+use tandem_net::endpoint::AuthChannel;
 use tandem_proto::v1::bridge_client::BridgeClient;
 use tandem_proto::v1::nodes_client::NodesClient;
 use tandem_proto::v1::{self, JobState, controller_message, worker_message};

@@ -11,8 +11,8 @@ mod support;
 use std::time::Duration;
 
 use support::{Controller, WAIT, alice};
-use tandem_proto::auth::Identity;
-use tandem_proto::endpoint::AuthChannel;
+use tandem_net::auth::Identity;
+use tandem_net::endpoint::AuthChannel;
 use tandem_proto::v1::accounting_client::AccountingClient;
 use tandem_proto::v1::jobs_client::JobsClient;
 use tandem_proto::v1::nodes_client::NodesClient;
@@ -371,7 +371,7 @@ async fn users_cancel_only_their_own_jobs_and_bad_input_creates_nothing() {
         v1::JobState::Cancelled as i32
     );
     // Unauthenticated calls are refused.
-    let raw = tandem_proto::net::connect(
+    let raw = tandem_net::net::connect(
         &tonic::transport::Endpoint::from_shared(ctl.addr.clone()).unwrap(),
         &ctl.security,
     )
@@ -384,9 +384,9 @@ async fn users_cancel_only_their_own_jobs_and_bad_input_creates_nothing() {
     assert_eq!(err.code(), tonic::Code::Unauthenticated);
     // A plain-text client is not served at all (an unserved request would be refused as
     // Unauthenticated; this one never reaches the services).
-    let plain = tandem_proto::net::connect(
+    let plain = tandem_net::net::connect(
         &tonic::transport::Endpoint::from_shared(ctl.addr.clone()).unwrap(),
-        &tandem_proto::net::ClientSecurity::Plaintext,
+        &tandem_net::net::ClientSecurity::Plaintext,
     )
     .await;
     if let Ok(ch) = plain {
@@ -633,7 +633,7 @@ async fn steps_holds_and_node_administration() {
     assert!(!step.launch_token.is_empty());
     let t = ctl
         .key
-        .verify_step(&step.launch_token, tandem_proto::auth::unix_now())
+        .verify_step(&step.launch_token, tandem_net::auth::unix_now())
         .unwrap();
     assert_eq!((t.job_id, t.step_id, t.uid), (id, 0, 1000));
     assert_eq!(t.nodes, vec!["n1".to_owned(), "n2".to_owned()]);

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use support::{Controller, WAIT, alice};
-use tandem_proto::auth::{Identity, Role};
+use tandem_net::auth::{Identity, Role};
 use tandem_proto::raw;
 use tandem_proto::v1;
 use tandem_proto::v1::jobs_client::JobsClient;
@@ -139,13 +139,13 @@ fn bridge() -> Identity {
 /// The credential each method is called with: one whose role may call it.
 #[derive(Clone)]
 struct Callers {
-    user: tandem_proto::endpoint::AuthChannel,
-    worker: tandem_proto::endpoint::AuthChannel,
-    bridge: tandem_proto::endpoint::AuthChannel,
+    user: tandem_net::endpoint::AuthChannel,
+    worker: tandem_net::endpoint::AuthChannel,
+    bridge: tandem_net::endpoint::AuthChannel,
 }
 
 impl Callers {
-    fn for_method(&self, method: &str) -> tandem_proto::endpoint::AuthChannel {
+    fn for_method(&self, method: &str) -> tandem_net::endpoint::AuthChannel {
         if method.contains("WorkerLink") {
             self.worker.clone()
         } else if method.contains("/tandem.v1.Bridge/") {
@@ -180,7 +180,7 @@ fn arbitrary_bytes_to_every_method_are_answered_and_refusals_change_nothing() {
         let ep = tonic::transport::Endpoint::from_shared(format!("https://{scaler_addr}")).unwrap();
         tokio::time::timeout(WAIT, async {
             loop {
-                if let Ok(c) = tandem_proto::net::connect(&ep, &ctl.security).await {
+                if let Ok(c) = tandem_net::net::connect(&ep, &ctl.security).await {
                     return c;
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -295,7 +295,7 @@ fn the_bridge_service_decodes_before_it_authorizes_and_refusals_change_nothing()
     let ctl = rt.block_on(Controller::start(dir.path(), |_| {}));
     let bridge_ch = rt.block_on(ctl.channel(&bridge()));
     let user_ch = rt.block_on(ctl.channel(&alice()));
-    let call = |ch: &tandem_proto::endpoint::AuthChannel, method: &'static str, body: Vec<u8>| {
+    let call = |ch: &tandem_net::endpoint::AuthChannel, method: &'static str, body: Vec<u8>| {
         let ch = ch.clone();
         rt.block_on(async { tokio::time::timeout(WAIT, raw::call(ch, method, body)).await })
             .unwrap_or_else(|_| panic!("{method} hung"))

@@ -15,7 +15,7 @@ mod support;
 use std::path::Path;
 
 use support::{Controller, alice};
-use tandem_proto::auth::Identity;
+use tandem_net::auth::Identity;
 use tandem_proto::v1::{self, JobState};
 
 const FIXTURE: &str = concat!(

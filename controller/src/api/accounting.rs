@@ -78,7 +78,7 @@ impl AccountingService {
     /// An operator's change, applied by the actor; answers once it is durable.
     async fn change(
         &self,
-        who: &tandem_proto::auth::Identity,
+        who: &tandem_net::auth::Identity,
         change: Change,
     ) -> Result<Response<v1::AccountingChangeResponse>, Status> {
         if !authz::may_change_accounting(who) {

@@ -12,7 +12,7 @@
 //! any; a user may lower but not raise a time limit, and may not set an absolute priority or
 //! release an operator's hold; nodes are changed only by operators.
 
-use tandem_proto::auth::{Identity, Role, identity};
+use tandem_net::auth::{Identity, Role, identity};
 use tonic::{Request, Status};
 
 /// Every RPC the controller serves.

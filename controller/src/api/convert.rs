@@ -9,7 +9,7 @@
 //! - [`job_info`]: a job's wire record (`JobInfo`), its read masks and payload fields.
 //! - here: the small enums and records both directions share, nodes and partitions.
 
-use tandem_proto::auth::Identity;
+use tandem_net::auth::Identity;
 use tandem_proto::v1;
 use tandem_sched::job::JobState;
 use tandem_sched::node::{Node, NodeMode};

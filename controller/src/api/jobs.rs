@@ -89,7 +89,7 @@ fn wants_payloads(want: JobFields) -> bool {
 /// runs and where its output goes. `drop_uid`: the owner was added for this check only.
 fn redact(
     mut resp: v1::ListJobsResponse,
-    who: &tandem_proto::auth::Identity,
+    who: &tandem_net::auth::Identity,
     drop_uid: bool,
 ) -> v1::ListJobsResponse {
     for j in resp
@@ -117,7 +117,7 @@ fn redact(
 
 /// The caller as the state actor sees it: the core's requester and [`authz`]'s rule for
 /// the jobs it may control.
-fn caller(who: &tandem_proto::auth::Identity) -> Caller {
+fn caller(who: &tandem_net::auth::Identity) -> Caller {
     let who = who.clone();
     Caller::new(convert::requester(&who), move |owner_uid| {
         authz::may_control_job(&who, owner_uid)
@@ -186,7 +186,7 @@ fn cancel_response(c: Cancelled) -> v1::CancelResponse {
 /// request.
 fn submit_request(
     request: Request<v1::SubmitRequest>,
-) -> Result<(tandem_proto::auth::Identity, v1::JobSpec), Status> {
+) -> Result<(tandem_net::auth::Identity, v1::JobSpec), Status> {
     let who = authz::require(&request, authz::Rpc::Submit)?;
     tracing::Span::current().record("user", who.user.as_str());
     let spec = request
@@ -202,7 +202,7 @@ impl JobsService {
     fn batch_spec(
         &self,
         spec: v1::JobSpec,
-        who: &tandem_proto::auth::Identity,
+        who: &tandem_net::auth::Identity,
     ) -> Result<(tandem_sched::JobSpec, Payload), Status> {
         let (sched_spec, payload) = convert::submit_from_proto(spec, who, self.max_array_size)?;
         if sched_spec.mode == tandem_sched::node::NodeMode::Kube {
@@ -416,7 +416,7 @@ impl Jobs for JobsService {
 
 #[cfg(test)]
 mod tests {
-    use tandem_proto::auth::Identity;
+    use tandem_net::auth::Identity;
 
     use super::*;
 

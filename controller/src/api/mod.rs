@@ -1,5 +1,5 @@
 //! The gRPC services. Each is a thin shell: authenticate (the interceptor already verified
-//! the token; handlers read the [`Identity`](tandem_proto::auth::Identity)), convert and
+//! the token; handlers read the [`Identity`](tandem_net::auth::Identity)), convert and
 //! validate ([`convert`]), ask the state actor, convert back. Authorization rules are pure
 //! ([`authz`]). The exception is [`scaler`], KEDA's external scaler on its own listener:
 //! read-only demand, no credential.

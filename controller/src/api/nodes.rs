@@ -1,7 +1,7 @@
 //! `tandem.v1.Nodes`: sinfo, scontrol show node|partition, drain/resume, and the operator's
 //! node removal.
 
-use tandem_proto::auth::Identity;
+use tandem_net::auth::Identity;
 use tandem_proto::v1::{self, nodes_server::Nodes};
 use tonic::{Request, Response, Status};
 use tracing::instrument;
@@ -114,7 +114,7 @@ impl Nodes for NodesService {
 
 #[cfg(test)]
 mod tests {
-    use tandem_proto::auth::Role;
+    use tandem_net::auth::Role;
 
     use super::*;
 

@@ -85,7 +85,7 @@ impl Actor {
         // The launch credential: workers run this step's tasks only with it (job, step,
         // the step's nodes, the job's user, a short expiry).
         let token = self.key.issue_step(
-            &tandem_proto::auth::StepGrant {
+            &tandem_net::auth::StepGrant {
                 job_id: id.0,
                 step_id,
                 nodes: step_names.iter().map(|n| (*n).to_owned()).collect(),

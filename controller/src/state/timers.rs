@@ -26,7 +26,7 @@ impl Actor {
             if let Ok(effects) = self.st.node_lost(&name, "Not responding", now) {
                 self.apply_effects(effects);
                 // As Slurm names its own user (SlurmUser) for the reasons it gives.
-                let me = tandem_proto::net::user_name_of(rustix::process::geteuid().as_raw());
+                let me = tandem_net::net::user_name_of(rustix::process::geteuid().as_raw());
                 self.st.stamp_reason(&name, &me, now);
             }
             self.workers.lost(&name);
@@ -72,7 +72,7 @@ impl Actor {
         );
         for name in self.st.drain_unkillable(now, unkillable) {
             warn!(node = %name, after_s = unkillable, "job processes survived the kill: node drained (Kill task failed)");
-            let me = tandem_proto::net::user_name_of(rustix::process::geteuid().as_raw());
+            let me = tandem_net::net::user_name_of(rustix::process::geteuid().as_raw());
             self.st.stamp_reason(&name, &me, now);
         }
         self.placeholder_timeouts();

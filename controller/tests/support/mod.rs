@@ -6,9 +6,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use tandem_controller::{Config, run};
-use tandem_proto::auth::{ClusterKey, Identity};
-use tandem_proto::endpoint::{self, AuthChannel};
-use tandem_proto::net::{ClientSecurity, ServerSecurity};
+use tandem_net::auth::{ClusterKey, Identity};
+use tandem_net::endpoint::{self, AuthChannel};
+use tandem_net::net::{ClientSecurity, ServerSecurity};
 use tandem_proto::v1::accounting_client::AccountingClient;
 use tandem_proto::v1::jobs_client::JobsClient;
 use tokio::sync::oneshot;
@@ -102,7 +102,7 @@ impl Controller {
 /// A cluster CA in `dir` (kept if there is one) and a certificate for 127.0.0.1: the
 /// server's and a client's halves.
 pub fn tls_for(dir: &Path) -> (ServerSecurity, ClientSecurity) {
-    use tandem_proto::tls;
+    use tandem_net::tls;
     let ca = tls::ca::ClusterCa::load_or_create(&dir.join("ca")).unwrap();
     let srv = dir.join("server");
     ca.write_server_dir(&srv, &["127.0.0.1".into()]).unwrap();

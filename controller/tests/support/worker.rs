@@ -1,7 +1,7 @@
 //! `FakeWorker`: a worker stand-in that speaks the WorkerLink stream. It runs nothing; it
 //! reports what a test tells it to, and shows what the controller sent it.
 
-use tandem_proto::auth::Identity;
+use tandem_net::auth::Identity;
 use tandem_proto::v1::worker_link_client::WorkerLinkClient;
 use tandem_proto::v1::{self, controller_message, worker_message};
 use tokio::sync::mpsc;

@@ -3,7 +3,7 @@
 //! every limit on a request's size lives here, next to the one function each request
 //! passes through.
 
-use tandem_proto::auth::Identity;
+use tandem_net::auth::Identity;
 use tandem_proto::v1;
 use tandem_sched::JobId;
 use tandem_sched::array::ArraySpec;
