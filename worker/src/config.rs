@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tandem_proto::endpoint;
+use tandem_net::endpoint;
 
 use crate::cgroup;
 use crate::error::Error;
@@ -110,9 +110,9 @@ pub struct Args {
 #[derive(Debug, Clone)]
 pub struct Transport {
     /// The step launch service (srun connects to it).
-    pub server: tandem_proto::net::ServerSecurity,
+    pub server: tandem_net::net::ServerSecurity,
     /// The link to the controller.
-    pub client: tandem_proto::net::ClientSecurity,
+    pub client: tandem_net::net::ClientSecurity,
 }
 
 /// A validated worker configuration.
@@ -160,7 +160,7 @@ impl Args {
             .state_dir
             .unwrap_or_else(|| std::env::temp_dir().join(format!("tandem-worker-{node_name}")));
 
-        let mut tls = tandem_proto::tls::Options {
+        let mut tls = tandem_net::tls::Options {
             cert: self.tls_cert,
             key: self.tls_key,
             ca: self.tls_ca,
@@ -171,7 +171,7 @@ impl Args {
             let dir = issue_step_certificate(ca_dir, &state_dir, self.step_listen, &node_name)?;
             tls.ca = tls
                 .ca
-                .or_else(|| Some(ca_dir.join(tandem_proto::tls::CA_FILE)));
+                .or_else(|| Some(ca_dir.join(tandem_net::tls::CA_FILE)));
             tls.dir = Some(dir);
         }
         let ca_given = tls.ca.is_some() || tls.dir.is_some() || tls.insecure_plaintext;
@@ -275,7 +275,7 @@ fn issue_step_certificate(
     step_listen: SocketAddr,
     node_name: &str,
 ) -> Result<PathBuf, Error> {
-    let ca = tandem_proto::tls::ca::ClusterCa::load(ca_dir)?;
+    let ca = tandem_net::tls::ca::ClusterCa::load(ca_dir)?;
     let dir = state_dir.join("tls");
     ca.write_server_dir(&dir, &step_certificate_names(step_listen, node_name))?;
     Ok(dir)
@@ -362,7 +362,7 @@ mod tests {
     fn a_worker_issues_its_step_certificate_for_its_advertised_address() {
         let dir = tempfile::tempdir().unwrap();
         let ca_dir = dir.path().join("ca");
-        let ca = tandem_proto::tls::ca::ClusterCa::load_or_create(&ca_dir).unwrap();
+        let ca = tandem_net::tls::ca::ClusterCa::load_or_create(&ca_dir).unwrap();
         let state = dir.path().join("spool");
         let argv = [
             "tandem worker",
@@ -382,7 +382,7 @@ mod tests {
         let c = Args::try_parse_from(argv).unwrap().into_config().unwrap();
         assert!(matches!(
             c.transport.server,
-            tandem_proto::net::ServerSecurity::Tls(_)
+            tandem_net::net::ServerSecurity::Tls(_)
         ));
         assert!(c.transport.client.is_tls(), "the controller is verified");
         assert_eq!(
@@ -407,7 +407,7 @@ mod tests {
     #[test]
     fn a_worker_takes_a_step_certificate_for_its_node_name_and_refuses_another() {
         let dir = tempfile::tempdir().unwrap();
-        let ca = tandem_proto::tls::ca::ClusterCa::load_or_create(&dir.path().join("ca")).unwrap();
+        let ca = tandem_net::tls::ca::ClusterCa::load_or_create(&dir.path().join("ca")).unwrap();
         let secret = dir.path().join("step-tls");
         ca.write_server_dir(&secret, &["kn-1".into()]).unwrap();
         let argv = |name: &'static str| {
@@ -434,7 +434,7 @@ mod tests {
             .unwrap();
         assert!(matches!(
             c.transport.server,
-            tandem_proto::net::ServerSecurity::Tls(_)
+            tandem_net::net::ServerSecurity::Tls(_)
         ));
         assert!(c.transport.client.is_tls(), "the controller is verified");
         let err = Args::try_parse_from(argv("kn-2"))

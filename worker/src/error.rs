@@ -3,8 +3,8 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use tandem_proto::auth::KeyError;
-use tandem_proto::endpoint::EndpointError;
+use tandem_net::auth::KeyError;
+use tandem_net::endpoint::EndpointError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -16,7 +16,7 @@ pub enum Error {
     #[error("cannot load the cluster key")]
     Key(#[from] KeyError),
     #[error(transparent)]
-    Tls(#[from] tandem_proto::tls::TlsError),
+    Tls(#[from] tandem_net::tls::TlsError),
     #[error("cannot prepare the state directory {path}")]
     StateDir {
         path: PathBuf,

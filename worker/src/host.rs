@@ -86,6 +86,6 @@ mod tests {
         let h = Host::read();
         assert!(!h.arch.is_empty());
         assert!(h.os.starts_with("Linux "), "{}", h.os);
-        assert!(h.boot_time > 0 && h.boot_time <= tandem_proto::auth::unix_now());
+        assert!(h.boot_time > 0 && h.boot_time <= tandem_net::auth::unix_now());
     }
 }

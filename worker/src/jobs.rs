@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
-use tandem_proto::auth::unix_now;
+use tandem_net::auth::unix_now;
 use tandem_proto::v1::{JobEnded, JobStarted, LaunchJob, SignalJob};
 use tokio::sync::mpsc;
 use tokio::time::Instant;

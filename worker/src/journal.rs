@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use prost::Message;
-use tandem_proto::auth::unix_now;
+use tandem_net::auth::unix_now;
 use tandem_proto::v1::JobEnded;
 use tracing::{info, warn};
 

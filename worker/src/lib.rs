@@ -67,7 +67,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tandem_proto::auth::{ClusterKey, Identity, ServerAuth, unix_now};
+use tandem_net::auth::{ClusterKey, Identity, ServerAuth, unix_now};
 use tandem_proto::v1::Register;
 use tandem_proto::v1::Tres;
 use tandem_proto::v1::step_launcher_server::StepLauncherServer;
@@ -128,7 +128,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     }
     let gpus = gpu::resolve(config.gpus, config.gpu_type.as_deref(), &detected);
 
-    let listener = tandem_proto::net::bind(config.step_listen)
+    let listener = tandem_net::net::bind(config.step_listen)
         .await
         .map_err(|source| Error::BindStepListener {
             addr: config.step_listen,

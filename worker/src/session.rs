@@ -16,8 +16,8 @@
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
-use tandem_proto::auth::{ClusterKey, Identity, unix_now};
-use tandem_proto::endpoint;
+use tandem_net::auth::{ClusterKey, Identity, unix_now};
+use tandem_net::endpoint;
 use tandem_proto::v1::worker_link_client::WorkerLinkClient;
 use tandem_proto::v1::{
     ControllerMessage, Heartbeat, JobEnded, Register, WorkerMessage, controller_message,
@@ -52,7 +52,7 @@ pub struct LinkConfig {
     /// `http://HOST:PORT` of the controller.
     pub controller: String,
     /// TLS to the controller, or plain text on loopback.
-    pub security: tandem_proto::net::ClientSecurity,
+    pub security: tandem_net::net::ClientSecurity,
     pub key: ClusterKey,
     pub identity: Identity,
     /// The node's registration; `running_jobs` and `ended_while_disconnected` are filled

@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use proptest::prelude::*;
 use support::{Harness, WAIT};
-use tandem_proto::auth::{ClusterKey, Identity, StepGrant, unix_now};
-use tandem_proto::endpoint::{self, AuthChannel};
+use tandem_net::auth::{ClusterKey, Identity, StepGrant, unix_now};
+use tandem_net::endpoint::{self, AuthChannel};
 use tandem_proto::raw;
 use tandem_proto::v1::step_launcher_client::StepLauncherClient;
 use tandem_proto::v1::{LaunchTasksRequest, SignalTasksRequest, TaskOutput, task_output};
@@ -64,7 +64,7 @@ impl Caller {
     /// May this caller launch as `uid`/`gid` once the launch credential is right?
     fn may_launch_as(self, uid: u32, gid: u32) -> bool {
         match self.identity() {
-            who if who.role == tandem_proto::auth::Role::User => who.uid == uid && who.gid == gid,
+            who if who.role == tandem_net::auth::Role::User => who.uid == uid && who.gid == gid,
             _ => true,
         }
     }

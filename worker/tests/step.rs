@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use support::{Harness, WAIT};
-use tandem_proto::auth::Identity;
-use tandem_proto::endpoint;
+use tandem_net::auth::Identity;
+use tandem_net::endpoint;
 use tandem_proto::v1::step_launcher_client::StepLauncherClient;
 use tandem_proto::v1::{LaunchTasksRequest, SignalTasksRequest, TaskOutput, task_output};
 use tonic::Streaming;
@@ -58,7 +58,7 @@ fn request(
 /// The launch credential the controller would sign in `CreateStep`.
 fn grant(h: &Harness, job_id: u64, step_id: u32, uid: u32, gid: u32, node: &str) -> String {
     h.key.issue_step(
-        &tandem_proto::auth::StepGrant {
+        &tandem_net::auth::StepGrant {
             job_id,
             step_id,
             nodes: vec![node.to_owned()],
@@ -66,7 +66,7 @@ fn grant(h: &Harness, job_id: u64, step_id: u32, uid: u32, gid: u32, node: &str)
             gid,
             exp: 0,
         },
-        tandem_proto::auth::unix_now(),
+        tandem_net::auth::unix_now(),
         60,
     )
 }
@@ -198,7 +198,7 @@ async fn a_missing_program_is_a_task_failure() {
 /// before any request is sent; verifying the address it dials would refuse it too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_step_service_is_verified_as_its_node_at_its_address() {
-    use tandem_proto::tls;
+    use tandem_net::tls;
     let h = Harness::start_with(|c| {
         // The harness's CA (`TestTls::make` under the temporary directory).
         let root = c.state_dir.parent().unwrap();
@@ -206,7 +206,7 @@ async fn the_step_service_is_verified_as_its_node_at_its_address() {
         let dir = root.join("step-tls");
         ca.write_server_dir(&dir, std::slice::from_ref(&c.node_name))
             .unwrap();
-        c.transport.server = tandem_proto::net::ServerSecurity::Tls(
+        c.transport.server = tandem_net::net::ServerSecurity::Tls(
             tls::server_config(&dir.join(tls::CERT_FILE), &dir.join(tls::KEY_FILE)).unwrap(),
         );
     })
@@ -216,7 +216,7 @@ async fn the_step_service_is_verified_as_its_node_at_its_address() {
     let node = h.register.node_name.clone();
     assert_eq!(node, "n1");
     let auth =
-        || tandem_proto::auth::ClientAuth::new(&h.key, &tester(), tandem_proto::auth::unix_now());
+        || tandem_net::auth::ClientAuth::new(&h.key, &tester(), tandem_net::auth::unix_now());
 
     for other in ["n2", "127.0.0.1"] {
         let err = endpoint::connect_to_node(address, other, &h.tls.client, auth())
@@ -227,7 +227,7 @@ async fn the_step_service_is_verified_as_its_node_at_its_address() {
             matches!(err, endpoint::EndpointError::ConnectNode { .. }),
             "{other}: {err:?}"
         );
-        let chain = tandem_proto::auth::error_chain(&err);
+        let chain = tandem_net::auth::error_chain(&err);
         assert!(chain.contains("certificate"), "{other}: {chain}");
     }
     let by_address = endpoint::connect_as(address, &h.tls.client, &h.key, &tester()).await;
@@ -267,10 +267,10 @@ async fn users_cannot_launch_as_someone_else_or_without_a_token() {
     // even for the job's own user.
     let mut me_client = client(&h, &tester()).await;
     let (uid, gid) = me();
-    let now = tandem_proto::auth::unix_now();
+    let now = tandem_net::auth::unix_now();
     let node = h.register.node_name.clone();
     let expired = h.key.issue_step(
-        &tandem_proto::auth::StepGrant {
+        &tandem_net::auth::StepGrant {
             job_id: 32,
             step_id: 0,
             nodes: vec![node.clone()],
@@ -303,7 +303,7 @@ async fn users_cannot_launch_as_someone_else_or_without_a_token() {
     let step =
         tonic::transport::Endpoint::from_shared(format!("http://{}", h.register.step_address))
             .unwrap();
-    let raw = tandem_proto::net::connect(&step, &h.tls.client)
+    let raw = tandem_net::net::connect(&step, &h.tls.client)
         .await
         .unwrap();
     let err = StepLauncherClient::new(raw)
@@ -313,7 +313,7 @@ async fn users_cannot_launch_as_someone_else_or_without_a_token() {
     assert_eq!(err.code(), tonic::Code::Unauthenticated);
     // Plain text is not served at all: the request never reaches the interceptor.
     if let Ok(plain) =
-        tandem_proto::net::connect(&step, &tandem_proto::net::ClientSecurity::Plaintext).await
+        tandem_net::net::connect(&step, &tandem_net::net::ClientSecurity::Plaintext).await
     {
         let err = StepLauncherClient::new(plain)
             .launch_tasks(request(&h, 32, 0, &["true"], &[0]))

@@ -12,7 +12,7 @@
 //!   credential's) and signal only steps whose tasks it owns. `worker` and `admin` callers
 //!   (root, daemons) may act for any user.
 
-use tandem_proto::auth::{ClusterKey, Identity, Role, TokenError};
+use tandem_net::auth::{ClusterKey, Identity, Role, TokenError};
 
 /// Why a step request was refused (becomes `PERMISSION_DENIED`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -139,7 +139,7 @@ pub fn authorize_signal(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tandem_proto::auth::{KEY_LEN, StepGrant};
+    use tandem_net::auth::{KEY_LEN, StepGrant};
 
     fn key() -> ClusterKey {
         ClusterKey::from_bytes([9; KEY_LEN])

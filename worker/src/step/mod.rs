@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use tandem_proto::auth::ClusterKey;
+use tandem_net::auth::ClusterKey;
 use tandem_proto::v1::step_launcher_server::StepLauncher;
 use tandem_proto::v1::{LaunchTasksRequest, SignalTasksRequest, SignalTasksResponse, TaskOutput};
 use tokio::sync::mpsc;
@@ -59,7 +59,7 @@ impl StepLauncher for StepService {
         &self,
         request: Request<LaunchTasksRequest>,
     ) -> Result<Response<Self::LaunchTasksStream>, Status> {
-        let caller = tandem_proto::auth::identity(&request)?.clone();
+        let caller = tandem_net::auth::identity(&request)?.clone();
         let r = request.into_inner();
         tracing::Span::current()
             .record("job_id", r.job_id)
@@ -75,7 +75,7 @@ impl StepLauncher for StepService {
                 gid: r.gid,
                 launch_token: &r.launch_token,
             },
-            tandem_proto::auth::unix_now(),
+            tandem_net::auth::unix_now(),
         )
         .map_err(denied)?;
         if r.argv.is_empty() || r.argv[0].is_empty() {
@@ -159,7 +159,7 @@ impl StepLauncher for StepService {
         &self,
         request: Request<SignalTasksRequest>,
     ) -> Result<Response<SignalTasksResponse>, Status> {
-        let caller = tandem_proto::auth::identity(&request)?.clone();
+        let caller = tandem_net::auth::identity(&request)?.clone();
         let r = request.into_inner();
         let key = (r.job_id, r.step_id);
         // Tasks that already ended here are not an error: srun signals every node.

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tandem_proto::auth::{ClusterKey, Role, ServerAuth, identity};
+use tandem_net::auth::{ClusterKey, Role, ServerAuth, identity};
 use tandem_proto::v1::worker_link_server::{WorkerLink, WorkerLinkServer};
 use tandem_proto::v1::{
     ControllerMessage, JobEnded, LaunchJob, Register, Registered, SignalJob, WorkerMessage,
@@ -106,7 +106,7 @@ impl FakeController {
                 }
             };
             let _ = bound_tx.send(listener.local_addr().unwrap());
-            let listener = tandem_proto::net::Listener::from(listener);
+            let listener = tandem_net::net::Listener::from(listener);
             tonic::transport::Server::builder()
                 .add_service(WorkerLinkServer::with_interceptor(svc, auth))
                 .serve_with_incoming(listener.incoming(security))
@@ -272,21 +272,21 @@ impl Drop for WorkerProc {
 /// worker's step service: every worker test runs over TLS.
 #[derive(Clone)]
 pub struct TestTls {
-    pub server: tandem_proto::net::ServerSecurity,
-    pub client: tandem_proto::net::ClientSecurity,
+    pub server: tandem_net::net::ServerSecurity,
+    pub client: tandem_net::net::ClientSecurity,
 }
 
 impl TestTls {
     pub fn make(dir: &Path) -> TestTls {
-        use tandem_proto::tls;
+        use tandem_net::tls;
         let ca = tls::ca::ClusterCa::load_or_create(&dir.join("ca")).unwrap();
         let srv = dir.join("server");
         ca.write_server_dir(&srv, &["127.0.0.1".into()]).unwrap();
         TestTls {
-            server: tandem_proto::net::ServerSecurity::Tls(
+            server: tandem_net::net::ServerSecurity::Tls(
                 tls::server_config(&srv.join(tls::CERT_FILE), &srv.join(tls::KEY_FILE)).unwrap(),
             ),
-            client: tandem_proto::net::ClientSecurity::Tls(
+            client: tandem_net::net::ClientSecurity::Tls(
                 tls::client_config(&tls::ca::ClusterCa::cert_path(&dir.join("ca"))).unwrap(),
             ),
         }
