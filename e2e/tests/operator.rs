@@ -32,11 +32,11 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tandem_e2e::testkit::{TestCluster, skip, wait_for, wait_for_deletion};
+use tandem_net::net::ClientSecurity;
 use tandem_operator::crd::{LoginSet, TandemCluster, WorkerSet, WorkerSetStatus};
 use tandem_operator::labels::{DRAIN_FOR, WORKER_SET};
 use tandem_proto::externalscaler::external_scaler_client::ExternalScalerClient;
 use tandem_proto::externalscaler::{GetMetricsRequest, ScaledObjectRef};
-use tandem_proto::net::ClientSecurity;
 
 const T: Duration = Duration::from_secs(30);
 /// The operator's status refresh period here (`--status-refresh-seconds`): short, so a test
@@ -561,7 +561,7 @@ impl Harness {
             Some(pem) => (
                 "https",
                 ClientSecurity::Tls(
-                    tandem_proto::tls::client_config_pem(&pem).map_err(|e| e.to_string())?,
+                    tandem_net::tls::client_config_pem(&pem).map_err(|e| e.to_string())?,
                 ),
             ),
             None => ("http", ClientSecurity::Plaintext),
@@ -570,7 +570,7 @@ impl Harness {
             .map_err(|e| e.to_string())?
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(10));
-        let channel = tandem_proto::net::connect(&endpoint, &security)
+        let channel = tandem_net::net::connect(&endpoint, &security)
             .await
             .map_err(|e| format!("connecting {scheme}://{ip}:{port}: {e}"))?;
         let mut c = ExternalScalerClient::new(channel);
@@ -710,14 +710,14 @@ async fn a_cluster_with_three_workers_runs_a_two_node_job_submitted_from_a_login
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tls.crt");
         std::fs::write(&path, cert).unwrap();
-        tandem_proto::tls::check_certificate_name(&path, &node).unwrap();
+        tandem_net::tls::check_certificate_name(&path, &node).unwrap();
         let pod_ip = pod.status.and_then(|s| s.pod_ip).unwrap_or_default();
         assert!(
             pod_ip.parse::<std::net::IpAddr>().is_ok(),
             "{node}: {pod_ip:?}"
         );
         assert!(
-            tandem_proto::tls::check_certificate_name(&path, &pod_ip).is_err(),
+            tandem_net::tls::check_certificate_name(&path, &pod_ip).is_err(),
             "the certificate of {node} names its pod IP {pod_ip}"
         );
     }

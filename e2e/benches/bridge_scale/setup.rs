@@ -9,8 +9,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, ApiResource, DynamicObject};
 use serde_json::json;
 use tandem_e2e::bridgekit::{Proc, free_port, spawn};
-use tandem_proto::auth::{ClusterKey, Identity};
-use tandem_proto::endpoint;
+use tandem_net::auth::{ClusterKey, Identity};
+use tandem_net::endpoint;
 use tandem_proto::v1;
 use tandem_proto::v1::nodes_client::NodesClient;
 

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tandem_proto::auth::{ClusterKey, Identity, unix_now};
-use tandem_proto::endpoint;
+use tandem_net::auth::{ClusterKey, Identity, unix_now};
+use tandem_net::endpoint;
 use tandem_proto::v1::worker_link_client::WorkerLinkClient;
 use tandem_proto::v1::{self, controller_message, worker_message};
 use tokio::sync::mpsc;
