@@ -8,9 +8,9 @@ use std::collections::BTreeSet;
 
 use futures::future::BoxFuture;
 
-use tandem_proto::auth::{ClusterKey, Identity, Role};
-use tandem_proto::endpoint::{self, AuthChannel};
-use tandem_proto::net::ClientSecurity;
+use tandem_net::auth::{ClusterKey, Identity, Role};
+use tandem_net::endpoint::{self, AuthChannel};
+use tandem_net::net::ClientSecurity;
 use tandem_proto::v1;
 use tandem_proto::v1::accounting_client::AccountingClient;
 use tandem_proto::v1::jobs_client::JobsClient;

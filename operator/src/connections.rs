@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use kube::{Client, ResourceExt};
-use tandem_proto::auth::ClusterKey;
-use tandem_proto::net::ClientSecurity;
+use tandem_net::auth::ClusterKey;
+use tandem_net::net::ClientSecurity;
 use tokio::sync::Mutex;
 
 use crate::batch::{BatchControl, GrpcBatch};
@@ -43,7 +43,7 @@ impl Connect for GrpcConnect {
         key: &'a ClusterKey,
     ) -> BoxFuture<'a, Result<Batch, String>> {
         Box::pin(async move {
-            let security = tandem_proto::tls::client_config_pem(ca_pem.as_bytes())
+            let security = tandem_net::tls::client_config_pem(ca_pem.as_bytes())
                 .map(ClientSecurity::Tls)
                 .map_err(|e| format!("{e:#}"))?;
             let b = GrpcBatch::connect(endpoint, &security, key)

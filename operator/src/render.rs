@@ -26,8 +26,8 @@
 //! afresh for every pod it creates, and the worker reads it with `--tls-dir`
 //! ([`STEP_TLS_DIR`]); it refuses to start with a certificate that does not name its node.
 //! srun dials the address the worker advertises, its pod IP, and verifies the certificate
-//! as that node (`tandem_proto::endpoint::connect_to_node`; the name verified is separate
-//! from the address dialled, `tandem_proto::net`), so the pod IP, which exists only once
+//! as that node (`tandem_net::endpoint::connect_to_node`; the name verified is separate
+//! from the address dialled, `tandem_net::net`), so the pod IP, which exists only once
 //! the pod's sandbox does, need not be in any certificate. A worker presenting another
 //! node's certificate is refused. (The controller dials no worker: workers connect to it.)
 //!
@@ -457,8 +457,8 @@ pub fn cert_needs_issue(want: &[String], ca_pem: &str, have: Option<&Secret>) ->
     };
     annotations.get(CERT_NAMES) != Some(&want.join(","))
         || annotations.get(CERT_CA) != Some(&hash_of(&ca_pem))
-        || !has(tandem_proto::tls::CERT_FILE)
-        || !has(tandem_proto::tls::KEY_FILE)
+        || !has(tandem_net::tls::CERT_FILE)
+        || !has(tandem_net::tls::KEY_FILE)
 }
 
 /// The controller's `kubernetes.io/tls` Secret (the layout `--tls-dir` reads, as
@@ -482,9 +482,9 @@ pub fn controller_tls_secret(
             "metadata": meta,
             "type": "kubernetes.io/tls",
             "data": secret_data([
-                (tandem_proto::tls::CERT_FILE, cert_pem),
-                (tandem_proto::tls::KEY_FILE, key_pem),
-                (tandem_proto::tls::CA_FILE, ca_pem),
+                (tandem_net::tls::CERT_FILE, cert_pem),
+                (tandem_net::tls::KEY_FILE, key_pem),
+                (tandem_net::tls::CA_FILE, ca_pem),
             ]),
         }),
     )
@@ -525,9 +525,9 @@ pub fn worker_step_tls_secret(
             },
             "type": "kubernetes.io/tls",
             "data": secret_data([
-                (tandem_proto::tls::CERT_FILE, cert_pem),
-                (tandem_proto::tls::KEY_FILE, key_pem),
-                (tandem_proto::tls::CA_FILE, ca_pem),
+                (tandem_net::tls::CERT_FILE, cert_pem),
+                (tandem_net::tls::KEY_FILE, key_pem),
+                (tandem_net::tls::CA_FILE, ca_pem),
             ]),
         }),
     )

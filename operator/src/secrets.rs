@@ -7,8 +7,8 @@
 use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
 use kube::api::Api;
-use tandem_proto::auth::ClusterKey;
-use tandem_proto::tls::ca::ClusterCa;
+use tandem_net::auth::ClusterKey;
+use tandem_net::tls::ca::ClusterCa;
 
 use crate::reconcile::{Error, kube};
 use crate::{defaults, render};

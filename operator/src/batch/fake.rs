@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
-use tandem_proto::auth::ClusterKey;
+use tandem_net::auth::ClusterKey;
 
 use super::{BatchControl, BatchFuture};
 use crate::accounting::{Change, Current};

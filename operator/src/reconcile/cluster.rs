@@ -10,7 +10,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action as Requeue;
 use serde_json::json;
-use tandem_proto::tls::ca::ClusterCa;
+use tandem_net::tls::ca::ClusterCa;
 
 use super::*;
 use crate::connections::Batch;

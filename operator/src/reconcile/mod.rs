@@ -64,7 +64,7 @@ pub enum Error {
     #[error("the cluster CA Secret {0} is malformed")]
     BadCa(String),
     #[error("making the cluster CA or a certificate")]
-    Tls(#[from] tandem_proto::tls::TlsError),
+    Tls(#[from] tandem_net::tls::TlsError),
     #[error("generating the cluster key: {0}")]
     Random(String),
     /// Deleting a worker set waits for drains and removals; the finalizer stays until done

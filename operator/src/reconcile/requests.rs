@@ -18,7 +18,7 @@ use kube::runtime::controller::Action as Requeue;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{reflector, watcher};
 use serde_json::{Value, json};
-use tandem_proto::tls::ca::ClusterCa;
+use tandem_net::tls::ca::ClusterCa;
 use tokio::task::JoinHandle;
 use tower_test::mock;
 

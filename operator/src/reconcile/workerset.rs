@@ -14,7 +14,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::finalizer;
 use serde_json::json;
-use tandem_proto::tls::ca::ClusterCa;
+use tandem_net::tls::ca::ClusterCa;
 use tracing::{info, warn};
 
 use super::*;

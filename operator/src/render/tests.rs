@@ -121,11 +121,11 @@ fn the_key_lives_in_a_secret_and_the_config_map_has_none() {
         serde_json::from_str(&cm.data.as_ref().unwrap()["cluster.json"]).unwrap();
     assert_eq!(client["controller"], "http://10.0.0.1:6817");
     assert_eq!(client["key_file"], "/etc/tandem/key/cluster.key");
-    // What proto/src/endpoint.rs reads: the CA mounted in worker and login pods, and the
+    // What net/src/endpoint.rs reads: the CA mounted in worker and login pods, and the
     // login pods' identity agent.
     assert_eq!(client["ca_file"], "/etc/tandem/ca/ca.crt");
     assert_eq!(client["auth_socket"], "/run/tandem/authd.sock");
-    let file: tandem_proto::endpoint::ClusterFile = serde_json::from_value(client.clone()).unwrap();
+    let file: tandem_net::endpoint::ClusterFile = serde_json::from_value(client.clone()).unwrap();
     assert_eq!(
         file.ca_file.as_deref(),
         Some(std::path::Path::new("/etc/tandem/ca/ca.crt"))
