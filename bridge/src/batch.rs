@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
-use tandem_proto::auth::{ClusterKey, Identity, Role};
-use tandem_proto::endpoint::{self, AuthChannel};
+use tandem_net::auth::{ClusterKey, Identity, Role};
+use tandem_net::endpoint::{self, AuthChannel};
 use tandem_proto::v1;
 use tandem_proto::v1::bridge_client::BridgeClient;
 use tandem_proto::v1::nodes_client::NodesClient;

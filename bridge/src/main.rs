@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 use tandem_bridge::batch::GrpcBatch;
 use tandem_bridge::leader;
 use tandem_bridge::scheduler::{self, Config};
-use tandem_proto::auth::ClusterKey;
+use tandem_net::auth::ClusterKey;
 
 #[derive(Parser)]
 #[command(name = "tandem-bridge", version, about)]

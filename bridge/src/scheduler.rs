@@ -48,7 +48,7 @@ use kube::api::{Api, DynamicObject};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
-use tandem_proto::auth::unix_now;
+use tandem_net::auth::unix_now;
 use tandem_proto::v1;
 use tracing::{debug, info, warn};
 

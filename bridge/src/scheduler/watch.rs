@@ -7,7 +7,7 @@
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::DynamicObject;
 use kube::runtime::watcher::Event;
-use tandem_proto::auth::unix_now;
+use tandem_net::auth::unix_now;
 use tandem_proto::v1;
 use tracing::warn;
 

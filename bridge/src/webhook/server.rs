@@ -92,7 +92,7 @@ pub async fn start(cfg: Config, policies: Arc<Policies>) -> Result<Running, Erro
         .with_cert_resolver(certs.clone());
     tls.alpn_protocols = vec![b"http/1.1".to_vec()];
     // Accepted through Tandem's one socket factory: `TCP_NODELAY` on every connection.
-    let tcp = tandem_proto::net::bind(cfg.listen)
+    let tcp = tandem_net::net::bind(cfg.listen)
         .await
         .map_err(|source| Error::Listen {
             addr: cfg.listen,
@@ -166,7 +166,7 @@ async fn readyz(State(p): State<Arc<Policies>>) -> (StatusCode, &'static str) {
 }
 
 async fn accept_loop(
-    tcp: tandem_proto::net::Listener,
+    tcp: tandem_net::net::Listener,
     tls: TlsAcceptor,
     tx: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
 ) {
