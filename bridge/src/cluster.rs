@@ -1,5 +1,5 @@
 //! The namespace map from the cluster's `TandemCluster` (`spec.bridge.namespaces`), read as
-//! plain JSON so the bridge shares no crate with the operator.
+//! plain JSON so the bridge does not depend on the operator's crate (they share only `tandem-kubeclient`).
 
 use kube::api::ApiResource;
 use serde::Deserialize;

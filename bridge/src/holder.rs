@@ -69,9 +69,9 @@ pub fn name(cluster: &str, node: &str) -> String {
 pub fn selector(cluster: &str) -> String {
     format!(
         "{}={MANAGER},{}={COMPONENT},{}={cluster}",
-        tandem_operator::labels::APP_MANAGED_BY,
-        tandem_operator::labels::APP_COMPONENT,
-        tandem_operator::labels::CLUSTER,
+        tandem_kubeclient::labels::APP_MANAGED_BY,
+        tandem_kubeclient::labels::APP_COMPONENT,
+        tandem_kubeclient::labels::CLUSTER,
     )
 }
 
@@ -79,8 +79,8 @@ pub fn selector(cluster: &str) -> String {
 pub fn is_holder(pod: &Pod) -> bool {
     let l = pod.metadata.labels.as_ref();
     let get = |k: &str| l.and_then(|l| l.get(k)).map(String::as_str);
-    get(tandem_operator::labels::APP_MANAGED_BY) == Some(MANAGER)
-        && get(tandem_operator::labels::APP_COMPONENT) == Some(COMPONENT)
+    get(tandem_kubeclient::labels::APP_MANAGED_BY) == Some(MANAGER)
+        && get(tandem_kubeclient::labels::APP_COMPONENT) == Some(COMPONENT)
 }
 
 /// The node a holder is pinned to.
@@ -129,9 +129,9 @@ pub struct Spec<'a> {
 /// The holder pod of `node`, holding `gpus`.
 pub fn pod(s: &Spec<'_>, node: &str, gpus: u64) -> Pod {
     let labels: BTreeMap<&str, &str> = [
-        (tandem_operator::labels::APP_MANAGED_BY, MANAGER),
-        (tandem_operator::labels::APP_COMPONENT, COMPONENT),
-        (tandem_operator::labels::CLUSTER, s.cluster),
+        (tandem_kubeclient::labels::APP_MANAGED_BY, MANAGER),
+        (tandem_kubeclient::labels::APP_COMPONENT, COMPONENT),
+        (tandem_kubeclient::labels::CLUSTER, s.cluster),
         (MANAGED_LABEL, "false"),
     ]
     .into();
@@ -610,7 +610,7 @@ mod tests {
             drain_reason(&s),
             "tandem-bridge: GPU holder refused (OutOfnvidia.com/gpu): Pod was rejected: Node didn't have enough resource: nvidia.com/gpu"
         );
-        assert!(!drain_reason(&s).starts_with(tandem_operator::labels::DRAIN_REASON_PREFIX));
+        assert!(!drain_reason(&s).starts_with(tandem_kubeclient::labels::DRAIN_REASON_PREFIX));
         let p = plan(&n, BATCH, Some(&h), &Memory::default(), true, "pool", 0);
         assert_eq!(p, Plan::default(), "drained once");
         // In kube mode a refused holder holds nothing: released, and deleted.

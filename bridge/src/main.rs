@@ -144,7 +144,7 @@ async fn main() -> anyhow::Result<()> {
 async fn run(a: RunArgs) -> anyhow::Result<()> {
     let key = ClusterKey::load(&a.key_file)
         .with_context(|| format!("reading the cluster key {}", a.key_file.display()))?;
-    let client = tandem_operator::kubeclient::infer()
+    let client = tandem_kubeclient::client::infer()
         .await
         .context("connecting to the Kubernetes API")?;
     // Before the controller connection and any leader election: every replica answers
@@ -182,7 +182,7 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
                 tracing::warn!(error = %e, retry_in = ?wait, "controller unreachable; retrying")
             })
             .await?;
-        let evict_client = tandem_operator::kubeclient::infer_without_retries()
+        let evict_client = tandem_kubeclient::client::infer_without_retries()
             .await
             .context("connecting to the Kubernetes API")?;
         scheduler::run(
@@ -231,7 +231,7 @@ async fn start_webhook(
 }
 
 async fn webhook(a: WebhookServeArgs) -> anyhow::Result<()> {
-    let client = tandem_operator::kubeclient::infer()
+    let client = tandem_kubeclient::client::infer()
         .await
         .context("connecting to the Kubernetes API")?;
     let args = WebhookArgs {
@@ -245,7 +245,7 @@ async fn webhook(a: WebhookServeArgs) -> anyhow::Result<()> {
 }
 
 async fn webhook_certs(a: WebhookCertsArgs) -> anyhow::Result<()> {
-    let client = tandem_operator::kubeclient::infer()
+    let client = tandem_kubeclient::client::infer()
         .await
         .context("connecting to the Kubernetes API")?;
     let target = tandem_bridge::webhook::provision::Target {

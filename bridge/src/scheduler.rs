@@ -167,7 +167,7 @@ struct Loop<B> {
 }
 
 /// Runs until `shutdown` resolves. `evict_client` makes the evictions: it must return a
-/// 429 at once rather than retry it ([`tandem_operator::kubeclient::infer_without_retries`]).
+/// 429 at once rather than retry it ([`tandem_kubeclient::client::infer_without_retries`]).
 pub async fn run<B: BatchAlloc + 'static>(
     client: Client,
     evict_client: Client,

@@ -41,8 +41,10 @@ pub mod crd;
 pub mod daemon;
 pub mod defaults;
 pub mod events;
-pub mod kubeclient;
-pub mod labels;
+/// The API clients (with `TCP_NODELAY`), shared with the bridge.
+pub use tandem_kubeclient::client as kubeclient;
+/// Every label, annotation and taint name the operator writes (shared with the bridge).
+pub use tandem_kubeclient::labels;
 pub mod partitions;
 pub mod plan;
 pub mod rbac;

@@ -7,7 +7,7 @@
 //! reads on its own.
 
 use k8s_openapi::api::core::v1::Pod;
-use tandem_operator::labels as operator;
+use tandem_kubeclient::labels as operator;
 
 use super::Requester;
 use crate::labels::MANAGED_LABEL;

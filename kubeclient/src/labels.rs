@@ -1,5 +1,7 @@
 //! Every label, annotation, finalizer, event reason and drain-reason prefix the operator
-//! writes (Slinky's `wellknown/`), so none is spelled twice.
+//! writes (Slinky's `wellknown/`), so none is spelled twice; the bridge reads them (its
+//! admission guard knows Tandem's own pods by them, its GPU holders reuse the recommended
+//! labels and the drain prefix).
 
 pub const GROUP: &str = "tandem.dev";
 /// `app.kubernetes.io/*` recommended labels.
@@ -36,7 +38,7 @@ pub const DRAIN_FOR: &str = "tandem.dev/drain-for";
 /// Node taint key of Tandem pool nodes (the bridge writes it; a contract shared with
 /// `tandem_bridge::labels::POOL_TAINT`): `tandem.dev/pool=<cluster>:NoSchedule` always, and
 /// `:NoExecute` too while the node is in batch mode. Worker pods tolerate the key with every
-/// effect ([`crate::render::pool_toleration`]).
+/// effect (`tandem_operator::render::pool_toleration`).
 pub const POOL_TAINT: &str = "tandem.dev/pool";
 
 /// Removes the set's nodes from the controller before the set goes.

@@ -5,8 +5,8 @@
 //! request or a binding written as more than one segment then waits for the API server's
 //! delayed ACK (up to 40 ms) before its tail leaves; Go clients (client-go, kube-scheduler)
 //! never pay this, since Go sets `TCP_NODELAY` on every connection. Tandem's rule is that
-//! every socket it opens has the option (see `tandem_proto::net`), so the operator and the
-//! bridge (which depends on this crate for it) build their clients here: kube-rs's own layers (base URI, retries of
+//! every socket it opens has the option (see `tandem_net::net`), so the operator and the
+//! bridge build their clients here: kube-rs's own layers (base URI, retries of
 //! server-side errors, authentication, extra headers, the configured timeouts) over a
 //! connector with `TCP_NODELAY` set. A configuration with a proxy gets kube-rs's default
 //! stack unchanged (the proxy tunnel is kube-rs's to build).
