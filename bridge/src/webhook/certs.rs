@@ -2,14 +2,12 @@
 //! the API server trusts the CA through the webhook configuration's `caBundle`, and checks
 //! the serving certificate against the Service's DNS name `SVC.NS.svc`. Pure: no I/O.
 //!
-//! Both stay valid for rcgen's default span (to the year 4096): the CA never leaves the
-//! cluster and the key lives only in the Secret. To rotate, delete the Secret and run
-//! `tandem-bridge webhook-certs` again; the server reads the new files without a restart.
+//! Made by Tandem's one CA module (`tandem_net::tls::ca`): the CA is valid for 10 years and
+//! the serving certificate for 2; the CA key is not kept (the Secret holds the serving pair
+//! and `ca.crt` only). To rotate, delete the Secret and run `tandem-bridge webhook-certs`
+//! again; the server reads the new files without a restart.
 
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType,
-    ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose,
-};
+use tandem_net::tls::{TlsError, ca::ClusterCa};
 
 /// PEM texts for a `kubernetes.io/tls` Secret plus its `ca.crt`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,38 +27,16 @@ pub fn dns_names(service: &str, namespace: &str) -> Vec<String> {
     ]
 }
 
-/// A new CA, and a serving certificate for the Service signed by it.
-pub fn generate(service: &str, namespace: &str) -> Result<Bundle, rcgen::Error> {
-    let mut ca = CertificateParams::new(Vec::<String>::new())?;
-    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    ca.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    ca.distinguished_name = name("tandem-bridge webhook CA");
-    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate()?)?;
-
-    let mut leaf = CertificateParams::new(dns_names(service, namespace))?;
-    leaf.distinguished_name = name(&format!("{service}.{namespace}.svc"));
-    leaf.key_usages = vec![
-        KeyUsagePurpose::DigitalSignature,
-        KeyUsagePurpose::KeyEncipherment,
-    ];
-    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let key = KeyPair::generate()?;
-    let cert = leaf.signed_by(&key, &ca)?;
+/// A new CA, and a serving certificate for the Service signed by it: Tandem's one CA
+/// module ([`ClusterCa`], ECDSA P-256), the same that issues the cluster's certificates.
+pub fn generate(service: &str, namespace: &str) -> Result<Bundle, TlsError> {
+    let ca = ClusterCa::generate()?;
+    let (cert_pem, key_pem) = ca.issue(&dns_names(service, namespace))?;
     Ok(Bundle {
-        ca_pem: ca.pem(),
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
+        ca_pem: ca.cert_pem().to_owned(),
+        cert_pem,
+        key_pem,
     })
-}
-
-fn name(cn: &str) -> DistinguishedName {
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, cn);
-    dn
 }
 
 #[cfg(test)]

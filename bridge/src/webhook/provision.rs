@@ -44,7 +44,7 @@ pub enum Error {
         source: kube::Error,
     },
     #[error("generating the certificates: {0}")]
-    Generate(#[from] rcgen::Error),
+    Generate(#[from] tandem_net::tls::TlsError),
     #[error("{0} exists but lacks {1}; delete it to have it made again")]
     Incomplete(String, &'static str),
     #[error("{kind} {name} has no webhooks")]
