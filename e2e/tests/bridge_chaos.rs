@@ -634,6 +634,33 @@ impl Chaos<'_> {
         }
     }
 
+    /// `scontrol update State=<state>` (DOWN or DRAIN) of a random node, RESUMEd later; one
+    /// node at a time.
+    fn node_state(&mut self, state: &str) {
+        if !self.down.is_empty() {
+            self.ch.note(format!(
+                "node {state} skipped: {:?} is down or drained already",
+                self.down
+            ));
+            return;
+        }
+        let n = (*self.rng.pick(&NODES)).to_owned();
+        let r = self.env.try_cli(&[
+            "scontrol",
+            "update",
+            &format!("NodeName={n}"),
+            &format!("State={state}"),
+            "Reason=chaos",
+        ]);
+        self.down.insert(n.clone());
+        let after = self.rng.ms(2000, 6000);
+        self.undo
+            .push((Instant::now() + after, Undo::Resume(n.clone())));
+        self.ch.note(format!(
+            "scontrol update NodeName={n} State={state} Reason=chaos: {r:?} (RESUME in {after:?})"
+        ));
+    }
+
     async fn act(&mut self, a: Act) {
         if a.needs_controller() {
             self.ensure_controller().await;
@@ -726,54 +753,8 @@ impl Chaos<'_> {
                     ok_or(r.map(|_| ()))
                 ));
             }
-            Act::NodeDown => {
-                if !self.down.is_empty() {
-                    self.ch.note(format!(
-                        "node down skipped: {:?} is down already",
-                        self.down
-                    ));
-                    return;
-                }
-                let n = (*self.rng.pick(&NODES)).to_owned();
-                let r = self.env.try_cli(&[
-                    "scontrol",
-                    "update",
-                    &format!("NodeName={n}"),
-                    "State=DOWN",
-                    "Reason=chaos",
-                ]);
-                self.down.insert(n.clone());
-                let after = self.rng.ms(2000, 6000);
-                self.undo
-                    .push((Instant::now() + after, Undo::Resume(n.clone())));
-                self.ch.note(format!(
-                    "scontrol update NodeName={n} State=DOWN Reason=chaos: {r:?} (RESUME in {after:?})"
-                ));
-            }
-            Act::NodeDrain => {
-                if !self.down.is_empty() {
-                    self.ch.note(format!(
-                        "node drain skipped: {:?} is down or drained already",
-                        self.down
-                    ));
-                    return;
-                }
-                let n = (*self.rng.pick(&NODES)).to_owned();
-                let r = self.env.try_cli(&[
-                    "scontrol",
-                    "update",
-                    &format!("NodeName={n}"),
-                    "State=DRAIN",
-                    "Reason=chaos",
-                ]);
-                self.down.insert(n.clone());
-                let after = self.rng.ms(2000, 6000);
-                self.undo
-                    .push((Instant::now() + after, Undo::Resume(n.clone())));
-                self.ch.note(format!(
-                    "scontrol update NodeName={n} State=DRAIN Reason=chaos: {r:?} (RESUME in {after:?})"
-                ));
-            }
+            Act::NodeDown => self.node_state("DOWN"),
+            Act::NodeDrain => self.node_state("DRAIN"),
             Act::Pdb => {
                 if self.pdb {
                     return;

@@ -106,6 +106,50 @@ async fn queue_batch_job(env: &BridgeEnv) -> std::path::PathBuf {
     started
 }
 
+/// A PodDisruptionBudget `app` in `ns` that refuses every eviction of the pods `app=<app>`.
+async fn refusing_budget(client: &kube::Client, ns: &str, app: &str) {
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
+    pdbs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": app},
+            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": app}}},
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+}
+
+/// Pod `name`, whose eviction a budget refuses, still runs a second after the bridge asked
+/// for it; at the eviction timeout it is deleted, with an `EvictionDeadlineExceeded` Event.
+async fn refused_until_the_deadline(
+    env: &BridgeEnv,
+    client: &kube::Client,
+    ns: &str,
+    lp: &ListParams,
+    name: &str,
+) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let still = pods.get(name).await.unwrap();
+    assert!(
+        still.metadata.deletion_timestamp.is_none(),
+        "deleted before the eviction timeout"
+    );
+    let events: Api<KubeEvent> = Api::namespaced(client.clone(), ns);
+    env.wait_event(&events, "an EvictionDeadlineExceeded Event", |e| {
+        e.reason.as_deref() == Some("EvictionDeadlineExceeded")
+            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+    })
+    .await;
+    env.wait_pods(&pods, lp, "the overdue pod gone", |ps| {
+        ps.iter().all(|p| p.metadata.name.as_deref() != Some(name))
+    })
+    .await;
+}
+
 fn force() -> DeleteParams {
     DeleteParams {
         grace_period_seconds: Some(0),
@@ -235,18 +279,7 @@ async fn a_disruption_budget_delays_a_cancel_only_until_the_eviction_timeout() {
     let _bridge = env.spawn_bridge(&["--eviction-timeout", "3"]);
     let ns = env.ns("serving").to_owned();
     let client = cluster.client();
-    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
-    pdbs.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({
-            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-            "metadata": {"name": "web"},
-            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "web"}}},
-        }))
-        .unwrap(),
-    )
-    .await
-    .unwrap();
+    refusing_budget(&client, &ns, "web").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let web = ListParams::default().labels("app=web");
     let deploys: Api<Deployment> = Api::namespaced(client.clone(), &ns);
@@ -264,24 +297,8 @@ async fn a_disruption_budget_delays_a_cancel_only_until_the_eviction_timeout() {
 
     // scancel: the bridge evicts, the budget refuses (429), the pod runs on for now ...
     env.cli(&["scancel", &job]);
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let still = pods.get(&name).await.unwrap();
-    assert!(
-        still.metadata.deletion_timestamp.is_none(),
-        "deleted before the eviction timeout"
-    );
     // ... until the timeout: then it is deleted, and an Event on it says why.
-    let events: Api<KubeEvent> = Api::namespaced(client.clone(), &ns);
-    env.wait_event(&events, "an EvictionDeadlineExceeded Event", |e| {
-        e.reason.as_deref() == Some("EvictionDeadlineExceeded")
-            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str())
-    })
-    .await;
-    env.wait_pods(&pods, &web, "the overdue pod gone", |ps| {
-        ps.iter()
-            .all(|p| p.metadata.name.as_deref() != Some(name.as_str()))
-    })
-    .await;
+    refused_until_the_deadline(&env, &client, &ns, &web, &name).await;
     env.wait_cli(
         &["sacct", "-n", "-X", "-P", "-j", &job, "-o", "State"],
         "the placeholder CANCELLED",
@@ -423,18 +440,7 @@ async fn a_drained_node_of_a_serving_group_is_handed_back_alone() {
     let _bridge = env.spawn_bridge(&["--eviction-timeout", "3"]);
     let ns = env.ns("serving").to_owned();
     let client = cluster.client();
-    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
-    pdbs.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({
-            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-            "metadata": {"name": "infer"},
-            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "infer"}}},
-        }))
-        .unwrap(),
-    )
-    .await
-    .unwrap();
+    refusing_budget(&client, &ns, "infer").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     for i in 0..2 {
         pods.create(&PostParams::default(), &wide_lws_pod(i))
@@ -463,25 +469,9 @@ async fn a_drained_node_of_a_serving_group_is_handed_back_alone() {
         "State=DRAIN",
         "Reason=rollout",
     ]);
-    // The budget refuses the eviction: the pod runs on for now ...
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let still = pods.get(&gone_name).await.unwrap();
-    assert!(
-        still.metadata.deletion_timestamp.is_none(),
-        "deleted before the eviction timeout"
-    );
-    // ... until the timeout; then only the drained node's pod is deleted.
-    let events: Api<KubeEvent> = Api::namespaced(client.clone(), &ns);
-    env.wait_event(&events, "an EvictionDeadlineExceeded Event", |e| {
-        e.reason.as_deref() == Some("EvictionDeadlineExceeded")
-            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(gone_name.as_str())
-    })
-    .await;
-    env.wait_pods(&pods, &infer, "the drained node's pod gone", |ps| {
-        ps.iter()
-            .all(|p| p.metadata.name.as_deref() != Some(gone_name.as_str()))
-    })
-    .await;
+    // The budget refuses the eviction: the pod runs on for now, until the timeout; then
+    // only the drained node's pod is deleted.
+    refused_until_the_deadline(&env, &client, &ns, &infer, &gone_name).await;
     env.wait_cli(
         &["squeue", "-h", "-j", &job, "-o", "%T|%N"],
         "the placeholder on the serving node alone",

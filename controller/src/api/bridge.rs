@@ -55,17 +55,7 @@ impl Bridge for BridgeService {
     ) -> Result<Response<v1::EndPlaceholderResponse>, Status> {
         authz::require(&request, authz::Rpc::Placeholders)?;
         let req = request.into_inner();
-        if req.job_id == 0 {
-            return Err(Status::invalid_argument("job id: 0 is not a job id"));
-        }
-        if req.end_time < 0 {
-            return Err(Status::invalid_argument("end_time: negative"));
-        }
-        if req.namespace.is_empty() {
-            return Err(Status::invalid_argument(
-                "namespace: missing (a placeholder is ended only for the namespace it belongs to)",
-            ));
-        }
+        check_report(req.job_id, req.end_time, &req.namespace, "ended")?;
         let resp = self
             .handle
             .call(|reply| Command::EndPlaceholder {
@@ -85,17 +75,7 @@ impl Bridge for BridgeService {
     ) -> Result<Response<v1::ReleasePlaceholderNodesResponse>, Status> {
         authz::require(&request, authz::Rpc::Placeholders)?;
         let req = request.into_inner();
-        if req.job_id == 0 {
-            return Err(Status::invalid_argument("job id: 0 is not a job id"));
-        }
-        if req.end_time < 0 {
-            return Err(Status::invalid_argument("end_time: negative"));
-        }
-        if req.namespace.is_empty() {
-            return Err(Status::invalid_argument(
-                "namespace: missing (a placeholder's nodes are released only for the namespace it belongs to)",
-            ));
-        }
+        check_report(req.job_id, req.end_time, &req.namespace, "released")?;
         if req.nodes.is_empty() || req.nodes.len() > MAX_EXCLUDED {
             return Err(Status::invalid_argument(format!(
                 "nodes: between 1 and {MAX_EXCLUDED} node names"
@@ -136,6 +116,24 @@ impl Bridge for BridgeService {
             .await?;
         Ok(Response::new(ReceiverStream::new(rx)))
     }
+}
+
+/// The fields every report about a placeholder carries: a job id, an end time not before
+/// the epoch, and the namespace that speaks for the group (`what` is done only for it).
+#[allow(clippy::result_large_err)]
+fn check_report(job_id: u64, end_time: i64, namespace: &str, what: &str) -> Result<(), Status> {
+    if job_id == 0 {
+        return Err(Status::invalid_argument("job id: 0 is not a job id"));
+    }
+    if end_time < 0 {
+        return Err(Status::invalid_argument("end_time: negative"));
+    }
+    if namespace.is_empty() {
+        return Err(Status::invalid_argument(format!(
+            "namespace: missing (a placeholder is {what} only for the namespace it belongs to)"
+        )));
+    }
+    Ok(())
 }
 
 /// The job spec of a placeholder, checked. The namespace is the job's user in accounting,

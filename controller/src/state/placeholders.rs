@@ -61,6 +61,18 @@ impl Placeholders {
     }
 }
 
+/// When a bridge's report says the pods stopped: `end_time` (0: now), never in the future
+/// and never before the job started.
+fn reported_end(job: &Job, end_time: i64, now: i64) -> i64 {
+    let started = job.start_time.unwrap_or(job.submit_time);
+    if end_time == 0 {
+        now
+    } else {
+        end_time.min(now)
+    }
+    .max(started)
+}
+
 fn is_placeholder(j: &Job) -> bool {
     j.spec.mode == NodeMode::Kube && j.spec.group_uid.is_some()
 }
@@ -117,16 +129,9 @@ impl Actor {
         }
     }
 
-    /// The group's pods are gone: ends the job at `end_time` (0: now; never in the future,
-    /// never before it started). A pending placeholder is cancelled; an ended one answers
-    /// its state again. Refused, changing nothing, when `namespace` is not the job's.
-    pub(super) fn end_placeholder(
-        &mut self,
-        id: JobId,
-        end_time: i64,
-        namespace: &str,
-    ) -> Result<v1::EndPlaceholderResponse, Status> {
-        let now = self.now();
+    /// Placeholder `id`, if `namespace` owns it: not found, not a placeholder (a batch job)
+    /// and another namespace's are refused.
+    fn owned_placeholder(&self, id: JobId, namespace: &str) -> Result<&Job, Status> {
         let job = self
             .st
             .job(id)
@@ -142,6 +147,20 @@ impl Actor {
                 job.spec.user
             )));
         }
+        Ok(job)
+    }
+
+    /// The group's pods are gone: ends the job at `end_time` (0: now; never in the future,
+    /// never before it started). A pending placeholder is cancelled; an ended one answers
+    /// its state again. Refused, changing nothing, when `namespace` is not the job's.
+    pub(super) fn end_placeholder(
+        &mut self,
+        id: JobId,
+        end_time: i64,
+        namespace: &str,
+    ) -> Result<v1::EndPlaceholderResponse, Status> {
+        let now = self.now();
+        let job = self.owned_placeholder(id, namespace)?;
         match job.state {
             JobState::Pending => {
                 let effects = self
@@ -151,13 +170,7 @@ impl Actor {
                 self.apply_effects(effects);
             }
             JobState::Running => {
-                let started = job.start_time.unwrap_or(job.submit_time);
-                let end = if end_time == 0 {
-                    now
-                } else {
-                    end_time.min(now)
-                }
-                .max(started);
+                let end = reported_end(job, end_time, now);
                 let timed_out = job.kill.is_none()
                     && (self.placeholders.timed_out.contains(&id)
                         || job.expected_end().is_some_and(|e| end >= e));
@@ -194,22 +207,7 @@ impl Actor {
         namespace: &str,
     ) -> Result<v1::ReleasePlaceholderNodesResponse, Status> {
         let now = self.now();
-        let job = self
-            .st
-            .job(id)
-            .ok_or_else(|| Status::not_found(format!("job {id} not found")))?;
-        if !is_placeholder(job) {
-            return Err(Status::failed_precondition(format!(
-                "job {id} is a batch job, not a placeholder"
-            )));
-        }
-        if job.spec.user != namespace {
-            return Err(Status::permission_denied(format!(
-                "placeholder {id} belongs to namespace {:?}, not {namespace:?}",
-                job.spec.user
-            )));
-        }
-        let started = job.start_time.unwrap_or(job.submit_time);
+        let job = self.owned_placeholder(id, namespace)?;
         let ids = nodes
             .iter()
             .map(|n| {
@@ -219,12 +217,7 @@ impl Actor {
                     .ok_or_else(|| Status::invalid_argument(format!("unknown node {n:?}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let end = if end_time == 0 {
-            now
-        } else {
-            end_time.min(now)
-        }
-        .max(started);
+        let end = reported_end(job, end_time, now);
         let released = self
             .st
             .release_placeholder_nodes(id, &ids, end)
