@@ -54,6 +54,7 @@ pub fn prepare_create(rt: &ResourceType, obj: &mut Value) {
             }
         }
         ("", "services") => default_service(obj),
+        ("", "secrets") => fold_string_data(obj),
         ("", "persistentvolumeclaims") => {
             // No provisioner: claims are bound at once to an imaginary volume.
             let uid_hint = meta::random_suffix();
@@ -276,8 +277,36 @@ pub fn prepare_update(rt: &ResourceType, old: &Value, new: &Value, part: Part) -
     m.remove("selfLink");
     if part == Part::Main {
         default_custom(rt, &mut out);
+        if is(rt, "", "secrets") {
+            fold_string_data(&mut out);
+        }
     }
     out
+}
+
+/// A Secret's `stringData` folded into `data`, as the real server's conversion does on every
+/// write (create, update, patch, apply): each value base64 of its UTF-8 string, over any
+/// `data` entry of the same key. `stringData` is write-only: never stored nor returned.
+fn fold_string_data(obj: &mut Value) {
+    use base64::Engine as _;
+    let Some(o) = obj.as_object_mut() else { return };
+    let Some(Value::Object(strings)) = o.remove("stringData") else {
+        return;
+    };
+    if strings.is_empty() {
+        return;
+    }
+    if !o.get("data").is_some_and(Value::is_object) {
+        o.insert("data".into(), json!({}));
+    }
+    let Some(Value::Object(data)) = o.get_mut("data") else {
+        return;
+    };
+    for (k, v) in strings {
+        let text = v.as_str().unwrap_or_default();
+        let encoded = base64::engine::general_purpose::STANDARD.encode(text.as_bytes());
+        data.insert(k, json!(encoded));
+    }
 }
 
 /// Validation on create (`old` None) and update. Returns 422 with causes.

@@ -90,20 +90,11 @@ fn config_map_data(cm: &ConfigMap) -> BTreeMap<String, Vec<u8>> {
 }
 
 fn secret_data(s: &Secret) -> BTreeMap<String, Vec<u8>> {
-    let mut out: BTreeMap<String, Vec<u8>> = s
-        .data
+    s.data
         .iter()
         .flatten()
         .map(|(k, v)| (k.clone(), v.0.clone()))
-        .collect();
-    // The in-repo server keeps `stringData` as written (a real one folds it into `data`).
-    out.extend(
-        s.string_data
-            .iter()
-            .flatten()
-            .map(|(k, v)| (k.clone(), v.clone().into_bytes())),
-    );
-    out
+        .collect()
 }
 
 /// A relative path inside a volume: no `..`, not absolute (the API server refuses these on

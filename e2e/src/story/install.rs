@@ -346,12 +346,6 @@ async fn secret_file(secrets: &Api<Secret>, name: &str, key: &str) -> Result<Vec
         .as_ref()
         .and_then(|d| d.get(key))
         .map(|b| b.0.clone())
-        .or_else(|| {
-            s.string_data
-                .as_ref()
-                .and_then(|d| d.get(key))
-                .map(|v| v.clone().into_bytes())
-        })
         .ok_or_else(|| failed(format!("Secret {name}"), format!("has no {key}")))
 }
 

@@ -471,3 +471,91 @@ async fn pods_table_has_kubectl_columns() {
     );
     assert_eq!(t["rows"][0]["object"]["kind"], "PartialObjectMetadata");
 }
+
+/// `stringData` is write-only: the server folds it into `data` (base64 of the UTF-8 string,
+/// over `data`) on create, update and patch, and never returns it.
+#[tokio::test]
+async fn secret_string_data_is_folded_into_data_on_every_write() {
+    use k8s_openapi::api::core::v1::Secret;
+    let (server, client) = start().await;
+    let api: Api<Secret> = Api::default_namespaced(client);
+    let text = |s: &Secret| -> Value {
+        assert!(s.string_data.is_none(), "stringData is never returned");
+        json!(
+            s.data
+                .iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), String::from_utf8(v.0.clone()).unwrap()))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        )
+    };
+    let s = create(
+        &api,
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"},
+               "data": {"a": "b2xk", "b": "Yg=="}, "stringData": {"a": "new", "c": "k\u{e9}y\n"}}),
+    )
+    .await;
+    assert_eq!(text(&s), json!({"a": "new", "b": "b", "c": "k\u{e9}y\n"}));
+    // The wire form is base64, as `data` always is.
+    let (code, wire) = raw(
+        &server,
+        "GET",
+        "/api/v1/namespaces/default/secrets/s",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(code, 200);
+    let wire: Value = serde_json::from_str(&wire).unwrap();
+    assert_eq!(wire["data"]["a"], "bmV3");
+    assert!(wire.get("stringData").is_none(), "{wire}");
+    assert!(text(&api.get("s").await.unwrap())["c"] == "k\u{e9}y\n");
+
+    let mut put = api.get("s").await.unwrap();
+    put.string_data = Some([("b".to_owned(), "put".to_owned())].into());
+    let s = api
+        .replace("s", &PostParams::default(), &put)
+        .await
+        .unwrap();
+    assert_eq!(text(&s), json!({"a": "new", "b": "put", "c": "k\u{e9}y\n"}));
+
+    let s = merge(&api, "s", json!({"stringData": {"d": "merged"}}))
+        .await
+        .unwrap();
+    assert_eq!(text(&s)["d"], "merged");
+    let ops: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "add", "path": "/stringData", "value": {"a": "jp"}},
+    ]))
+    .unwrap();
+    let s = api
+        .patch("s", &PatchParams::default(), &Patch::Json::<()>(ops))
+        .await
+        .unwrap();
+    assert_eq!(text(&s)["a"], "jp");
+    let s = api
+        .patch(
+            "s",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"stringData": {"e": "smp"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(text(&s)["e"], "smp");
+    let stored = text(&api.get("s").await.unwrap());
+    assert_eq!(
+        stored,
+        json!({"a": "jp", "b": "put", "c": "k\u{e9}y\n", "d": "merged", "e": "smp"})
+    );
+    // Dry run answers with what would be stored.
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let d: Secret = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "dry"}, "stringData": {"x": "y"}}))
+    .unwrap();
+    assert_eq!(
+        text(&api.create(&dry, &d).await.unwrap()),
+        json!({"x": "y"})
+    );
+}

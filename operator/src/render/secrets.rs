@@ -69,10 +69,7 @@ pub fn cert_needs_issue(want: &[String], ca_pem: &str, have: Option<&Secret>) ->
         return true;
     };
     let annotations = have.metadata.annotations.clone().unwrap_or_default();
-    let has = |k: &str| {
-        have.data.as_ref().is_some_and(|d| d.contains_key(k))
-            || have.string_data.as_ref().is_some_and(|d| d.contains_key(k))
-    };
+    let has = |k: &str| have.data.as_ref().is_some_and(|d| d.contains_key(k));
     annotations.get(CERT_NAMES) != Some(&want.join(","))
         || annotations.get(CERT_CA) != Some(&hash_of(&ca_pem))
         || !has(tandem_net::tls::CERT_FILE)

@@ -253,13 +253,12 @@ impl Worker {
         for name in secret_names {
             match api.get_opt(&name).await {
                 Ok(Some(s)) => {
-                    let mut data: BTreeMap<String, String> = s
+                    let data: BTreeMap<String, String> = s
                         .data
                         .unwrap_or_default()
                         .into_iter()
                         .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
                         .collect();
-                    data.extend(s.string_data.unwrap_or_default());
                     secrets.insert(name, data);
                 }
                 Ok(None) => {}
