@@ -39,17 +39,45 @@ impl PatchKind {
     }
 }
 
-/// RFC 6902. A malformed document is 400; an operation that does not apply is 422.
+/// RFC 6902. A malformed document is 400; an operation that does not apply (a failed `test`
+/// included) is 422 `Invalid`, with the real server's message, and changes nothing.
+///
+/// As the real server's library (evanphx/json-patch) does, a `test` for `null` passes where
+/// the object has no such field: kube-rs's finalizer helper tests `/metadata/finalizers`
+/// for `null` before adding the first one.
 pub fn json_patch(doc: &mut Value, patch: &Value) -> ApiResult<()> {
     let ops: json_patch::Patch = serde_json::from_value(patch.clone())
         .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
-    json_patch::patch(doc, &ops).map_err(|e| {
-        ApiError::new(
-            422,
-            "Invalid",
-            format!("the server rejected our request due to an error in our request: {e}"),
-        )
-    })
+    let mut out = doc.clone();
+    for op in ops.iter() {
+        if let json_patch::PatchOperation::Test(t) = op
+            && t.value.is_null()
+            && absent_field(&out, t.path.as_str())
+        {
+            continue;
+        }
+        json_patch::patch(&mut out, std::slice::from_ref(op)).map_err(|_| {
+            ApiError::new(
+                422,
+                "Invalid",
+                "the server rejected our request due to an error in our request",
+            )
+        })?;
+    }
+    *doc = out;
+    Ok(())
+}
+
+/// Whether `pointer` names a missing field of an existing object (not a missing array
+/// element, nor anything under a missing parent).
+fn absent_field(doc: &Value, pointer: &str) -> bool {
+    let Some((parent, last)) = pointer.rsplit_once('/') else {
+        return false;
+    };
+    let key = last.replace("~1", "/").replace("~0", "~");
+    doc.pointer(parent)
+        .and_then(Value::as_object)
+        .is_some_and(|o| !o.contains_key(&key))
 }
 
 /// RFC 7386.

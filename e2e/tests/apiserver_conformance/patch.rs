@@ -207,3 +207,103 @@ async fn reapplying_or_rewriting_the_same_object_is_a_no_op() {
         first.metadata.resource_version
     );
 }
+
+/// RFC 6902 `test`, as the real server's library applies it: a failed test is 422 `Invalid`
+/// (the real server's generic message) and changes nothing; a passing one lets the rest
+/// apply; a test for `null` passes on a missing field, not on a missing element.
+#[tokio::test]
+async fn json_patch_test_op_refuses_with_422_or_lets_the_rest_apply() {
+    let (_s, client) = start().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client);
+    let before = create(&api, cm("c")).await;
+    let patch = |ops: Value| {
+        let api = api.clone();
+        async move {
+            let ops: json_patch::Patch = serde_json::from_value(ops).unwrap();
+            api.patch("c", &PatchParams::default(), &Patch::Json::<()>(ops))
+                .await
+        }
+    };
+    for failing in [
+        json!([{"op": "replace", "path": "/data/a", "value": "9"},
+               {"op": "test", "path": "/data/b", "value": "wrong"}]),
+        json!([{"op": "test", "path": "/data/a", "value": null},
+               {"op": "replace", "path": "/data/a", "value": "9"}]),
+        json!([{"op": "test", "path": "/metadata/finalizers/0", "value": "x"},
+               {"op": "replace", "path": "/data/a", "value": "9"}]),
+        json!([{"op": "test", "path": "/nothing/here", "value": null},
+               {"op": "replace", "path": "/data/a", "value": "9"}]),
+    ] {
+        let e = api_err(patch(failing.clone()).await);
+        assert_eq!(
+            (e.code, e.reason.as_str(), e.message.as_str()),
+            (
+                422,
+                "Invalid",
+                "the server rejected our request due to an error in our request"
+            ),
+            "{failing}"
+        );
+        let now = api.get("c").await.unwrap();
+        assert_eq!(now.data, before.data, "{failing}");
+        assert_eq!(
+            now.metadata.resource_version, before.metadata.resource_version,
+            "{failing}"
+        );
+    }
+    let c = patch(json!([
+        {"op": "test", "path": "/data/b", "value": "2"},
+        {"op": "test", "path": "/metadata/finalizers", "value": null},
+        {"op": "add", "path": "/metadata/finalizers", "value": ["x/f"]},
+        {"op": "replace", "path": "/data/a", "value": "9"},
+    ]))
+    .await
+    .unwrap();
+    assert_eq!(c.data.unwrap()["a"], "9");
+    assert_eq!(c.metadata.finalizers.unwrap(), ["x/f"]);
+    let c = patch(json!([
+        {"op": "test", "path": "/metadata/finalizers", "value": ["x/f"]},
+        {"op": "add", "path": "/metadata/finalizers/-", "value": "y/f"},
+    ]))
+    .await
+    .unwrap();
+    assert_eq!(c.metadata.finalizers.unwrap(), ["x/f", "y/f"]);
+}
+
+/// kube-rs's finalizer helper: it adds its finalizer with a JSON patch testing
+/// `/metadata/finalizers` for `null`, and removes it with a test of its index.
+#[tokio::test]
+async fn kube_runtime_finalizer_helper_adds_and_removes_its_finalizer() {
+    use std::sync::Arc;
+
+    use kube::api::DeleteParams;
+    use kube::runtime::controller::Action;
+    use kube::runtime::finalizer::{Event, finalizer};
+
+    let (_s, client) = start().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(client);
+    create(&api, cm("c")).await;
+    let run = |obj: ConfigMap| {
+        let api = api.clone();
+        async move {
+            finalizer(&api, "test.tandem.dev/f", Arc::new(obj), |e| async move {
+                Ok::<_, std::io::Error>(match e {
+                    Event::Apply(_) => Action::await_change(),
+                    Event::Cleanup(_) => Action::await_change(),
+                })
+            })
+            .await
+        }
+    };
+    run(api.get("c").await.unwrap()).await.unwrap();
+    let held = api.get("c").await.unwrap();
+    assert_eq!(held.metadata.finalizers.unwrap(), ["test.tandem.dev/f"]);
+    api.delete("c", &DeleteParams::default()).await.unwrap();
+    let deleting = api.get("c").await.unwrap();
+    assert!(deleting.metadata.deletion_timestamp.is_some());
+    run(deleting).await.unwrap();
+    assert!(
+        api.get_opt("c").await.unwrap().is_none(),
+        "gone after cleanup"
+    );
+}
