@@ -109,13 +109,7 @@ async fn a_cluster_gets_its_key_secret_service_store_config_and_controller_pod_a
         .as_ref()
         .and_then(|d| d.get("cluster.key"))
         .map(|b| String::from_utf8_lossy(&b.0).trim().to_owned())
-        .or_else(|| {
-            key.string_data
-                .as_ref()
-                .and_then(|d| d.get("cluster.key"))
-                .map(|s| s.trim().to_owned())
-        })
-        .expect("the key Secret holds cluster.key");
+        .expect("the key Secret holds cluster.key (the API server returns stringData as data)");
     assert_eq!(key_hex.len(), 64);
     let services: Api<Service> = Api::namespaced(client.clone(), &ns);
     wait_for(&services, "research-controller", "to exist", T, |_| true)
