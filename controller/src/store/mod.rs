@@ -37,8 +37,8 @@
 //!   configuration, fair-share tree) and prost messages (payloads, accounting records). A
 //!   field added to a stored serde type carries `#[serde(default)]`, and prost fields are
 //!   additive by construction, so a store written by the previous release loads in this one
-//!   without a migration. `tests/store_compat.rs` opens the v0.1.0 store kept as a SQL dump in
-//!   `tests/fixtures/store-v0.1.0/` and checks every job, payload and record survives.
+//!   without a migration. `tests/it/store_compat.rs` opens the v0.1.0 store kept as a SQL
+//!   dump in `tests/fixtures/store-v0.1.0/` and checks every job, payload and record survives.
 //!
 //! # Layout
 //!

@@ -20,7 +20,7 @@ pub(super) fn inherited_export(
 }
 
 /// The step's layout variables over the inherited environment, as Slurm 22.05 sets them in
-/// every task (see `cli/tests/compat.rs`): the step's own node and task counts replace the
+/// every task (see `cli/tests/it/compat.rs`): the step's own node and task counts replace the
 /// job's `SLURM_NNODES`, `SLURM_NTASKS` and `SLURM_TASKS_PER_NODE`. When srun made the job
 /// itself, it also sets the job-wide variables a batch script would have had.
 pub(super) fn step_environment(

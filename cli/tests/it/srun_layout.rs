@@ -3,7 +3,7 @@
 //! lines are Slurm's outputs (8 nodes `n[1-8]`, the job on `n[1-2]`), with Tandem's node
 //! names put in.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! refused and changes nothing; listings served from the read view still show a job the
 //! moment its submit returned, while other clients loop over the whole queue.
 
-mod support;
+use crate::support;
 
 use support::{Controller, WAIT, alice};
 use tandem_net::endpoint::AuthChannel;

@@ -4,7 +4,7 @@
 //! Each test starts its own fake controller and a real worker (`tandem_worker::run`) on
 //! 127.0.0.1 and runs real processes; the slowest waits on a 1-second time limit.
 
-mod support;
+use crate::support;
 
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
@@ -421,7 +421,7 @@ async fn a_restarted_worker_reports_and_kills_what_its_predecessor_left() {
 
 /// `--signal=B:`: the batch shell gets the warning ahead of the time limit, its children do
 /// not, and the warning does not end the job by itself. Without `B:` only steps get it
-/// (`tests/step.rs`): a job without steps runs on to its limit untouched.
+/// (`tests/it/step.rs`): a job without steps runs on to its limit untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warning_signal_comes_before_the_time_limit() {
     let mut h = Harness::start().await;

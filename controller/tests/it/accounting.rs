@@ -1,8 +1,8 @@
 //! The accounting surface in-process: sacctmgr changes over gRPC (who may make them, what is
 //! refused and then left unchanged, what survives a restart) and the sshare/sprio views.
-//! CLI-level tests of the same commands are in `cli/tests/accounting.rs`.
+//! CLI-level tests of the same commands are in `cli/tests/it/accounting.rs`.
 
-mod support;
+use crate::support;
 
 use support::{Controller, alice};
 use tandem_controller::Config;

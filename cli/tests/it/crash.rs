@@ -2,7 +2,7 @@
 //! with its recorded arguments. Every acknowledged job must be there exactly once, and jobs
 //! running across the crash must finish with their real exit codes.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::os::unix::process::CommandExt as _;

@@ -17,7 +17,7 @@
 //! `%j` and `%A` stand for the submitted job id, `%u` for the user. `scontrol` and `srun`
 //! are on the jobs' PATH through `tandem links`, as on a login node.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

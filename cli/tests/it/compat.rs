@@ -1,7 +1,7 @@
 //! Slurm-compatible surface beyond the basics: arrays, dependencies, `--wait`, holds,
 //! `scontrol update`, `--export`. One cluster per test.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

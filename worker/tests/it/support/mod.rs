@@ -5,7 +5,7 @@
 //! every task and connection of either at once, as SIGKILL would
 //! ([`FakeController::crash`], [`Harness::crash_and_restart_worker`]).
 
-// Each test crate (batch, step) uses a different part of this module.
+// Each test module (batch, step, ...) uses a different part of this module.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;

@@ -3,7 +3,7 @@
 //! replayed credentials and foreign worker and step credentials meet the real controller and
 //! workers. Needs root (to switch uids); otherwise each test prints `SKIP <name>: <why>`.
 
-mod support;
+use crate::support;
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;

@@ -1,5 +1,5 @@
 //! The controller in-process on 127.0.0.1:0 with its real gRPC server, shared by the
-//! controller's integration tests (each test binary uses part of it).
+//! controller's integration tests (each test module uses part of it).
 #![allow(dead_code)]
 
 use std::path::Path;

@@ -6,7 +6,7 @@
 //! accounting, restarts, lost workers, group commit under concurrency). Multi-process tests
 //! with real workers and the CLI live in `cli/tests/`.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
@@ -903,7 +903,7 @@ async fn job_records_list_each_job_once_while_jobs_end() {
 
 /// A preemption carries the victim QOS's GraceTime to the worker, which sends SIGTERM at
 /// once and starts KillWait only after the grace (the worker's side is tested in
-/// `worker/tests/batch.rs`, the whole story in `cli/tests/policy.rs`).
+/// `worker/tests/it/batch.rs`, the whole story in `cli/tests/it/policy.rs`).
 #[tokio::test]
 async fn preemption_signal_carries_the_victims_qos_grace_time() {
     use tandem_sched::qos::Qos;

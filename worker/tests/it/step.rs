@@ -1,7 +1,7 @@
 //! The `StepLauncher` service as `srun` uses it: per-task environment and output, exit codes,
 //! signals, authorization, and cleanup when `srun` goes away.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

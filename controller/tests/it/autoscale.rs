@@ -5,7 +5,7 @@
 //! real Jobs API; a worker stand-in (`FakeWorker`, speaking WorkerLink) runs one so the
 //! scaler sees a busy worker, then ends it: scale to zero.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

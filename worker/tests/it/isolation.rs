@@ -7,7 +7,7 @@
 //! These need root and writable cgroups; where the machine has neither, each test prints
 //! `SKIP <name>: <why>` and returns.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

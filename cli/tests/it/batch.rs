@@ -4,7 +4,7 @@
 //! What belongs here: behaviour a user sees through sbatch/squeue/scancel/sacct/scontrol.
 //! Crash safety is in `crash.rs`; option parsing details are unit tests in `src/opts`.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

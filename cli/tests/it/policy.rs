@@ -10,7 +10,7 @@
 //! dir (see [`held`]), so no assertion depends on how fast a loaded CI machine runs a
 //! `sleep`.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

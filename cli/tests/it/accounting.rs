@@ -1,9 +1,9 @@
 //! sacctmgr, sshare and sprio through the real binary against a real local cluster: the
 //! tree changed at run time is what submit checks, what Fair Tree ranks and what sprio
 //! shows. Permission, rollback and restart rules are covered in-process in
-//! `controller/tests/accounting.rs` (these tests run as root, an operator).
+//! `controller/tests/it/accounting.rs` (these tests run as root, an operator).
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 use std::time::Duration;

@@ -6,11 +6,11 @@
 //! main before this format's fields were added): this file's [`scenario`] and
 //! `write_fixture` were run in a checkout of that commit, so the records lack every field
 //! added since and must load through their defaults. For the next release, run
-//! `cargo test -p tandem-controller --test store_compat -- --ignored write_fixture` in a
+//! `cargo test -p tandem-controller --test it -- --ignored store_compat::write_fixture` in a
 //! checkout of this one (it dumps the store with the `sqlite3` shell) and keep the older
 //! dumps beside it under their own versions' names.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 

@@ -9,7 +9,7 @@
 //! WorkerLink, the bridge for Bridge, a user otherwise), so a body that decodes goes on to
 //! the handler's own checks instead of stopping at PERMISSION_DENIED.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

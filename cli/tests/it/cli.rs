@@ -1,7 +1,7 @@
 //! The binary without a cluster: multi-call dispatch, links, help, and errors that must not
 //! need a controller.
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 

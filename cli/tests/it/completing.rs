@@ -6,7 +6,7 @@
 //!
 //! Needs root and a writable cgroup v1 freezer; elsewhere it prints `SKIP` and returns.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -8,7 +8,7 @@
 //! controller and its accepted step connection, and srun's connections. Sockets of other
 //! processes are duplicated with `pidfd_getfd(2)` (same user, so no privilege is needed).
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;

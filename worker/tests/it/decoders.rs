@@ -11,7 +11,7 @@
 //! Commands the properties may run are harmless (`/bin/echo`, `/bin/true`, a missing
 //! program): the worker runs as root here and a flaw in its checks must not do damage.
 
-mod support;
+use crate::support;
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};

@@ -5,7 +5,7 @@
 //! These need root and writable cgroups (the worker's `tandem __job-exec` launcher puts each
 //! job in its cgroup); elsewhere each test prints `SKIP <name>: <why>` and returns.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -5,7 +5,7 @@
 //! bridge, through the watch stream, to evict: by scancel or the time limit. A node drained or
 //! lost is asked back alone and held until the bridge releases it. Workers are `FakeWorker`s.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
