@@ -6,7 +6,9 @@
 //! goes, and exits non-zero if any of it failed.
 //!
 //! `cargo run --release -p tandem-e2e --bin tandem-demo`; it builds the `tandem`,
-//! `tandem-operator` and `tandem-bridge` binaries it runs if they are missing.
+//! `tandem-operator` and `tandem-bridge` binaries it runs first (cargo does nothing when
+//! they are current), so a binary left from an older checkout is never run against the new
+//! charts.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -21,7 +23,7 @@ use tandem_e2e::testkit::TestCluster;
 #[derive(Parser)]
 #[command(name = "tandem-demo", version)]
 struct Args {
-    /// Never build: fail if a binary is missing.
+    /// Never build: run the binaries beside this one as they are (fail if one is missing).
     #[arg(long)]
     no_build: bool,
 }
@@ -54,16 +56,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("finding this binary")?;
     let dir = exe.parent().context("this binary has no directory")?;
     let bins = Bins::in_dir(dir);
+    if !args.no_build {
+        build(dir)?;
+    }
     let missing = bins.missing();
     if !missing.is_empty() {
         let names: Vec<String> = missing.iter().map(|p| p.display().to_string()).collect();
-        if args.no_build {
-            bail!("missing: {}", names.join(", "));
-        }
-        build(dir)?;
-        if !bins.missing().is_empty() {
-            bail!("still missing after the build: {}", names.join(", "));
-        }
+        bail!("missing: {}", names.join(", "));
     }
     let cluster = TestCluster::start()
         .await
