@@ -39,10 +39,14 @@
 //!   holder. The failed holder stays, as the record (`kubectl get pods`); an administrator
 //!   who has removed the intruder deletes it, and resumes the node, and a new holder is made.
 //! - A node that left the pool (or lost its GPUs) has its holder deleted.
+//! - Holders are owned by the TandemCluster they serve: deleting it (uninstalling the
+//!   cluster) garbage-collects them. None is made before the cluster object is seen, nor
+//!   after it is deleted.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde_json::json;
 
 use crate::labels::{MANAGED_LABEL, POOL_TAINT};
@@ -119,11 +123,15 @@ pub fn held_gpus(pod: &Pod) -> u64 {
 }
 
 /// What [`pod`] builds a holder from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Spec<'a> {
     pub cluster: &'a str,
     pub namespace: &'a str,
     pub image: &'a str,
+    /// The TandemCluster the holders serve (same namespace): their owner, so that deleting
+    /// the cluster (`helm uninstall`) garbage-collects them rather than leaving pods that
+    /// hold a node's GPUs for good.
+    pub owner: &'a OwnerReference,
 }
 
 /// The holder pod of `node`, holding `gpus`.
@@ -137,7 +145,8 @@ pub fn pod(s: &Spec<'_>, node: &str, gpus: u64) -> Pod {
     .into();
     let v = json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name(s.cluster, node), "namespace": s.namespace, "labels": labels},
+        "metadata": {"name": name(s.cluster, node), "namespace": s.namespace, "labels": labels,
+                     "ownerReferences": [s.owner]},
         "spec": {
             "nodeName": node,
             // Held for the pod's life: a container that dies is restarted, the devices
@@ -404,11 +413,37 @@ mod tests {
     }
 
     fn spec() -> Spec<'static> {
+        static OWNER: std::sync::LazyLock<OwnerReference> =
+            std::sync::LazyLock::new(|| OwnerReference {
+                api_version: "tandem.dev/v1alpha1".into(),
+                kind: "TandemCluster".into(),
+                name: "pool".into(),
+                uid: "tc-uid".into(),
+                ..OwnerReference::default()
+            });
         Spec {
             cluster: "pool",
             namespace: "tandem",
             image: "img",
+            owner: &OWNER,
         }
+    }
+
+    /// Deleting the TandemCluster (uninstalling it) must take the holders with it.
+    #[test]
+    fn a_holder_is_owned_by_its_tandem_cluster() {
+        let p = pod(&spec(), "b1", 2);
+        let owners = p.metadata.owner_references.unwrap_or_default();
+        assert_eq!(owners.len(), 1, "{owners:?}");
+        assert_eq!(
+            (
+                owners[0].kind.as_str(),
+                owners[0].name.as_str(),
+                owners[0].uid.as_str()
+            ),
+            ("TandemCluster", "pool", "tc-uid")
+        );
+        assert_eq!(p.metadata.namespace.as_deref(), Some("tandem"));
     }
 
     fn holder(gpus: u64, status: serde_json::Value, deleting: bool) -> Pod {

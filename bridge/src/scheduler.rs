@@ -263,6 +263,7 @@ pub async fn run<B: BatchAlloc + 'static>(
             },
             ev = clusters.next() => match ev {
                 Some(Ok(Event::Apply(tc) | Event::InitApply(tc))) => l.on_cluster(&tc),
+                Some(Ok(Event::Delete(_))) => l.holders.set_owner(None),
                 Some(Ok(Event::InitDone)) => l.cluster_synced = true,
                 Some(Ok(_)) => {}
                 Some(Err(e)) => warn!(error = %e, "TandemCluster watch"),

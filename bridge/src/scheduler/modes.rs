@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use futures::StreamExt;
 use futures::future::LocalBoxFuture;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -98,6 +99,8 @@ pub(super) struct Holders {
     released: HashMap<String, bool>,
     /// Holders (by UID) whose refusal drained their node; written by the drain itself.
     drained: Arc<Mutex<HashSet<String>>>,
+    /// The TandemCluster, the holders' owner, while it exists: none is made without it.
+    owner: Option<OwnerReference>,
 }
 
 /// What one sync writes, and whether another should come soon.
@@ -130,6 +133,7 @@ impl Holders {
             memory: HashMap::new(),
             released: HashMap::new(),
             drained: Arc::default(),
+            owner: None,
         }
     }
 
@@ -182,11 +186,13 @@ impl Holders {
             }
             return Sync { ops, waiting };
         };
-        let spec = holder::Spec {
+        let owner = self.owner.clone();
+        let spec = owner.as_ref().map(|owner| holder::Spec {
             cluster: &cluster,
             namespace: &self.cfg.namespace,
             image: &image,
-        };
+            owner,
+        });
         let ok = listed.is_some();
         let mut now_listed: HashMap<String, Pod> = HashMap::new();
         for p in listed.into_iter().flatten() {
@@ -253,8 +259,8 @@ impl Holders {
             {
                 ops.push(Op::Delete(Box::new(h.clone())));
             }
-            if let Some(gpus) = hp.create {
-                ops.push(Op::Create(Box::new(holder::pod(&spec, name, gpus))));
+            if let (Some(gpus), Some(spec)) = (hp.create, &spec) {
+                ops.push(Op::Create(Box::new(holder::pod(spec, name, gpus))));
             }
             if let (Some(st), Some(h)) = (&hp.drain, h) {
                 use kube::Resource as _;
@@ -271,13 +277,30 @@ impl Holders {
                 continue;
             }
             let gpus = holder::node_gpus(n);
-            let create = (view == Controller::Pool(Mode::Batch) && gpus > 0 && h.is_none())
-                .then(|| Box::new(holder::pod(&spec, name, gpus)));
+            let create = spec
+                .as_ref()
+                .filter(|_| view == Controller::Pool(Mode::Batch) && gpus > 0 && h.is_none())
+                .map(|spec| Box::new(holder::pod(spec, name, gpus)));
             if let Some(p) = NodePatch::new(name, n, p) {
                 ops.push(Op::Patch(Box::new(p), create));
             }
         }
         Sync { ops, waiting }
+    }
+
+    /// The TandemCluster as last seen (`None`: deleted, or not seen yet): the holders'
+    /// owner. Holders are made only while it exists, so deleting it collects them all.
+    pub(super) fn set_owner(&mut self, tc: Option<&kube::api::DynamicObject>) {
+        self.owner = tc.and_then(|tc| {
+            let types = tc.types.as_ref()?;
+            Some(OwnerReference {
+                api_version: types.api_version.clone(),
+                kind: types.kind.clone(),
+                name: tc.metadata.name.clone()?,
+                uid: tc.metadata.uid.clone()?,
+                ..OwnerReference::default()
+            })
+        });
     }
 
     /// Why a pod may not be bound to `node` yet ([`holder::unbindable`]).

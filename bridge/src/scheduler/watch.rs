@@ -129,6 +129,7 @@ impl<B: BatchAlloc> Loop<B> {
     }
 
     pub(super) fn on_cluster(&mut self, tc: &DynamicObject) {
+        self.holders.set_owner(Some(tc));
         match cluster::policies(&tc.data) {
             Ok(p) => {
                 self.policies = p;

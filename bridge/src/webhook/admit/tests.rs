@@ -526,10 +526,18 @@ fn an_opted_out_pod_of_a_mapped_namespace_stays_off_the_pool() {
 #[test]
 fn gpu_holders_pass_only_when_the_bridge_creates_them() {
     let pool = Pool::new();
+    let owner = k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+        api_version: "tandem.dev/v1alpha1".into(),
+        kind: "TandemCluster".into(),
+        name: "pool".into(),
+        uid: "tc-uid".into(),
+        ..Default::default()
+    };
     let spec = crate::holder::Spec {
         cluster: "pool",
         namespace: "tandem",
         image: "img",
+        owner: &owner,
     };
     let h = crate::holder::pod(&spec, "b1", 2);
     // The bridge's own: pinned to a batch-mode pool node, tolerating NoExecute.
